@@ -1,0 +1,66 @@
+# Kernel Fusion with Triton: the front door.
+#   make lab      open the notebooks in JupyterLab (sets everything up the first time)
+#   make test     the whole suite on the CPU (Triton's interpreter), as CI runs it
+#   make grade    grade every exercise notebook (NB=exercises/01_launch_overhead.ipynb for one)
+# On a machine whose python3 already has torch, triton and the Jupyter stack (a GPU host),
+# skip the virtual environment with PY=python3.
+
+VENV ?= .venv
+PY ?= $(VENV)/bin/python
+ifeq ($(PY),$(VENV)/bin/python)
+SETUP := $(VENV)/.installed
+else
+SETUP :=
+endif
+PORT ?= 8888
+NB ?= exercises
+JUNIT ?=
+WORKERS ?= 2
+CPU_ENV := TRITON_INTERPRET=1 COURSE_MODE=interpreter
+GPU_ENV := COURSE_MODE=cuda
+
+.PHONY: setup lab test test-unit test-notebooks test-gpu test-browser grade exercises solutions \
+        check-exercises bench lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml tools/setup_env.sh
+	VENV=$(VENV) bash tools/setup_env.sh
+
+lab: $(SETUP)
+	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) notebooks/
+
+test: $(SETUP) lint check-exercises
+	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests
+
+test-unit: $(SETUP)
+	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests -m "not slow and not browser"
+
+test-gpu: $(SETUP)
+	$(GPU_ENV) $(PY) -m pytest -n 1 tests -m "not browser" $(PYTEST_ARGS)
+
+test-browser: $(SETUP)
+	$(CPU_ENV) $(PY) -m pytest tests -m browser
+
+grade: $(SETUP)
+	$(PY) -m course_utils.grade $(NB) $(if $(JUNIT),--junit $(JUNIT))
+
+exercises: $(SETUP)
+	$(PY) -m course_utils.exercises write
+
+check-exercises: $(SETUP)
+	$(PY) -m course_utils.exercises check
+
+# Re-run the solutions (interpreter mode) and save only their check cells' outputs.
+solutions: $(SETUP)
+	$(CPU_ENV) $(PY) -m course_utils.exercises refresh-solutions
+
+bench: $(SETUP)
+	$(GPU_ENV) $(PY) -m benchmarks.run $(BENCH_ARGS)
+
+lint: $(SETUP)
+	$(PY) -m ruff check course_utils tests benchmarks tools
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,118 @@
+"""GPU specifications, lookup of the GPU in hand, and measuring its real ceilings.
+
+Datasheet numbers are upper bounds: a kernel is judged against the measured ceilings of the GPU it
+runs on (:func:`measure_copy_gbps`, :func:`measure_matmul_tflops`), and the table is for what-if
+questions about GPUs you do not have. Peak FLOP/s are dense (no structured sparsity); the tensor-core
+rates for fp16/bf16 assume fp32 accumulation, which is what the course's kernels use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    key: str
+    name: str
+    arch: str                 # compute capability as 'sm_XX'
+    hbm_gbps: float           # datasheet DRAM bandwidth, GB/s (1e9 bytes per second)
+    sms: int
+    smem_per_sm_kib: int      # shared memory per SM
+    smem_per_block_kib: int   # the most one program (thread block) can ask for
+    l2_mib: float
+    tflops: dict = field(default_factory=dict)  # dtype name -> dense peak TFLOP/s
+    aliases: tuple = ()       # substrings of torch.cuda.get_device_name() that identify it
+
+    @property
+    def l2_bytes(self) -> int:
+        return int(self.l2_mib * 2**20)
+
+    def peak_tflops(self, dtype: str) -> float:
+        if dtype not in self.tflops:
+            raise ValueError(f"{self.name} has no {dtype} peak in the table (it has: {sorted(self.tflops)})")
+        return self.tflops[dtype]
+
+    def ridge_flops_per_byte(self, dtype: str) -> float:
+        """Arithmetic intensity at which the roofline turns from memory- to compute-bound."""
+        return self.peak_tflops(dtype) * 1e12 / (self.hbm_gbps * 1e9)
+
+
+def _spec(key, name, arch, gbps, sms, smem_sm, smem_block, l2, fp32, fp16, bf16, tf32, aliases):
+    flops = {"float32": fp32, "float16": fp16, "tf32": tf32}
+    if bf16:
+        flops["bfloat16"] = bf16
+    return GPUSpec(key, name, arch, gbps, sms, smem_sm, smem_block, l2, flops, aliases)
+
+
+# Sources: NVIDIA datasheets and architecture whitepapers (T4, A10, L4, A100, H100, H200, GeForce
+# RTX 3090/4090); L2 of the H100 and H200 as torch reports it on the course's lent machines.
+SPECS: dict[str, GPUSpec] = {s.key: s for s in [
+    #      key          name                    arch    GB/s  SMs smem/SM blk  L2MiB  fp32  fp16   bf16   tf32
+    _spec("t4", "Tesla T4", "sm_75", 320, 40, 64, 64, 4, 8.1, 65, None, None, ("T4",)),
+    _spec("l4", "NVIDIA L4", "sm_89", 300, 58, 100, 99, 48, 30.3, 121, 121, 60, ("L4",)),
+    _spec("a10g", "NVIDIA A10G", "sm_86", 600, 80, 100, 99, 6, 31.2, 125, 125, 62.5, ("A10G",)),
+    _spec("a100-40gb", "NVIDIA A100 40GB (SXM)", "sm_80", 1555, 108, 164, 163, 40, 19.5, 312, 312, 156,
+          ("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 40GB")),
+    _spec("a100-80gb", "NVIDIA A100 80GB (SXM)", "sm_80", 2039, 108, 164, 163, 80, 19.5, 312, 312, 156,
+          ("A100-SXM4-80GB", "A100 80GB", "A100-PCIE-80GB")),
+    _spec("h100-sxm", "NVIDIA H100 SXM 80GB", "sm_90", 3350, 132, 228, 227, 50, 67, 989, 989, 495,
+          ("H100 80GB HBM3", "H100 SXM")),
+    _spec("h100-pcie", "NVIDIA H100 PCIe 80GB", "sm_90", 2000, 114, 228, 227, 50, 51, 756, 756, 378,
+          ("H100 PCIe",)),
+    _spec("h200", "NVIDIA H200", "sm_90", 4800, 132, 228, 227, 60, 67, 989, 989, 495, ("H200",)),
+    _spec("rtx3090", "NVIDIA GeForce RTX 3090", "sm_86", 936, 82, 100, 99, 6, 35.6, 71, 71, 35.6,
+          ("RTX 3090",)),
+    _spec("rtx4090", "NVIDIA GeForce RTX 4090", "sm_89", 1008, 128, 100, 99, 72, 82.6, 165.2, 165.2, 82.6,
+          ("RTX 4090",)),
+]}
+
+
+def lookup(name: str) -> GPUSpec:
+    """The spec for a key ('h100-sxm') or a device name ('NVIDIA H100 80GB HBM3')."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"gpu must be a non-empty string, got {name!r}")
+    if name in SPECS:
+        return SPECS[name]
+    matches = [s for s in SPECS.values() if any(a.lower() in name.lower() for a in s.aliases)]
+    if not matches:
+        raise ValueError(f"unknown GPU {name!r}: known keys are {sorted(SPECS)}")
+    return max(matches, key=lambda s: max(len(a) for a in s.aliases if a.lower() in name.lower()))
+
+
+def current() -> GPUSpec | None:
+    """The spec of the GPU torch sees, or None (no GPU, or a GPU missing from the table)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return lookup(torch.cuda.get_device_name())
+    except ValueError:
+        return None
+
+
+def device_properties() -> dict:
+    """What the driver says about the GPU in hand (no table needed)."""
+    p = torch.cuda.get_device_properties(0)
+    return {"name": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", 0),
+            "arch": f"sm_{p.major}{p.minor}", "memory_gib": p.total_memory / 2**30,
+            "smem_per_block_bytes": getattr(p, "shared_memory_per_block_optin", 0)}
+
+
+def measure_copy_gbps(nbytes: int = 2**30) -> float:
+    """Device-to-device copy bandwidth of the GPU in hand, GB/s, counting bytes read + written."""
+    from . import bench
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    t = bench.time_ms(lambda: dst.copy_(src), flush_l2=False)
+    return bench.gbps(2 * src.numel() * 4, t)
+
+
+def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Dense matmul rate of the GPU in hand on random data, TFLOP/s."""
+    from . import bench
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    t = bench.time_ms(lambda: a @ b, flush_l2=False)
+    return bench.tflops(2 * n**3, t)
