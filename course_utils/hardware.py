@@ -116,3 +116,47 @@ def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) ->
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     t = bench.time_ms(lambda: a @ b, flush_l2=False)
     return bench.tflops(2 * n**3, t)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a launcher needs to choose tiles and dtypes, with or without the GPU in hand.
+
+    Launchers call pure functions of a DeviceInfo, so the compile matrix can ask what a launcher
+    would pick on a T4 (sm_75), an A100 (sm_80) or an H100 (sm_90) on a machine with no GPU.
+    """
+
+    arch: int                   # compute capability as an int: 75, 80, 86, 89, 90
+    sms: int
+    smem_per_block_bytes: int   # the most shared memory one program can ask for
+    name: str = ""
+
+    @property
+    def has_bf16(self) -> bool:
+        return self.arch >= 80
+
+    @classmethod
+    def from_spec(cls, spec: GPUSpec) -> DeviceInfo:
+        return cls(int(spec.arch.removeprefix("sm_")), spec.sms, spec.smem_per_block_kib * 1024, spec.name)
+
+    @classmethod
+    def for_arch(cls, arch: int) -> DeviceInfo:
+        """A representative GPU of an architecture: 75 -> T4, 80 -> A100, 90 -> H100 SXM."""
+        key = {75: "t4", 80: "a100-80gb", 86: "a10g", 89: "l4", 90: "h100-sxm"}.get(arch)
+        if key is None:
+            raise ValueError(f"no representative GPU for sm_{arch}; expected one of 75, 80, 86, 89, 90")
+        return cls.from_spec(SPECS[key])
+
+
+# What launchers assume under the interpreter: an sm_80-class device (tiles that also fit a GPU).
+INTERPRETER_DEVICE = DeviceInfo(80, 108, 163 * 1024, "Triton interpreter (CPU)")
+
+
+def device_info() -> DeviceInfo:
+    """The DeviceInfo of the GPU in hand, or :data:`INTERPRETER_DEVICE` without one."""
+    from . import env
+    if not env.on_gpu():
+        return INTERPRETER_DEVICE
+    p = torch.cuda.get_device_properties(env.DEVICE)
+    smem = getattr(p, "shared_memory_per_block_optin", 0) or 48 * 1024
+    return DeviceInfo(p.major * 10 + p.minor, p.multi_processor_count, smem, p.name)
