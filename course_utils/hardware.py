@@ -8,6 +8,7 @@ rates for fp16/bf16 assume fp32 accumulation, which is what the course's kernels
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -47,17 +48,25 @@ def _spec(key, name, arch, gbps, sms, smem_sm, smem_block, l2, fp32, fp16, bf16,
     return GPUSpec(key, name, arch, gbps, sms, smem_sm, smem_block, l2, flops, aliases)
 
 
-# Sources: NVIDIA datasheets and architecture whitepapers (T4, A10, L4, A100, H100, H200, GeForce
-# RTX 3090/4090); L2 of the H100 and H200 as torch reports it on the course's lent machines.
+# Sources (dense rates, i.e. half the "with sparsity" figures of the datasheets; fp16/bf16 with fp32
+# accumulation): NVIDIA datasheets for T4, L4, A100 (40/80 GB, SXM and PCIe), H100 (SXM and PCIe) and
+# H200; the Ampere GA102 and Ada AD102 whitepapers for the RTX 3090/4090 (GeForce tensor cores run
+# fp16/bf16 with fp32 accumulation at half their fp16-accumulate rate). The A10G (AWS G5) has no NVIDIA
+# datasheet: 80 SMs as the driver reports them, FP32 35 and tensor rates as AWS/Baseten publish them
+# (unlike the 72-SM A10, whose datasheet says 31.2 / 62.5 / 125). L2 of the H100 and H200 as torch
+# reports it on the course's lent machines (50 MiB and 60 MiB); shared memory per SM and the per-block
+# opt-in limit from the CUDA programming guide's table for each compute capability.
 SPECS: dict[str, GPUSpec] = {s.key: s for s in [
     #      key          name                    arch    GB/s  SMs smem/SM blk  L2MiB  fp32  fp16   bf16   tf32
     _spec("t4", "Tesla T4", "sm_75", 320, 40, 64, 64, 4, 8.1, 65, None, None, ("T4",)),
     _spec("l4", "NVIDIA L4", "sm_89", 300, 58, 100, 99, 48, 30.3, 121, 121, 60, ("L4",)),
-    _spec("a10g", "NVIDIA A10G", "sm_86", 600, 80, 100, 99, 6, 31.2, 125, 125, 62.5, ("A10G",)),
-    _spec("a100-40gb", "NVIDIA A100 40GB (SXM)", "sm_80", 1555, 108, 164, 163, 40, 19.5, 312, 312, 156,
+    _spec("a10g", "NVIDIA A10G", "sm_86", 600, 80, 100, 99, 6, 35, 70, 70, 35, ("A10G",)),
+    _spec("a100-40gb", "NVIDIA A100 40GB", "sm_80", 1555, 108, 164, 163, 40, 19.5, 312, 312, 156,
           ("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 40GB")),
     _spec("a100-80gb", "NVIDIA A100 80GB (SXM)", "sm_80", 2039, 108, 164, 163, 80, 19.5, 312, 312, 156,
-          ("A100-SXM4-80GB", "A100 80GB", "A100-PCIE-80GB")),
+          ("A100-SXM4-80GB", "A100-SXM-80GB", "A100 80GB")),
+    _spec("a100-80gb-pcie", "NVIDIA A100 80GB PCIe", "sm_80", 1935, 108, 164, 163, 80, 19.5, 312, 312, 156,
+          ("A100 80GB PCIe", "A100-PCIE-80GB")),
     _spec("h100-sxm", "NVIDIA H100 SXM 80GB", "sm_90", 3350, 132, 228, 227, 50, 67, 989, 989, 495,
           ("H100 80GB HBM3", "H100 SXM")),
     _spec("h100-pcie", "NVIDIA H100 PCIe 80GB", "sm_90", 2000, 114, 228, 227, 50, 51, 756, 756, 378,
@@ -76,10 +85,15 @@ def lookup(name: str) -> GPUSpec:
         raise ValueError(f"gpu must be a non-empty string, got {name!r}")
     if name in SPECS:
         return SPECS[name]
-    matches = [s for s in SPECS.values() if any(a.lower() in name.lower() for a in s.aliases)]
-    if not matches:
+    hits = [(len(a), s) for s in SPECS.values() for a in s.aliases if _names(a, name)]
+    if not hits:
         raise ValueError(f"unknown GPU {name!r}: known keys are {sorted(SPECS)}")
-    return max(matches, key=lambda s: max(len(a) for a in s.aliases if a.lower() in name.lower()))
+    return max(hits, key=lambda hit: hit[0])[1]
+
+
+def _names(alias: str, name: str) -> bool:
+    """True when ``alias`` appears in ``name`` as whole words ('L4' is not in 'NVIDIA L40S')."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(alias.lower())}(?![a-z0-9])", name.lower()) is not None
 
 
 def current() -> GPUSpec | None:
@@ -100,9 +114,16 @@ def device_properties() -> dict:
             "smem_per_block_bytes": getattr(p, "shared_memory_per_block_optin", 0)}
 
 
+def _need_gpu(what: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} measures the GPU in hand, and torch sees no CUDA GPU; "
+                           "under the interpreter read the recorded ceilings: bench.recorded('ceilings')")
+
+
 def measure_copy_gbps(nbytes: int = 2**30) -> float:
     """Device-to-device copy bandwidth of the GPU in hand, GB/s, counting bytes read + written."""
     from . import bench
+    _need_gpu("measure_copy_gbps")
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     t = bench.time_ms(lambda: dst.copy_(src), flush_l2=False)
@@ -112,6 +133,7 @@ def measure_copy_gbps(nbytes: int = 2**30) -> float:
 def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
     """Dense matmul rate of the GPU in hand on random data, TFLOP/s."""
     from . import bench
+    _need_gpu("measure_matmul_tflops")
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     t = bench.time_ms(lambda: a @ b, flush_l2=False)
