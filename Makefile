@@ -31,13 +31,13 @@ lab: $(SETUP)
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) notebooks/
 
 test: $(SETUP) lint check-exercises
-	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests
+	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
 
 test-unit: $(SETUP)
 	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests -m "not slow and not browser"
 
 test-gpu: $(SETUP)
-	$(GPU_ENV) $(PY) -m pytest -n 1 tests -m "not browser" $(PYTEST_ARGS)
+	$(GPU_ENV) $(PY) -m pytest -n 1 --nbval-lax --nbval-current-env tests notebooks -m "not browser" $(PYTEST_ARGS)
 
 test-browser: $(SETUP)
 	$(CPU_ENV) $(PY) -m pytest tests -m browser

@@ -37,10 +37,12 @@ def is_check_cell(cell) -> bool:
 
 def exercise_name(lines: list[str], begin: int, fallback: str) -> str:
     """The exercise a solution block belongs to: the nearest '# Exercise ...' comment or def above."""
-    for line in reversed(lines[:begin]):
+    above = lines[:begin]
+    for line in reversed(above):
         m = _EXERCISE.match(line)
         if m:
             return m.group(1).rstrip(":")
+    for line in reversed(above):
         m = _DEF.match(line)
         if m:
             return m.group(1) or m.group(2)

@@ -31,7 +31,7 @@ import nbformat
 from .exercises import ROOT, SOLUTIONS, is_check_cell, make_exercise, strip_outputs
 
 CELL_TIMEOUT = 300  # seconds a single cell may run before it counts as hung
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*[A-Za-z]")  # junit escapes ESC as #x1B
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Interrupt|Exit)|KeyboardInterrupt)\b:?.*")
 
 
@@ -209,10 +209,6 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
     to_run = [c for c in report.checks if not c.reason]
     if not to_run:
         return report
-    index_of = {}
-    for i, cell in enumerate(merged.cells):
-        if cell.get("id"):
-            index_of.setdefault(cell["id"], i)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         nb_path = Path(tmp) / path.name
         nb_path.write_text(nbformat.writes(merged))
@@ -221,7 +217,8 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
         finished, output = _run_nbval(nb_path, junit, cell_timeout, cell_timeout * 2 + 30 * n_code + 120)
         cases = _junit_cases(junit)
     last_failure = ""
-    for i, cell in enumerate(merged.cells):
+    code_cells = [c for c in merged.cells if c.get("cell_type") == "code"]  # nbval numbers these
+    for i, cell in enumerate(code_cells):
         passed, text = cases.get(i, (None, ""))
         check = next((c for c in to_run if c.cell_id == cell.get("id") and is_check_cell(cell)), None)
         if check is None:

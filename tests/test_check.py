@@ -1,0 +1,125 @@
+"""The checker toolkit must pass a right kernel and fail the usual wrong ones, saying where to look."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from course_utils import check
+
+
+@triton.jit
+def _add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
+                SKIP_LAST: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    if SKIP_LAST:  # a grid bug: the last tile is never written
+        mask = mask & (offsets < (n // BLOCK_SIZE) * BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    y = tl.load(y_ptr + offsets, mask=offsets < n, other=0.0)
+    if MASKED:
+        tl.store(out_ptr + offsets, x + y, mask=mask)
+    else:
+        tl.store(out_ptr + offsets, x + y)
+
+
+def make_add(masked=True, skip_last=False):
+    def add(x, y, out):
+        n = x.numel()
+        _add_kernel[(triton.cdiv(n, 128),)](x, y, out, n, BLOCK_SIZE=128, MASKED=masked, SKIP_LAST=skip_last)
+        return out
+    return add
+
+
+SIZES = (1, 7, 1000, 3001)
+DTYPES = (torch.float32, torch.float16)
+
+
+def test_right_kernel_passes(capsys):
+    check.check_elementwise("add", make_add(), torch.add, n_inputs=2, sizes=SIZES, dtypes=DTYPES, launches=1)
+    out = capsys.readouterr().out
+    assert out.startswith("PASS add:") and "1 kernel launch" in out
+    assert "nan" not in out.lower() and "e-" not in out  # the verdict prints no floats
+
+
+def test_missing_mask_is_caught_by_the_guards():
+    with pytest.raises(check.CheckFailure, match="outside its buffer.*mask"):
+        check.check_elementwise("add", make_add(masked=False), torch.add, n_inputs=2, sizes=(1000,),
+                                dtypes=(torch.float32,))
+
+
+def test_unwritten_elements_are_caught_by_the_poison():
+    with pytest.raises(check.CheckFailure, match="poisoned|NaN") as e:
+        check.check_elementwise("add", make_add(skip_last=True), torch.add, n_inputs=2, sizes=(1000,),
+                                dtypes=(torch.float32,))
+    assert "index 896" in str(e.value)  # the first element of the last tile of 128
+
+
+def test_wrong_values_report_first_bad_index():
+    def sub(x, y, out):
+        out.copy_(x - y)
+        return out
+    with pytest.raises(check.CheckFailure, match=r"First at index \d+: got .*expected"):
+        check.check_elementwise("add", sub, torch.add, n_inputs=2, sizes=(7,), dtypes=(torch.float32,))
+
+
+def test_unfused_version_fails_the_launch_count():
+    def two_launches(x, y):
+        return (x + y) * 1.0
+    with pytest.raises(check.CheckFailure, match="expected 1 kernel launch"):
+        check.check_elementwise("add", two_launches, torch.add, n_inputs=2, sizes=(7,),
+                                dtypes=(torch.float32,), launches=1)
+
+
+def test_writing_the_input_is_caught():
+    def add_in_place(x, y):
+        return x.add_(y)
+    with pytest.raises(check.CheckFailure):
+        check.check_elementwise("add", add_in_place, torch.add, n_inputs=2, sizes=(7,), dtypes=(torch.float32,))
+
+
+def test_a_crash_is_reported_not_propagated_raw():
+    def crash(x):
+        raise IndexError("boom")
+    with pytest.raises(check.CheckFailure, match="raised IndexError: boom"):
+        check.check_elementwise("id", crash, lambda x: x, sizes=(7,), dtypes=(torch.float32,))
+
+
+def test_not_implemented_passes_through():
+    def stub(x):
+        raise NotImplementedError("Exercise 1")
+    with pytest.raises(NotImplementedError):
+        check.check_elementwise("id", stub, lambda x: x, sizes=(7,), dtypes=(torch.float32,))
+
+
+def test_fresh_inputs_every_call():
+    assert not torch.equal(check.randn((64,)), check.randn((64,)))
+
+
+def test_randn_outliers_and_signs():
+    x = check.randn((10_000,), outliers=0.01, outlier_scale=100.0)
+    assert (x < 0).any() and (x > 0).any()
+    assert x.abs().max() > 20
+
+
+def test_compare_nan_and_inf_rules():
+    e = torch.tensor([1.0, float("inf"), float("nan")], dtype=torch.float64)
+    check.compare("ok", e.float(), e)
+    with pytest.raises(check.CheckFailure, match="still holds the NaN"):
+        check.compare("bad", torch.tensor([float("nan"), float("inf"), float("nan")]), e)
+    with pytest.raises(check.CheckFailure, match="shape"):
+        check.compare("bad", torch.zeros(2), e)
+
+
+def test_tolerance_is_per_dtype_and_rejects_unknown():
+    assert check.tolerance(torch.float16)[1] > check.tolerance(torch.float32)[1]
+    with pytest.raises(ValueError, match="expected one of"):
+        check.tolerance(torch.int32)
+
+
+def test_guards_detect_writes_before_the_start():
+    g = check.Guarded((10,), torch.float32)
+    g.buffer[check.GUARD - 1] = 0.0
+    with pytest.raises(check.CheckFailure, match="before the start"):
+        g.check("x")

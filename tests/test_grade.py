@@ -1,0 +1,167 @@
+"""The grading pipeline on a small synthetic course: both directions, and every kind of bad input."""
+
+import hashlib
+import json
+import xml.etree.ElementTree as ET
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from course_utils import exercises, grade
+
+pytestmark = pytest.mark.slow
+
+
+def _check(cid, name, body, out, n):
+    c = new_code_cell(f"# Check: {name}\n{body}", id=cid)
+    c.metadata["tags"] = [exercises.CHECK_TAG]
+    c.execution_count = n
+    c.outputs = [new_output("stream", name="stdout", text=out)]
+    return c
+
+
+def toy_solution():
+    nb = new_notebook(cells=[
+        new_markdown_cell("# A toy chapter", id="intro"),
+        new_code_cell("from course_utils.check import verdict, require", id="setup"),
+        new_code_cell("# Exercise 1: square\ndef square(x):\n    ### BEGIN SOLUTION\n    return x * x\n"
+                      "    ### END SOLUTION", id="ex-square"),
+        _check("check-square", "square", 'require(square(3) == 9, "square(3) should be 9")\nverdict("square")',
+               "PASS square: passed\n", 1),
+        new_code_cell("# Exercise 2: cube\ndef cube(x):\n    ### BEGIN SOLUTION\n    return x ** 3\n"
+                      "    ### END SOLUTION", id="ex-cube"),
+        _check("check-cube", "cube", 'require(cube(2) == 8, "cube(2) should be 8")\nverdict("cube")',
+               "PASS cube: passed\n", 2),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+@pytest.fixture()
+def course(tmp_path):
+    sol_dir = tmp_path / "solutions"
+    sol_dir.mkdir()
+    sol = toy_solution()
+    nbformat.write(sol, sol_dir / "toy.ipynb")
+    student_dir = tmp_path / "student"
+    student_dir.mkdir()
+    return sol, sol_dir, student_dir
+
+
+def _student(student_dir, nb, name="toy.ipynb"):
+    path = student_dir / name
+    path.write_text(nbformat.writes(nb))
+    return path
+
+
+def _solve(nb, cell_id, source):
+    for c in nb.cells:
+        if c.get("id") == cell_id:
+            c["source"] = source
+    return nb
+
+
+def test_stub_replaces_solution_and_names_exercise():
+    ex = exercises.make_exercise(toy_solution())
+    src = ex.cells[2]["source"]
+    assert "return x * x" not in src and "BEGIN SOLUTION" not in src
+    assert 'raise NotImplementedError("Exercise 1: square' in src
+    assert all(not c.get("outputs") for c in ex.cells if c.cell_type == "code")
+    assert [c.get("id") for c in ex.cells] == [c.get("id") for c in toy_solution().cells]
+
+
+def test_unbalanced_markers_are_errors():
+    with pytest.raises(ValueError, match="without"):
+        exercises.stub_source("### BEGIN SOLUTION\nx = 1\n")
+    with pytest.raises(ValueError, match="without"):
+        exercises.stub_source("x = 1\n### END SOLUTION\n")
+
+
+def test_solution_passes_and_untouched_exercise_fails_every_check(course):
+    sol, sol_dir, student_dir = course
+    good = grade.grade_notebook(_student(student_dir, sol), sol_dir)
+    assert good.ok and good.passed == 2, grade.table([good])
+    path = _student(student_dir, exercises.make_exercise(sol))
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    bad = grade.grade_notebook(path, sol_dir)
+    assert bad.passed == 0 and len(bad.checks) == 2
+    assert all("NotImplementedError" in c.reason for c in bad.checks), grade.table([bad])
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before, "the grader modified the student's file"
+
+
+def test_one_exercise_done_one_stub_left(course):
+    sol, sol_dir, student_dir = course
+    nb = _solve(exercises.make_exercise(sol), "ex-square", "def square(x):\n    return x * x")
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
+    assert [c.passed for c in r.checks] == [True, False]
+    assert "cube" in r.checks[1].reason
+
+
+def test_wrong_answer_fails_with_the_checkers_message(course):
+    sol, sol_dir, student_dir = course
+    nb = _solve(exercises.make_exercise(sol), "ex-square", "def square(x):\n    return x + x")
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
+    assert not r.checks[0].passed
+    assert "square(3) should be 9" in r.checks[0].reason
+
+
+def test_edited_check_cell_is_graded_with_the_original(course):
+    sol, sol_dir, student_dir = course
+    nb = exercises.make_exercise(sol)
+    _solve(nb, "check-square", 'print("PASS square: passed")')  # a student faking the verdict
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
+    assert not r.checks[0].passed
+
+
+def test_deleted_check_cell_fails_clearly(course):
+    sol, sol_dir, student_dir = course
+    nb = sol.copy()
+    nb.cells = [c for c in sol.cells if c.get("id") != "check-cube"]
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
+    assert [c.passed for c in r.checks] == [True, False]
+    assert "missing" in r.checks[1].reason
+
+
+def test_syntax_error_fails_that_exercise_and_grading_goes_on(course):
+    sol, sol_dir, student_dir = course
+    nb = _solve(toy_solution(), "ex-square", "def square(x)\n    return x * x")
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
+    assert [c.passed for c in r.checks] == [False, True]
+    assert "SyntaxError" in r.checks[0].reason or "NameError" in r.checks[0].reason
+
+
+def test_cell_that_never_returns_times_out(course):
+    sol, sol_dir, student_dir = course
+    nb = _solve(toy_solution(), "ex-square", "def square(x):\n    while True:\n        pass")
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir, cell_timeout=5)
+    assert not r.checks[0].passed
+    assert "longer than 5 s" in r.checks[0].reason or "stopped" in r.checks[0].reason, r.checks[0].reason
+
+
+@pytest.mark.parametrize("content, name", [
+    ("this is not json", "toy.ipynb"),
+    ('{"cells": [', "toy.ipynb"),              # a half-written file
+    (json.dumps({"nbformat": 4}), "toy.ipynb"),  # JSON, but no cells
+    ("print('hello')", "toy.py"),
+])
+def test_malformed_input_is_a_clear_failure(course, content, name):
+    _, sol_dir, student_dir = course
+    path = student_dir / name
+    path.write_text(content)
+    r = grade.grade_notebook(path, sol_dir)
+    assert not r.ok and r.error
+    assert path.read_text() == content
+
+
+def test_cli_table_exit_code_and_junit(course, tmp_path, capsys):
+    sol, sol_dir, student_dir = course
+    _student(student_dir, exercises.make_exercise(sol))
+    (student_dir / "broken.ipynb").write_text("{")
+    junit = tmp_path / "grades.xml"
+    code = grade.main([str(student_dir), "--solutions", str(sol_dir), "--junit", str(junit)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "toy.ipynb" in out and "0/2" in out and "broken.ipynb" in out
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    assert len(cases) == 3 and all(c.find("failure") is not None for c in cases)
