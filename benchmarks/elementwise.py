@@ -1,0 +1,342 @@
+"""Chapters 3-4: GELU and the bias + GELU + scale chain against copy_, F.gelu, eager and torch.compile.
+
+Timing: ``cu.bench.time_ms`` (device events, L2 flushed between repetitions, median). With the
+flush in between, the host enqueues each call while the GPU is still busy flushing, so those
+numbers are device time: they leave the host's launch cost out. For sizes up to 16 MiB the sweep
+also records ``timing='wall'``: the host clock over back-to-back calls (no flush), which is what a
+launch-bound caller pays, and ``timing='graph'``: the same calls replayed from one CUDA graph.
+GB/s count the fewest bytes each op must move (x read once, y written once, plus the bias).
+
+    python -m benchmarks.elementwise [--quick] [--tune]     # on a GPU; writes results/<gpu>/elementwise.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import course_utils as cu
+from course_utils import bench
+
+TITLE = "Elementwise: fused GELU and bias + GELU + scale (chapters 3-4)"
+ISSUE = 4
+MIB = 2**20
+GELU_SIZES_MIB = (1, 4, 16, 64, 256, 1024)
+CHAIN_SIZES_MIB = (1, 4, 16, 64, 256, 1024)
+HIDDEN = 4096          # columns of the chain's x (the bias has one value per column)
+SCALE = 0.5
+LAUNCH_BOUND_MIB = 16  # sizes up to this also get wall-clock and CUDA-graph rows
+
+
+def _dtypes():
+    import torch
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _wall_ms(fn, calls: int = 200) -> float:
+    import torch
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
+def _compiled(fn):
+    import torch
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
+def _gelu_impls(n, dtype, size, cuda_gelu):
+    import torch
+    import torch.nn.functional as F
+
+    from course_utils.kernels import elementwise as ew
+
+    x = torch.randn(n, device="cuda", dtype=dtype)
+    y = torch.empty_like(x)
+    impls = {"copy_": lambda: y.copy_(x),
+             "F.gelu": lambda: F.gelu(x, approximate="tanh"),
+             "triton": lambda: ew.gelu(x, out=y)}
+    if size in (256, 1024):
+        impls["triton_erf"] = lambda: ew.gelu(x, approximate="none", out=y)
+        impls["F.gelu_erf"] = lambda: F.gelu(x)
+        if cuda_gelu is not None:
+            impls["cuda_cpp"] = lambda: cuda_gelu(x)
+        if size == 256:
+            comp = _compiled(ew.gelu_ref)
+            impls["eager_9ops"] = lambda: ew.gelu_ref(x)
+            impls["torch.compile"] = lambda: comp(x)
+    return 2 * x.numel() * x.element_size(), x.numel(), impls
+
+
+def _chain_impls(n, dtype, dropout: bool):
+    import torch
+    import torch.nn.functional as F
+
+    from course_utils.kernels import elementwise as ew
+
+    x = torch.randn(max(1, n // HIDDEN), HIDDEN, device="cuda", dtype=dtype)
+    b = torch.randn(HIDDEN, device="cuda", dtype=dtype)
+    y = torch.empty_like(x)
+    nbytes = 2 * x.numel() * x.element_size() + HIDDEN * x.element_size()
+    if dropout:
+        def eager():
+            return F.dropout(F.gelu(x + b, approximate="tanh"), 0.1, training=True)
+        comp = _compiled(eager)
+        impls = {"copy_": lambda: y.copy_(x), "eager": eager, "torch.compile": comp,
+                 "triton": lambda: ew.bias_gelu_dropout(x, b, 0.1, 1234, out=y)}
+    else:
+        comp = _compiled(ew.bias_gelu_scale_ref)
+        impls = {"copy_": lambda: y.copy_(x),
+                 "eager": lambda: ew.bias_gelu_scale_ref(x, b, SCALE),
+                 "torch.compile": lambda: comp(x, b, SCALE),
+                 "triton": lambda: ew.bias_gelu_scale(x, b, SCALE, out=y)}
+    return nbytes, x.numel(), impls
+
+
+def _rows_for(case, dtype_name, size_mib, n, nbytes, impls: dict, launch_bound: bool):
+    rows = []
+    for impl, fn in impls.items():
+        t = bench.time_ms(fn)
+        rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n,
+                         timing="events", ms=t.median, p20=t.p20, p80=t.p80, gbps=bench.gbps(nbytes, t)))
+        if launch_bound:
+            w = _wall_ms(fn)
+            rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n,
+                             timing="wall", ms=w, p20=float("nan"), p80=float("nan"),
+                             gbps=bench.gbps(nbytes, w)))
+            g = bench.time_ms(fn, cuda_graph=True)
+            rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n,
+                             timing="graph", ms=g.median, p20=g.p20, p80=g.p80, gbps=bench.gbps(nbytes, g)))
+    return rows
+
+
+def sweep(quick: bool = False, with_cuda: bool = True):
+    """One row per (case, impl, dtype, size, timing); GB/s of the minimum traffic."""
+    import pandas as pd
+    import torch
+    from tqdm.auto import tqdm
+
+    from course_utils.kernels import elementwise as ew
+
+    if not cu.on_gpu():
+        raise RuntimeError("the elementwise benchmark needs a CUDA GPU; "
+                           "recorded results: cu.bench.recorded('elementwise')")
+    dtypes = _dtypes()
+    if not cu.env.supported_dtypes().__contains__(torch.bfloat16):
+        dtypes.pop("bf16")
+    gelu_sizes = (256, 1024) if quick else GELU_SIZES_MIB
+    chain_sizes = (1, 1024) if quick else CHAIN_SIZES_MIB
+    rows = []
+    build = None
+    if with_cuda and ew.cuda_gelu_unavailable() is None:
+        # nvcc takes about a minute: build in the background while the chain is measured
+        import concurrent.futures
+        build = concurrent.futures.ThreadPoolExecutor(1).submit(ew.load_cuda_gelu)
+    cuda_gelu = None
+
+    plan = [("chain", d, s) for d in dtypes if d != "fp16" for s in chain_sizes] + \
+           [("gelu", d, s) for d in dtypes for s in gelu_sizes] + \
+           [("dropout", "bf16" if "bf16" in dtypes else "fp16", 256)]
+    for case, dname, size in tqdm(plan, desc="elementwise"):
+        if case == "gelu" and build is not None:
+            try:
+                cuda_gelu = build.result().gelu_cuda
+                from course_utils import check
+                for d in dtypes.values():
+                    xc = check.randn((1_000_003,), d, outliers=0.01)
+                    check.compare(f"cuda_cpp gelu {d}", cuda_gelu(xc), ew.gelu_ref(xc.double()))
+            except Exception as e:  # a failed build is reported, not fatal
+                print(f"CUDA C++ GELU not built: {type(e).__name__}: {e}")
+            build = None
+        dtype = dtypes[dname]
+        n = size * MIB // torch.empty((), dtype=dtype).element_size()
+        if case == "gelu":
+            nbytes, n_el, impls = _gelu_impls(n, dtype, size, cuda_gelu)
+        else:
+            nbytes, n_el, impls = _chain_impls(n, dtype, dropout=case == "dropout")
+        launch_bound = size <= LAUNCH_BOUND_MIB and case != "dropout"
+        rows += _rows_for(case, dname, size, n_el, nbytes, impls, launch_bound)
+        del impls
+        torch.cuda.empty_cache()
+        if os.environ.get("OUT"):  # keep what was measured if the run is cut short
+            pd.DataFrame(rows).to_csv(os.path.join(os.environ["OUT"], "elementwise_partial.csv"), index=False)
+    return pd.DataFrame(rows)
+
+
+def _ratio(df, case, dtype, size, impl, other, timing="events", higher_is_better="gbps"):
+    sel = df[(df.case == case) & (df.dtype == dtype) & (df.size_mib == size) & (df.timing == timing)]
+    a = sel[sel.impl == impl]
+    b = sel[sel.impl == other]
+    if a.empty or b.empty:
+        return None
+    return float(b.ms.iloc[0] / a.ms.iloc[0])  # >1 means impl is faster
+
+
+def targets(df) -> list:
+    """Issue 4's speed targets as ratios measured in this run (events timing, L2 flushed)."""
+    out = []
+    for dtype in sorted(set(df[df.case == "gelu"].dtype)):
+        for size in (256, 1024):
+            for other, need in (("copy_", 0.95), ("F.gelu", 1.0)):
+                r = _ratio(df, "gelu", dtype, size, "triton", other)
+                if r is not None:
+                    what = "bandwidth" if other == "copy_" else "speed"
+                    out.append(bench.Target(ISSUE, f"gelu {dtype} {size} MiB {what} vs {other}", r, need))
+    for dtype in sorted(set(df[df.case == "chain"].dtype)):
+        for size in sorted(set(df[df.case == "chain"].size_mib)):
+            for other, need in (("eager", 2.5), ("torch.compile", 1.0)):
+                r = _ratio(df, "chain", dtype, size, "triton", other)
+                if r is not None:
+                    out.append(bench.Target(ISSUE, f"bias+gelu+scale {dtype} {size} MiB vs {other}", r, need))
+    return out
+
+
+def verify() -> str:
+    """Correctness on the GPU before any timing: every launcher, every dtype, odd sizes, twice
+    (the second call takes the lean launch path), misaligned views too."""
+
+    from course_utils import check
+    from course_utils.kernels import elementwise as ew
+
+    cases = 0
+    for dtype in cu.env.supported_dtypes():
+        for n in (1, 7, 1000, 1_000_003):
+            for shift in (0, 1):
+                xb = check.randn((n + shift,), dtype, outliers=0.01)
+                x = xb[shift:]
+                for _ in range(2):
+                    check.compare(f"gelu {dtype} n={n}", ew.gelu(x), ew.gelu_ref(x.double()))
+                    check.compare(f"gelu erf {dtype} n={n}", ew.gelu(x, "none"),
+                                  ew.gelu_ref(x.double(), "none"))
+                    check.compare(f"add {dtype} n={n}", ew.add(x, x), x.double() * 2)
+                    cases += 3
+        x = check.randn((333, 1001), dtype, outliers=0.01)
+        b = check.randn((1001,), dtype)
+        for _ in range(2):
+            check.compare(f"chain {dtype}", ew.bias_gelu_scale(x, b, 0.7),
+                          ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
+            check.compare(f"dropout {dtype}", ew.bias_gelu_dropout(x, b, 0.25, 7),
+                          ew.bias_gelu_dropout_ref(x.double(), b.double(), 0.25, 7))
+            cases += 2
+    return f"verify: {cases} GPU comparisons passed"
+
+
+def launch_overhead():
+    """Host microseconds per call, back to back, on a 1-element tensor: how lean each launch path is."""
+    import pandas as pd
+    import torch
+    import torch.nn.functional as F
+
+    from course_utils.kernels import elementwise as ew
+
+    x = torch.randn(4096, device="cuda")
+    b = torch.randn(4096, device="cuda")
+    y = torch.empty_like(x)
+    comp = _compiled(ew.bias_gelu_scale_ref)
+    rows = []
+
+    def slow(fn):
+        def run():
+            ew.FAST_LAUNCH = False
+            try:
+                fn()
+            finally:
+                ew.FAST_LAUNCH = True
+        return run
+    cases = {"F.gelu": lambda: F.gelu(x, approximate="tanh"),
+             "triton gelu (lean launch)": lambda: ew.gelu(x, out=y),
+             "triton gelu (kernel[grid] path)": slow(lambda: ew.gelu(x, out=y)),
+             "eager chain (3 ops)": lambda: ew.bias_gelu_scale_ref(x.view(1, -1), b, SCALE),
+             "torch.compile chain": lambda: comp(x.view(1, -1), b, SCALE),
+             "triton chain (lean launch)": lambda: ew.bias_gelu_scale(x.view(1, -1), b, SCALE,
+                                                                      out=y.view(1, -1))}
+    for name, fn in cases.items():
+        rows.append({"case": "launch", "impl": name, "us_per_call": _wall_ms(fn, 2000) * 1e3})
+    return pd.DataFrame(rows)
+
+
+def tune():
+    """BLOCK_SIZE x num_warps for the GELU kernel at 1 GiB and the chain at 1 and 1024 MiB."""
+    import pandas as pd
+    import torch
+
+    rows = []
+    for dname, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        for size in (1, 1024):
+            n = size * MIB // itemsize
+            x = torch.randn(n, device="cuda", dtype=dtype)
+            b = torch.randn(HIDDEN, device="cuda", dtype=dtype)
+            y = torch.empty_like(x)
+            for block in (1024, 2048, 4096, 8192):
+                for warps in (4, 8):
+                    rows += _tune_one(x, b, y, n, itemsize, dname, size, block, warps)
+            del x, y
+    return pd.DataFrame(rows)
+
+
+def _tune_one(x, b, y, n, itemsize, dname, size, block, warps):
+    from course_utils.kernels import elementwise as ew
+
+    grid = (-(-n // block),)
+    int64 = ew.needs_int64(n)
+    kernels = {
+        "gelu": lambda: ew._gelu_kernel[grid](x, y, n, BLOCK_SIZE=block, APPROXIMATE=True, INT64=int64,
+                                              num_warps=warps),
+        "chain": lambda: ew._bias_gelu_scale_kernel[grid](x, b, y, n, HIDDEN, SCALE, BLOCK_SIZE=block,
+                                                          APPROXIMATE=True, INT64=int64, num_warps=warps)}
+    rows = []
+    for case, fn in kernels.items():
+        t = bench.time_ms(fn, rep=30)
+        rows.append(dict(case=case, dtype=dname, size_mib=size, BLOCK_SIZE=block, num_warps=warps,
+                         ms=t.median, gbps=bench.gbps(2 * n * itemsize, t)))
+    return rows
+
+
+def main(argv=None) -> int:
+    import shutil
+
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="also sweep BLOCK_SIZE x num_warps")
+    ap.add_argument("--no-cuda-cpp", action="store_true", help="skip building the CUDA C++ GELU")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    print(verify(), f"[{time.time() - t0:.0f} s]")
+    out_dir = os.environ.get("OUT")
+    saved = []
+    if args.tune:
+        tdf = tune()
+        saved.append(bench.save(tdf, "elementwise_tune"))
+        best = tdf.sort_values("ms").groupby(["case", "dtype", "size_mib"]).head(3)
+        print(best.to_string(index=False))
+        print(f"[tune done at {time.time() - t0:.0f} s]")
+    ldf = launch_overhead()
+    saved.append(bench.save(ldf, "elementwise_launch"))
+    print(ldf.to_string(index=False))
+    df = sweep(quick=args.quick, with_cuda=not args.no_cuda_cpp)
+    saved.append(bench.save(df, "elementwise"))
+    tg = pd.DataFrame([t.row() for t in targets(df)])
+    saved.append(bench.save(tg, "elementwise_targets"))
+    if out_dir:
+        for p in saved:
+            shutil.copy(p, out_dir)
+    ev = df[df.timing == "events"].pivot_table(index=["case", "dtype", "size_mib"], columns="impl",
+                                               values="gbps")
+    print((ev.round(0)).to_string())
+    print(tg.to_string(index=False))
+    print(f"[{bench.provenance()}] total {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

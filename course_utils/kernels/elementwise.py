@@ -1,0 +1,498 @@
+"""Elementwise kernels (chapters 3 and 4): vector add, GELU, and the chains fused around GELU.
+
+Version ladder:
+- v0 eager PyTorch (the ``*_ref`` functions): one kernel per operator, every intermediate through HBM.
+- v1 ``add``: one program per BLOCK_SIZE tile of a flat tensor, the partial last tile masked.
+- v2 ``gelu``: tanh approximation with a stable tanh (exp of a non-positive argument) or exact erf, fp32 math.
+- v3 ``bias_gelu_scale``: ``gelu(x + bias) * scale`` (bias per column, scalar scale), one read, one write.
+- v4 ``bias_gelu_dropout``: ``dropout(gelu(x + bias), p)`` with the keep mask drawn inside the kernel
+  (Philox, from the seed and the element's index): no mask tensor is ever stored or read.
+
+Every launcher takes BLOCK_SIZE, num_warps and the offset width from :func:`launch_config`, a pure
+function of the element count, the dtype and a :class:`~course_utils.hardware.DeviceInfo`, so what
+a launcher would pick on a T4, an A100 or an H100 can be asked on a machine with no GPU. Inputs
+are float32, float16 or bfloat16 (bfloat16 from sm_80 on); the math is float32 and the output has
+the input's dtype. Offsets are int64 when a tensor comes within reach of 2^31 elements.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import env, hardware
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+SQRT_2_OVER_PI: tl.constexpr = 0.7978845608028654   # sqrt(2 / pi)
+INV_SQRT_2: tl.constexpr = 0.7071067811865476       # 1 / sqrt(2)
+GELU_CUBIC: tl.constexpr = 0.044715
+
+
+@triton.jit
+def tile_start(pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    """First element of program ``pid``'s tile; int64 when pid * BLOCK_SIZE could pass 2^31 - 1."""
+    if INT64:
+        pid = pid.to(tl.int64)
+    return pid * BLOCK_SIZE
+
+
+@triton.jit
+def stable_tanh(a):
+    """tanh(a) = sign(a) * (1 - e^(-2|a|)) / (1 + e^(-2|a|)): the exp never sees a positive argument."""
+    t = tl.exp(-2.0 * tl.abs(a))          # in (0, 1]: cannot overflow
+    r = (1.0 - t) / (1.0 + t)
+    return tl.where(a < 0, -r, r)
+
+
+@triton.jit
+def gelu_math(x, APPROXIMATE: tl.constexpr):
+    """GELU of a float32 block: tanh approximation if APPROXIMATE else exact (erf)."""
+    if APPROXIMATE:
+        a = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
+        y = 0.5 * x * (1.0 + stable_tanh(a))
+    else:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * INV_SQRT_2))
+    return y
+
+
+@triton.jit
+def _add_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements                       # the last tile may run past the end
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr,
+                 INT64: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)      # one read of x
+    y = gelu_math(x, APPROXIMATE)                                # everything else in registers
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)  # one write of y
+
+
+@triton.jit
+def _bias_gelu_scale_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr,
+                            APPROXIMATE: tl.constexpr, INT64: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    cols = offsets % n_cols                                      # the bias is one value per column
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)      # n_cols values: they stay in L2
+    y = gelu_math(x + b, APPROXIMATE) * scale
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, keep_scale, seed,
+                              BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr, INT64: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    cols = offsets % n_cols
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)
+    y = gelu_math(x + b, APPROXIMATE)
+    r = tl.rand(seed, offsets)                                   # uniform [0, 1): a function of (seed, index)
+    y = tl.where(r >= p, y * keep_scale, 0.0)                    # keep with probability 1 - p, rescale
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    r = tl.rand(seed, offsets)                                   # the same numbers as the fused kernel
+    tl.store(keep_ptr + offsets, (r >= p).to(tl.int8), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configuration: a pure function of (n_elements, dtype, DeviceInfo)
+# ----------------------------------------------------------------------------------------------
+
+MAX_BLOCK_SIZE = 2**16
+# Offsets are int64 once a tile could reach 2^31 - 1: the margin (one largest tile) makes the
+# choice independent of BLOCK_SIZE, so every kernel agrees on it (and on the dropout mask).
+INT64_THRESHOLD = 2**31 - MAX_BLOCK_SIZE
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What a launcher passes to an elementwise kernel for one (n_elements, dtype, device)."""
+
+    BLOCK_SIZE: int
+    num_warps: int
+    int64: bool
+    grid: tuple
+
+
+def needs_int64(n_elements: int) -> bool:
+    """True when element offsets (pid * BLOCK_SIZE + lane) could pass the int32 range."""
+    return n_elements >= INT64_THRESHOLD
+
+
+def input_dtypes(info: hardware.DeviceInfo) -> tuple[torch.dtype, ...]:
+    """Input dtypes the elementwise kernels accept on ``info`` (no bfloat16 before sm_80)."""
+    return FLOAT_DTYPES if info.has_bf16 else (torch.float32, torch.float16)
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo) -> LaunchConfig:
+    """BLOCK_SIZE, num_warps, offset width and grid for ``n_elements`` of ``dtype`` on ``info``.
+
+    Each program moves about 16 KiB of input (8 KiB before sm_80) so that every thread issues
+    several 16-byte loads; small tensors get smaller tiles so that at least ~2 programs land on
+    each SM. Under the interpreter (no SMs to fill) tiles are as large as allowed: fewer programs
+    run faster in Python.
+    """
+    if not isinstance(n_elements, int) or n_elements < 0:
+        raise ValueError(f"n_elements must be a non-negative int, got {n_elements!r}")
+    if dtype not in input_dtypes(info):
+        raise TypeError(f"{info.name or f'sm_{info.arch}'} (sm_{info.arch}) takes "
+                        f"{[str(d).removeprefix('torch.') for d in input_dtypes(info)]}, got {dtype}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if info == hardware.INTERPRETER_DEVICE:
+        block = min(MAX_BLOCK_SIZE, max(16, triton.next_power_of_2(max(n_elements, 1))))
+        num_warps = 4
+    else:
+        tile_bytes = 16384 if info.arch >= 80 else 8192
+        block = tile_bytes // itemsize
+        # Fill the GPU: aim for >= 2 programs per SM, never below 128 threads x 16 bytes per tile.
+        min_block = 128 * 16 // itemsize
+        fill = triton.next_power_of_2(max(1, -(-n_elements // (2 * info.sms))))
+        block = max(min_block, min(block, fill))
+        num_warps = max(1, min(8 if info.arch >= 80 else 4, block * itemsize // (32 * 64)))
+    grid = (max(1, triton.cdiv(n_elements, block)),)
+    return LaunchConfig(block, num_warps, needs_int64(n_elements), grid)
+
+
+# ----------------------------------------------------------------------------------------------
+# A lean launch path (GPU only)
+# ----------------------------------------------------------------------------------------------
+# ``kernel[grid](...)`` re-binds the arguments, recomputes the specialization key and looks up the
+# compiled kernel on every call: several microseconds of Python per launch, which is what a 1 MiB
+# tensor costs on the GPU. After the first call we keep the CompiledKernel per specialization and
+# call its launcher directly. Anything unusual (a launch hook, count_launches wrapping the JIT,
+# the interpreter) takes the ordinary path.
+
+try:  # pragma: no cover - the attribute path is stable across Triton 3.x
+    from triton.runtime.jit import JITFunction as _JITFunction
+    _JIT_RUN = _JITFunction.run
+except Exception:  # pragma: no cover
+    _JITFunction, _JIT_RUN = None, None
+
+_COMPILED: dict = {}
+FAST_LAUNCH = True  # set False to compare with Triton's ordinary launch path
+
+
+def _spec(a):
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):
+        return ("b", a)
+    if isinstance(a, int):
+        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31, 0 <= a < 2**64)
+    return (type(a).__name__,)
+
+
+def _fast_ok() -> bool:
+    if not (FAST_LAUNCH and env.on_gpu() and _JITFunction is not None and _JITFunction.run is _JIT_RUN):
+        return False
+    try:
+        from triton import knobs
+        return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _launch(kernel, cfg: LaunchConfig, args: tuple, meta: tuple, meta_names: tuple, device) -> None:
+    """Launch ``kernel[cfg.grid](*args, **dict(zip(meta_names, meta, strict=True)), num_warps=...)``.
+
+    ``meta`` are the constexpr values, which come last in every kernel signature of this module.
+    """
+    fast = _fast_ok()
+    if fast:
+        key = (kernel, cfg.num_warps, meta, device.index, tuple(_spec(a) for a in args))
+        compiled = _COMPILED.get(key)
+        if compiled is not None:
+            from triton.runtime import driver
+            stream = driver.active.get_current_stream(device.index)
+            compiled.run(cfg.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
+                         None, None, *args, *meta)
+            return
+    compiled = kernel[cfg.grid](*args, **dict(zip(meta_names, meta, strict=True)), num_warps=cfg.num_warps)
+    if fast and compiled is not None and hasattr(compiled, "packed_metadata"):
+        _COMPILED[key] = compiled
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+def _check_tensor(name: str, t, info: hardware.DeviceInfo) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != env.DEVICE.type:
+        raise ValueError(f"{name} is on {t.device}, but in {env.MODE} mode the kernels run on "
+                         f"{env.DEVICE.type}: move it with {name}.to(cu.DEVICE)")
+    if t.dtype not in input_dtypes(info):
+        raise TypeError(f"{name} has dtype {t.dtype}; expected one of "
+                        f"{[str(d).removeprefix('torch.') for d in input_dtypes(info)]} on this device")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}): these kernels index it as "
+                         f"one flat array; pass {name}.contiguous() (a copy: one more read and write of it)")
+
+
+def _output(x: torch.Tensor, out, info) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(x)
+    _check_tensor("out", out, info)
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must have the input's shape {tuple(x.shape)} and dtype {x.dtype}, "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    return out
+
+
+def _approximate_flag(approximate: str) -> bool:
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
+    return approximate == "tanh"
+
+
+def _check_bias(x: torch.Tensor, bias, info) -> int:
+    _check_tensor("bias", bias, info)
+    if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
+        raise ValueError(f"bias must be 1-D with one value per column of x (x.shape[-1] = "
+                         f"{x.shape[-1] if x.dim() else 'none: x is 0-D'}), got shape {tuple(bias.shape)}")
+    if bias.dtype != x.dtype:
+        raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}: pass them in the same dtype")
+    return bias.shape[0]
+
+
+def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x + y`` for two tensors of the same shape and dtype, in one Triton kernel."""
+    info = hardware.device_info()
+    _check_tensor("x", x, info)
+    _check_tensor("y", y, info)
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise ValueError(f"x and y must have the same shape and dtype, got {tuple(x.shape)} {x.dtype} "
+                         f"and {tuple(y.shape)} {y.dtype}")
+    out = _output(x, out, info)
+    n = x.numel()
+    if n == 0:
+        return out
+    cfg = launch_config(n, x.dtype, info)
+    _launch(_add_kernel, cfg, (x, y, out, n), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"), x.device)
+    return out
+
+
+def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
+    """GELU of ``x`` in one kernel: ``approximate='tanh'`` (stable tanh) or ``'none'`` (erf)."""
+    info = hardware.device_info()
+    flag = _approximate_flag(approximate)
+    _check_tensor("x", x, info)
+    out = _output(x, out, info)
+    n = x.numel()
+    if n == 0:
+        return out
+    cfg = launch_config(n, x.dtype, info)
+    _launch(_gelu_kernel, cfg, (x, out, n), (cfg.BLOCK_SIZE, flag, cfg.int64),
+            ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
+    return out
+
+
+def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
+    info = hardware.device_info()
+    flag = _approximate_flag(approximate)
+    _check_tensor("x", x, info)
+    n_cols = _check_bias(x, bias, info)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}")
+    out = _output(x, out, info)
+    n = x.numel()
+    if n == 0:
+        return out
+    cfg = launch_config(n, x.dtype, info)
+    _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out, n, n_cols, scale), (cfg.BLOCK_SIZE, flag, cfg.int64),
+            ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
+    return out
+
+
+def _check_dropout(p, seed) -> tuple[float, int]:
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
+    return p, seed
+
+
+def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, approximate: str = "tanh",
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """``dropout(gelu(x + bias), p)`` in one kernel, the mask drawn in the kernel from ``seed``.
+
+    Element i is kept when Philox(seed, i) >= p and then scaled by 1 / (1 - p): the same seed gives
+    the same mask on any GPU and under the interpreter, whatever BLOCK_SIZE is.
+    """
+    info = hardware.device_info()
+    flag = _approximate_flag(approximate)
+    p, seed = _check_dropout(p, seed)
+    _check_tensor("x", x, info)
+    n_cols = _check_bias(x, bias, info)
+    out = _output(x, out, info)
+    n = x.numel()
+    if n == 0:
+        return out
+    cfg = launch_config(n, x.dtype, info)
+    _launch(_bias_gelu_dropout_kernel, cfg, (x, bias, out, n, n_cols, p, 1.0 / (1.0 - p), seed),
+            (cfg.BLOCK_SIZE, flag, cfg.int64), ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
+    return out
+
+
+def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
+    """The boolean keep mask :func:`bias_gelu_dropout` uses for ``shape``, ``p`` and ``seed``."""
+    p, seed = _check_dropout(p, seed)
+    device = torch.device(device) if device is not None else env.DEVICE
+    keep = torch.empty(tuple(shape), dtype=torch.int8, device=device)
+    n = keep.numel()
+    if n == 0:
+        return keep.bool()
+    cfg = launch_config(n, torch.float32, hardware.device_info())
+    _launch(_keep_mask_kernel, cfg, (keep, n, p, seed), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"),
+            device)
+    return keep.bool()
+
+
+# ----------------------------------------------------------------------------------------------
+# The same GELU in CUDA C++ (chapter 4 compares the three ways to fuse), built where nvcc exists
+# ----------------------------------------------------------------------------------------------
+
+CUDA_GELU_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <cstdint>
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float a = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(a));   // CUDA's tanhf is accurate for any input
+}
+
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
+
+// Grid-stride loop; each thread moves 16 bytes per load and store (V elements) where aligned.
+template <typename T>
+__global__ void gelu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool vectorize) {
+    constexpr int V = 16 / sizeof(T);
+    using P = Pack<T, V>;
+    const int64_t n_vec = vectorize ? n / V : 0;
+    const int64_t start = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t k = start; k < n_vec; k += stride) {
+        P p = reinterpret_cast<const P*>(x)[k];
+        #pragma unroll
+        for (int j = 0; j < V; ++j) p.v[j] = static_cast<T>(gelu_tanh(static_cast<float>(p.v[j])));
+        reinterpret_cast<P*>(y)[k] = p;
+    }
+    for (int64_t k = n_vec * V + start; k < n; k += stride)
+        y[k] = static_cast<T>(gelu_tanh(static_cast<float>(x[k])));
+}
+
+torch::Tensor gelu_cuda(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor");
+    TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+    auto y = torch::empty_like(x);
+    const int64_t n = x.numel();
+    if (n == 0) return y;
+    const int threads = 256;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_cuda", [&] {
+        constexpr int V = 16 / sizeof(scalar_t);
+        const bool vectorize = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0
+                               && reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0;
+        const int64_t work = vectorize ? (n + V - 1) / V : n;
+        const int64_t blocks =
+            std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 1 << 20));
+        gelu_kernel<scalar_t><<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+            x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), n, vectorize);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return y;
+}
+"""
+
+
+def cuda_gelu_unavailable() -> str | None:
+    """Why the CUDA C++ GELU cannot be built here, or None when it can (a GPU and nvcc)."""
+    import shutil
+
+    if not env.on_gpu():
+        return "no CUDA GPU here (interpreter mode): the CUDA C++ version needs a GPU and nvcc"
+    from torch.utils.cpp_extension import CUDA_HOME
+    if shutil.which("nvcc") is None and not (CUDA_HOME and shutil.which("nvcc", path=f"{CUDA_HOME}/bin")):
+        return "nvcc (the CUDA compiler) is not installed: torch.utils.cpp_extension cannot build the kernel"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load_cuda_gelu():
+    """Build (once; about a minute) and return the extension module with ``gelu_cuda(x)``."""
+    reason = cuda_gelu_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    from torch.utils.cpp_extension import load_inline
+    return load_inline(name="course_gelu_cuda", cpp_sources="torch::Tensor gelu_cuda(torch::Tensor x);",
+                       cuda_sources=CUDA_GELU_SOURCE, functions=["gelu_cuda"],
+                       extra_cuda_cflags=["-O3"], verbose=False)
+
+
+def gelu_cuda(x: torch.Tensor) -> torch.Tensor:
+    """tanh-GELU through the CUDA C++ kernel above (GPU with nvcc only)."""
+    return load_cuda_gelu().gelu_cuda(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch references (eager, unfused: one kernel per operator)
+# ----------------------------------------------------------------------------------------------
+
+def add_ref(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+def gelu_ref(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """GELU written operator by operator, as a student would in eager PyTorch (9 kernels for tanh)."""
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    if approximate == "none":
+        return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+    raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+
+
+def bias_gelu_scale_ref(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh"):
+    """The eager chain: add, F.gelu, mul (three kernels, two intermediates through HBM)."""
+    return F.gelu(x + bias, approximate=approximate) * scale
+
+
+def bias_gelu_dropout_ref(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int,
+                          approximate: str = "tanh"):
+    """The eager chain with the fused kernel's own mask (torch's dropout draws different numbers)."""
+    keep = dropout_keep_mask(x.shape, p, seed, device=x.device)
+    return F.gelu(x + bias, approximate=approximate) * keep.to(x.dtype) / (1.0 - p)
