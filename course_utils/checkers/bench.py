@@ -1,0 +1,199 @@
+"""Checkers of chapter 8 (benchmarking): a student's timer, bandwidth probe and roofline, judged on
+a :class:`course_utils.bench.SimulatedGPU` whose behaviour the checker controls.
+
+Every call builds fresh simulated GPUs with random bandwidths, L2 sizes, launch overheads and
+compile times, so only a benchmark that follows the protocol (warm up, synchronize, time on the
+device, flush L2 or use a working set of at least 4x L2, take the median) lands within tolerance
+of the true kernel time. A passing check prints one deterministic line; a failing one raises
+:class:`course_utils.check.CheckFailure` saying which rule the numbers point to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+
+from .. import bench
+from ..check import CheckFailure, verdict
+
+TIMER_TOLERANCE = 0.05      # relative error allowed on a kernel's time
+BANDWIDTH_TOLERANCE = 0.05  # relative error allowed on a measured bandwidth
+
+
+def _rng() -> random.Random:
+    return random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+def random_gpu(rng: random.Random | None = None, **overrides) -> bench.SimulatedGPU:
+    """A simulated GPU with random (plausible) parameters; ``overrides`` fixes some of them."""
+    rng = rng or _rng()
+    hbm = rng.uniform(800, 4500)
+    params = dict(hbm_gbps=hbm, l2_gbps=hbm * rng.uniform(2.5, 4),
+                  l2_bytes=rng.choice([4, 6, 40, 50, 60]) * 2**20,
+                  launch_us=rng.uniform(4, 15), latency_us=rng.uniform(0.5, 1.5), jit_ms=rng.uniform(30, 400),
+                  noise=0.01, spike_prob=0.15, spike=rng.uniform(2.5, 4), sync_us=rng.uniform(3, 10),
+                  seed=rng.randrange(2**31))
+    params.update(overrides)
+    return bench.SimulatedGPU(**params)
+
+
+@contextlib.contextmanager
+def _no_harness():
+    """Make ``bench.time_ms`` unavailable: exercise 8.1 asks for the protocol written out."""
+    original = bench.time_ms
+
+    def refuse(*args, **kwargs):
+        raise CheckFailure("exercise 8.1 asks you to write the protocol yourself: do not call "
+                           "cu.bench.time_ms inside time_kernel (it is the answer)")
+    bench.time_ms = refuse
+    try:
+        yield
+    finally:
+        bench.time_ms = original
+
+
+def _number(what: str, got) -> float:
+    if got is None:
+        raise CheckFailure(f"{what}: your function returned nothing; return a number")
+    if isinstance(got, bench.Timing):
+        got = got.median
+    try:
+        value = float(got)
+    except (TypeError, ValueError):
+        raise CheckFailure(f"{what}: expected a number, got {type(got).__name__}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise CheckFailure(f"{what}: expected a positive finite number, got {value!r}")
+    return value
+
+
+def _timer_hints(gpu: bench.SimulatedGPU, kernel, got: float, true: float, small: bool) -> list[str]:
+    hints = []
+    ratio = got / true
+    if gpu.syncs == 0:
+        hints.append("you never synchronized: the host clock ran ahead of the GPU, so you timed how fast "
+                     "the host fills the queue. Synchronize before reading any clock (events need it too).")
+    elif (got - true) * kernel.calls > 0.3 * gpu.jit_ms:
+        hints.append("your number includes the compilation of the first call: warm up (call it a few "
+                     "times, then synchronize) before timing.")
+    elif gpu.host_reads and ratio > 1:
+        hints.append("the host clock includes the launch overhead, the synchronization and the flush: "
+                     "record gpu.Event() before and after each call and use start.elapsed_time(end).")
+    elif small and gpu.flushes == 0 and ratio < 1:
+        hints.append("this kernel's working set fits in L2 and you never flushed it between repetitions: "
+                     "after the first repetition it ran from L2. Call gpu.flush_l2() before each one.")
+    elif gpu.events and gpu.flushes and 1.05 < ratio < 2:
+        hints.append("a few repetitions were slowed down (other work on the GPU, clocks): the mean follows "
+                     "them, the median does not. Report the median of per-repetition times.")
+    if not hints:
+        hints.append("follow the protocol: warm up, synchronize, flush L2 before each repetition, events "
+                     "around each call, synchronize, then the median of elapsed_time.")
+    return hints
+
+
+def check_timer(time_kernel, n_gpus: int = 4) -> None:
+    """Exercise 8.1: ``time_kernel(gpu, fn) -> ms`` must report the kernel's own (cold-L2) time."""
+    if not callable(time_kernel):
+        raise CheckFailure(f"time_kernel must be a function, got {type(time_kernel).__name__}")
+    rng = _rng()
+    with _no_harness():
+        for i in range(n_gpus):
+            for small in (False, True):
+                gpu = random_gpu(rng)
+                # a large working set (> 4x L2) or a small one that fits in L2 with room to spare
+                nbytes = int(gpu.l2_bytes * (rng.uniform(4, 8) if not small else rng.uniform(0.2, 0.5)))
+                kernel = gpu.kernel(nbytes, "copy")
+                what = f"time_kernel on simulated GPU {i + 1} ({'small' if small else 'large'} working set)"
+                try:
+                    got = time_kernel(gpu, kernel)
+                except (NotImplementedError, CheckFailure):
+                    raise
+                except Exception as e:
+                    raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
+                got = _number(what, got)
+                true = gpu.true_ms(kernel)
+                ratio = got / true
+                if abs(ratio - 1) > TIMER_TOLERANCE:
+                    raise CheckFailure(
+                        f"{what}: you reported {got:.4g} ms for a kernel that takes {true:.4g} ms "
+                        f"({ratio:.2f}x). " + " ".join(_timer_hints(gpu, kernel, got, true, small)))
+    verdict("time_kernel", f"within {TIMER_TOLERANCE:.0%} of the true kernel time on {2 * n_gpus} simulated "
+            "GPUs (warm-up, sync, events, L2 flush, median)")
+
+
+def check_bandwidth(copy_bandwidth, n_gpus: int = 4) -> None:
+    """Exercise 8.2: ``copy_bandwidth(gpu) -> GB/s`` must find the GPU's DRAM bandwidth."""
+    if not callable(copy_bandwidth):
+        raise CheckFailure(f"copy_bandwidth must be a function, got {type(copy_bandwidth).__name__}")
+    rng = _rng()
+    for i in range(n_gpus):
+        gpu = random_gpu(rng)
+        what = f"copy_bandwidth on simulated GPU {i + 1}"
+        try:
+            got = copy_bandwidth(gpu)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as e:
+            raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
+        got = _number(what, got)
+        ratio = got / gpu.hbm_gbps
+        if abs(ratio - 1) <= BANDWIDTH_TOLERANCE:
+            biggest = max((k.nbytes for k in gpu.kernels), default=0)
+            if biggest < 4 * gpu.l2_bytes:
+                raise CheckFailure(f"{what}: close, but your largest working set ({biggest} bytes) is "
+                                   f"under 4x L2 ({4 * gpu.l2_bytes} bytes): a bandwidth claim needs one "
+                                   "that large")
+            continue
+        biggest = max((k.nbytes for k in gpu.kernels), default=0)
+        msg = (f"{what}: you measured {got:.4g} GB/s on a GPU whose DRAM moves {gpu.hbm_gbps:.4g} GB/s "
+               f"({ratio:.2f}x).")
+        if not gpu.kernels:
+            msg += " You never made a kernel: use gpu.kernel(nbytes)."
+        elif biggest < 4 * gpu.l2_bytes:
+            msg += (f" Your working set ({biggest} bytes) is under 4x the L2 "
+                    f"(gpu.l2_bytes = {gpu.l2_bytes}): "
+                    + ("it ran from L2, faster than DRAM." if ratio > 1 else
+                       "a small kernel is dominated by its fixed start-up latency."))
+        elif ratio > 1:
+            msg += " Count the bytes the kernel moved once (nbytes), and time in milliseconds."
+        else:
+            msg += (" Time the kernel by the protocol (cu.bench.time_ms(fn, device=gpu)) and divide "
+                    "nbytes by it.")
+        raise CheckFailure(msg)
+    verdict("copy_bandwidth", f"within {BANDWIDTH_TOLERANCE:.0%} of the DRAM bandwidth on {n_gpus} "
+            "simulated GPUs, working set >= 4x L2")
+
+
+def check_attainable(attainable) -> None:
+    """Exercise 8.3: ``attainable(intensity, peak_tflops, bw_gbps) -> TFLOP/s`` (the roofline)."""
+    if not callable(attainable):
+        raise CheckFailure(f"attainable must be a function, got {type(attainable).__name__}")
+    rng = _rng()
+    cases = []
+    for _ in range(20):
+        peak, bw = rng.uniform(10, 1000), rng.uniform(300, 5000)
+        ridge = peak * 1e3 / bw
+        cases += [(rng.uniform(0.01, ridge), peak, bw), (rng.uniform(ridge, 50 * ridge), peak, bw)]
+    cases = [(0.1, 100.0, 500.0), (1000.0, 100.0, 500.0)] + cases  # tell min/max and unit slips apart
+    cases += [(0.0, 989.0, 3350.0), (989e3 / 3350, 989.0, 3350.0), (1e6, 100.0, 1000.0)]
+    for intensity, peak, bw in cases:
+        what = f"attainable(intensity={intensity:.4g}, peak_tflops={peak:.4g}, bw_gbps={bw:.4g})"
+        expected = bench.attainable_tflops(intensity, peak, bw)
+        try:
+            got = attainable(intensity, peak, bw)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as e:
+            raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
+        if got is None:
+            raise CheckFailure(f"{what}: your function returned nothing")
+        got = float(got)
+        if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
+            hint = ""
+            if math.isclose(got, min(peak, intensity * bw), rel_tol=1e-6):
+                hint = " Units: FLOP/byte x GB/s is GFLOP/s; divide by 1000 for TFLOP/s."
+            elif math.isclose(got, max(peak, intensity * bw / 1e3), rel_tol=1e-6):
+                hint = " A kernel is limited by the lower of its two ceilings: min, not max."
+            raise CheckFailure(f"{what}: got {got:.6g} TFLOP/s, expected {expected:.6g}.{hint}")
+    verdict("attainable", "matches the roofline min(peak, intensity x bandwidth) on both sides of the ridge")
