@@ -181,9 +181,9 @@ def driver(out_csv: str, factors, cache_modes, timeout: int) -> None:
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from course_utils import bench
-
     import glob
+
+    from course_utils import bench
     ncu = shutil.which("ncu") or next(iter(sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
                                            + ["/usr/local/cuda/bin/ncu"]))
     prov = bench.provenance()
