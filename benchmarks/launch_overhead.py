@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 import course_utils as cu
-from course_utils import bench, hardware
+from course_utils import bench
 from course_utils.kernels import launch
 
 TITLE = "Launch overhead and CUDA graphs"
@@ -126,9 +126,11 @@ def targets(df: pd.DataFrame) -> list:
 
 
 def ceilings() -> pd.DataFrame:
-    """The copy and matmul ceilings of the GPU in hand, one row."""
-    return pd.DataFrame([{"copy_gbps": hardware.measure_copy_gbps(),
-                          "matmul_bf16_tflops": hardware.measure_matmul_tflops()}])
+    """The copy and matmul ceilings of the GPU in hand, one row (the columns ``make bench`` writes)."""
+    row = bench.measure_ceilings().row()
+    if row["matmul_dtype"] == "bfloat16":
+        row["matmul_bf16_tflops"] = row["matmul_tflops"]
+    return pd.DataFrame([row])
 
 
 def summary(df: pd.DataFrame) -> str:
@@ -173,7 +175,8 @@ def main(argv=None) -> int:
             shutil.copy(p, Path(args.copy_to) / p.name)
     with pd.option_context("display.width", 160, "display.max_rows", 100):
         print(df.drop(columns=["case"]).to_string(index=False))
-    print(f"ceilings: copy {ceil.copy_gbps[0]:.0f} GB/s, bf16 matmul {ceil.matmul_bf16_tflops[0]:.0f} TFLOP/s")
+    print(f"ceilings: copy {ceil.copy_gbps[0]:.0f} GB/s, {ceil.matmul_dtype[0]} matmul "
+          f"{ceil.matmul_tflops[0]:.0f} TFLOP/s ({ceil.note[0]})")
     print(summary(df))
     return 0
 

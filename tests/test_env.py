@@ -1,0 +1,72 @@
+"""The execution mode, chosen on import: interpreter without a GPU, cuda with one; banner; pick."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import course_utils as cu
+from course_utils import env
+
+
+def _import_in_fresh_python(**environ):
+    e = {k: v for k, v in os.environ.items() if k not in ("COURSE_MODE", "TRITON_INTERPRET")}
+    e.update(environ)
+    return subprocess.run([sys.executable, "-c", "import course_utils as cu; print(cu.MODE, cu.DEVICE)"],
+                          capture_output=True, text=True, env=e, timeout=120)
+
+
+def test_mode_and_device_agree():
+    assert cu.MODE in env.MODES
+    assert cu.on_gpu() == (cu.MODE == "cuda")
+    assert cu.DEVICE.type == ("cuda" if cu.on_gpu() else "cpu")
+    if not cu.on_gpu():
+        assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_pick():
+    assert cu.pick(gpu=1_000_003, cpu=7) == (1_000_003 if cu.on_gpu() else 7)
+
+
+def test_banner_is_one_line_with_mode_device_and_versions():
+    b = cu.banner()
+    assert "\n" not in b
+    assert f"mode: {cu.MODE}" in b
+    assert f"torch {torch.__version__}" in b
+    assert "triton " in b and env.device_name() in b
+
+
+def test_supported_dtypes():
+    dts = env.supported_dtypes()
+    assert dts[:2] == (torch.float32, torch.float16)
+    if not cu.on_gpu():
+        assert torch.bfloat16 not in dts  # the interpreter's bf16 arithmetic is wrong
+
+
+def test_in_colab_is_false_here(monkeypatch):
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    assert not env.in_colab() or "google.colab" in sys.modules
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "x")
+    assert env.in_colab()
+
+
+@pytest.mark.slow
+def test_bad_course_mode_is_refused_with_the_choices():
+    r = _import_in_fresh_python(COURSE_MODE="gpu")
+    assert r.returncode != 0
+    assert "COURSE_MODE must be one of" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_without_a_gpu_import_sets_the_interpreter_and_says_so():
+    r = _import_in_fresh_python()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("interpreter cpu")
+    assert "TRITON_INTERPRET=1" in r.stdout
+    forced = _import_in_fresh_python(COURSE_MODE="cuda")
+    assert forced.returncode != 0 and "sees no CUDA GPU" in forced.stderr
