@@ -298,8 +298,24 @@ class Ceilings:
     note: str = ""
 
     def row(self) -> dict:
-        return {"gpu": self.gpu, "copy_gbps": self.copy_gbps, "matmul_tflops": self.matmul_tflops,
-                "matmul_dtype": self.matmul_dtype, "source": self.source, "note": self.note}
+        row = {"gpu": self.gpu, "copy_gbps": self.copy_gbps, "matmul_tflops": self.matmul_tflops,
+               "matmul_dtype": self.matmul_dtype, "source": self.source, "note": self.note}
+        if self.matmul_dtype == "bfloat16":
+            row["matmul_bf16_tflops"] = self.matmul_tflops  # the column benchmarks/launch_overhead writes
+        return row
+
+    @classmethod
+    def from_frame(cls, df) -> Ceilings:
+        """Ceilings from a recorded ``ceilings.csv`` (first row), e.g. ``recorded("ceilings")``."""
+        if df is None or len(df) == 0:
+            raise ValueError("no ceilings in this frame")
+        r = df.iloc[0]
+        tflops = r["matmul_tflops"] if "matmul_tflops" in df.columns else r["matmul_bf16_tflops"]
+        dtype = r["matmul_dtype"] if "matmul_dtype" in df.columns else "bfloat16"
+        gpu = str(r["gpu"]) if "gpu" in df.columns else "unknown GPU"
+        note = r["note"] if "note" in df.columns and isinstance(r["note"], str) else ""
+        source = r["source"] if "source" in df.columns and isinstance(r["source"], str) else "measured"
+        return cls(gpu, float(r["copy_gbps"]), float(tflops), str(dtype), source, note)
 
     @property
     def ridge(self) -> float:
@@ -622,6 +638,18 @@ class SimEvent:
 # Results on disk
 
 
+def topic(name: str):
+    """The benchmark module ``benchmarks/<name>.py`` of this checkout: notebooks call its measuring
+    functions on a GPU and show :func:`recorded` results without one."""
+    import importlib
+    import sys
+
+    root = str(RESULTS.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"benchmarks.{name}")
+
+
 def provenance() -> dict:
     """Where a measurement comes from: GPU, versions and date."""
     v = env.versions()
@@ -704,5 +732,5 @@ class Target:
 __all__ = ["RESULTS", "L2_FLUSH_BYTES", "BenchmarkError", "Timing", "time_ms", "gbps", "tflops",
            "verify_callable", "sweep", "sizes", "Ceilings", "measure_ceilings", "ceilings_for",
            "with_ceilings", "attainable_tflops", "roofline_frame", "plot_roofline", "plot_sweep",
-           "SimulatedGPU", "SimKernel", "SimEvent", "provenance", "provenance_line", "gpu_slug",
+           "SimulatedGPU", "SimKernel", "SimEvent", "topic", "provenance", "provenance_line", "gpu_slug",
            "recorded_gpus", "recorded", "save", "Target"]

@@ -1,0 +1,290 @@
+"""``make bench``: every course kernel against its references on the GPU in hand.
+
+    python -m benchmarks.run                    # every topic, full sizes (under 10 minutes on an H100)
+    python -m benchmarks.run --quick            # fewer sizes
+    python -m benchmarks.run --only softmax,attention
+    python -m benchmarks.run --list
+
+Steps: measure the ceilings once (device-to-device copy and a dense matmul, written to
+``results/<gpu>/ceilings.csv``); for each topic module ``benchmarks/<topic>.py`` that has a
+``sweep``, run it, add % of the measured ceilings, save ``results/<gpu>/<topic>.csv`` with
+provenance and ``<topic>.png`` plots, and judge its speed targets; last, write the summary
+``results/<gpu>/targets.csv`` and ``targets.md`` (every target: required ratio, measured ratio,
+pass or short). A topic that raises is reported in the summary and the others go on; the exit code
+is 1 when any topic failed to run (a target that is short does not change it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import course_utils as cu
+from course_utils import bench
+
+TIME_BUDGET_S = 600      # what `make bench` promises on an H100
+SKIP = {"run", "__init__"}
+METRIC_COLUMNS = {"ms", "p20_ms", "p80_ms", "ms_p20", "ms_p80", "p20", "p80", "reps", "gbps", "tflops", "us",
+                  "bytes", "flops", "pct_of_copy", "pct_of_matmul", "cuda_graph", "error", "note"}
+
+
+@dataclass
+class TopicResult:
+    name: str
+    title: str = ""
+    status: str = "ok"            # ok | error | skipped
+    seconds: float = 0.0
+    rows: int = 0
+    csv: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+    targets: list[bench.Target] = field(default_factory=list)
+    message: str = ""
+
+
+def discover(package: str = "benchmarks") -> list[tuple[str, object]]:
+    """``(topic, module or the exception its import raised)`` for every topic module, by name."""
+    pkg = importlib.import_module(package)
+    found = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if info.name in SKIP or info.name.startswith("_"):
+            continue
+        try:
+            found.append((info.name, importlib.import_module(f"{package}.{info.name}")))
+        except Exception as e:  # a module that does not even import is reported, the others run
+            found.append((info.name, e))
+    return found
+
+
+def select(found, only: list[str] | None):
+    """Keep the topics named in ``only`` (all when None); unknown names are an error."""
+    if not only:
+        return found
+    names = [n for n, _ in found]
+    unknown = [o for o in only if o not in names]
+    if unknown:
+        raise SystemExit(f"unknown topic(s) {unknown}; known: {names}")
+    return [(n, m) for n, m in found if n in only]
+
+
+def _x_column(df):
+    """The swept size: the first numeric, non-metric column with more than one value."""
+    for c in df.columns:
+        if c in METRIC_COLUMNS or c in ("gpu", "torch", "triton", "date"):
+            continue
+        if df[c].dtype.kind in "iuf" and df[c].nunique() > 1:
+            return c
+    return None
+
+
+def default_plots(df, name: str, title: str, out_dir: Path) -> list[Path]:
+    """One PNG per topic: GB/s or TFLOP/s against the swept size, a line per implementation,
+    one panel per value of the other case columns (dtype, case...), at most 12 panels."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    y = "tflops" if "tflops" in df.columns and df["tflops"].notna().any() else \
+        "gbps" if "gbps" in df.columns and df["gbps"].notna().any() else "ms"
+    x = _x_column(df)
+    if x is None or "impl" not in df.columns or y not in df.columns:
+        return []
+    facets = [c for c in df.columns if c not in METRIC_COLUMNS and c not in (x, "impl", "gpu", "torch",
+              "triton", "date") and df[c].dtype.kind in "Ob" and 1 < df[c].nunique() <= 6]
+    groups = list(df.groupby(facets, sort=False)) if facets else [((), df)]
+    groups = groups[:12]
+    cols = min(3, len(groups))
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    for ax, (key, g) in zip(axes.flat, groups, strict=False):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{c}={v}" for c, v in zip(facets, key, strict=False))
+        bench.plot_sweep(g, x=x, y=y, ax=ax, title=label or None, logx=g[x].max() / max(g[x].min(), 1e-12) > 16)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title} ({df['gpu'].iloc[0] if 'gpu' in df.columns else ''})")
+    fig.tight_layout()
+    path = out_dir / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def run_topic(name: str, module, *, quick: bool, ceilings: bench.Ceilings, out_root: Path, slug: str) -> TopicResult:
+    """Run one topic; never raises (what went wrong goes into the result)."""
+    res = TopicResult(name, getattr(module, "TITLE", name))
+    t0 = time.perf_counter()
+    try:
+        df = module.sweep(quick=quick)
+        import pandas as pd
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"sweep() must return a pandas DataFrame, got {type(df).__name__}")
+        if df.empty:
+            raise ValueError("sweep() returned an empty DataFrame")
+        df = bench.with_ceilings(df, ceilings)
+        res.rows = len(df)
+        res.csv = bench.save(df, name, gpu=slug, root=out_root)
+        saved = bench.recorded(name, gpu=slug) if out_root == bench.RESULTS else pd.read_csv(res.csv)
+    except Exception as e:
+        res.status, res.message = "error", f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+        res.seconds = time.perf_counter() - t0
+        return res
+    try:
+        figs = module.plot(saved) if hasattr(module, "plot") else None
+        if figs is None:
+            res.plots = default_plots(saved, name, res.title, res.csv.parent)
+        else:
+            import matplotlib.pyplot as plt
+            for i, fig in enumerate(figs if isinstance(figs, (list, tuple)) else [figs]):
+                path = res.csv.parent / (f"{name}.png" if i == 0 else f"{name}_{i}.png")
+                fig.savefig(path, dpi=110)
+                plt.close(fig)
+                res.plots.append(path)
+    except Exception as e:  # a plot that fails does not lose the measurements
+        res.message = f"plot failed: {type(e).__name__}: {e}"
+    try:
+        targets = list(module.targets(saved)) if hasattr(module, "targets") else []
+        bad = [t for t in targets if not isinstance(t, bench.Target)]
+        if bad:
+            raise TypeError(f"targets() must return bench.Target objects, got {type(bad[0]).__name__}")
+        res.targets = targets
+    except Exception as e:
+        res.status, res.message = "error", f"targets(): {type(e).__name__}: {e}"
+        traceback.print_exc()
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def summary_frame(results: list[TopicResult], slug: str):
+    """One row per target (and one per topic that failed), for targets.csv / targets.md."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for t in r.targets:
+            row = {"topic": r.name, **t.row()}
+            if t.measured != t.measured:  # NaN: the cases it compares were not measured
+                row["status"] = "not measured"
+            rows.append(row)
+        if r.status == "error":
+            rows.append({"topic": r.name, "issue": None, "target": f"(topic failed: {r.message[:150]})",
+                         "required": None, "measured": None, "status": "error"})
+    return pd.DataFrame(rows, columns=["topic", "issue", "target", "required", "measured", "status"])
+
+
+def merge_summary(new, path: Path, rerun: list[str]):
+    """Keep earlier rows of topics not rerun this time (``--only``), replace the others."""
+    import pandas as pd
+
+    if path.exists():
+        old = pd.read_csv(path)
+        if "topic" in old.columns:
+            old = old[~old["topic"].isin(rerun)]
+            keep = [c for c in new.columns if c in old.columns]
+            new = pd.concat([old[keep], new], ignore_index=True) if len(old) else new
+    return new
+
+
+def to_markdown(df, title: str) -> str:
+    """A GitHub table (no tabulate needed)."""
+    cols = list(df.columns)
+    def cell(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return ""
+        return str(v).replace("|", "/")
+    lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def run(topics, *, quick: bool = False, ceilings: bench.Ceilings, out_root: Path = bench.RESULTS,
+        slug: str | None = None, progress: bool = True) -> list[TopicResult]:
+    """Run every ``(name, module)`` in ``topics``; write ceilings, CSVs, plots and the summary."""
+    import pandas as pd
+
+    slug = slug or bench.gpu_slug()
+    out_dir = out_root / slug
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bench.save(pd.DataFrame([ceilings.row()]), "ceilings", gpu=slug, root=out_root)
+    results = []
+    bar = topics
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(topics, desc="make bench", unit="topic")
+    for name, module in bar:
+        if progress:
+            bar.set_postfix_str(name)
+        if isinstance(module, Exception):
+            results.append(TopicResult(name, status="error", message=f"import failed: {type(module).__name__}: "
+                                       f"{module}"))
+            continue
+        if not hasattr(module, "sweep"):
+            results.append(TopicResult(name, getattr(module, "TITLE", name), status="skipped",
+                                       message="no sweep(): not a sweep module"))
+            continue
+        results.append(run_topic(name, module, quick=quick, ceilings=ceilings, out_root=out_root, slug=slug))
+    summary = merge_summary(summary_frame(results, slug), out_dir / "targets.csv",
+                            [r.name for r in results if r.status != "skipped"])
+    summary.to_csv(out_dir / "targets.csv", index=False)
+    (out_dir / "targets.md").write_text(to_markdown(
+        summary, f"Speed targets on {ceilings.gpu} ({bench.provenance()['date']})"))
+    return results
+
+
+def report(results: list[TopicResult], ceilings: bench.Ceilings, total_s: float) -> str:
+    lines = [f"ceilings on {ceilings.gpu}: copy {ceilings.copy_gbps:.0f} GB/s, "
+             f"{ceilings.matmul_dtype} matmul {ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note})", "",
+             f"{'topic':18s} {'status':8s} {'rows':>5s} {'s':>6s}  targets"]
+    for r in results:
+        passed = sum(t.passed for t in r.targets)
+        tgt = f"{passed}/{len(r.targets)} pass" if r.targets else "-"
+        lines.append(f"{r.name:18s} {r.status:8s} {r.rows:5d} {r.seconds:6.1f}  {tgt}"
+                     + (f"  ({r.message[:90]})" if r.message else ""))
+    for r in results:
+        for t in r.targets:
+            lines.append(f"  [{'pass' if t.passed else 'SHORT'}] {r.name}: {t.claim}: {t.measured:.3f} "
+                         f"(needs {t.required})")
+    lines.append(f"total {total_s:.0f} s" + ("" if total_s <= TIME_BUDGET_S else
+                                           f" -- over the {TIME_BUDGET_S} s budget: use --quick or fewer sizes"))
+    return "\n".join(lines)
+
+
+def main(argv=None, *, package: str = "benchmarks", ceilings: bench.Ceilings | None = None,
+         out_root: Path | None = None, slug: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    ap.add_argument("--only", help="comma-separated topics (default: all)")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes")
+    ap.add_argument("--list", action="store_true", help="list the topics and exit")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    found = discover(package)
+    if args.list:
+        for name, mod in found:
+            kind = "sweep" if hasattr(mod, "sweep") else ("import failed" if isinstance(mod, Exception)
+                                                          else "script (skipped)")
+            print(f"{name:18s} {kind:18s} {getattr(mod, 'TITLE', '')}")
+        return 0
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    topics = select(found, only)
+    if ceilings is None:
+        if not cu.on_gpu():
+            print("make bench measures a real GPU and none is visible (mode: interpreter). The notebooks "
+                  f"read recorded results instead: {bench.recorded_gpus()}", file=sys.stderr)
+            return 2
+        print(cu.banner(), flush=True)
+        ceilings = bench.measure_ceilings()
+    t0 = time.perf_counter()
+    results = run(topics, quick=args.quick, ceilings=ceilings, out_root=out_root or bench.RESULTS, slug=slug,
+                  progress=not args.no_progress)
+    print(report(results, ceilings, time.perf_counter() - t0))
+    return 1 if any(r.status == "error" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
