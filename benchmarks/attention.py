@@ -132,8 +132,7 @@ def gpu_check() -> list[str]:
     from course_utils import hardware
     info = hardware.device_info()
     tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 2e-4}
-    cases = [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float16, 64), (torch.float32, 64),
-             (torch.float16, 16), (torch.float16, 32), (torch.float32, 128)]
+    cases = [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float16, 32), (torch.float32, 64)]
     for dtype, d in cases:
         for causal in (False, True):
             cfgs = A.attention_configs(info, d, dtype, causal)
@@ -143,7 +142,7 @@ def gpu_check() -> list[str]:
                 ref, lse_ref = A.attention_ref(q.double(), k.double(), v.double(), causal=causal,
                                                return_lse=True)
                 runs = {"teaching": (A.flash_attention_teaching, {})}
-                for c in cfgs[:2]:
+                for c in cfgs[:1]:
                     runs[f"tuned{c}"] = (A.flash_attention, {"config": c})
                 for name, (fn, kw) in runs.items():
                     o, lse = fn(q, k, v, causal=causal, return_lse=True, **kw)
@@ -158,11 +157,11 @@ def gpu_check() -> list[str]:
 TUNE_CONFIGS = [A.TileConfig(128, 64, 4, 3, True), A.TileConfig(128, 64, 4, 4, True),
                 A.TileConfig(128, 128, 8, 2, True), A.TileConfig(128, 128, 8, 3, True),
                 A.TileConfig(128, 128, 4, 3, True), A.TileConfig(128, 64, 8, 3, True),
-                A.TileConfig(64, 64, 4, 3, True), A.TileConfig(128, 64, 4, 3, False),
+                A.TileConfig(128, 64, 4, 3, False),
                 A.TileConfig(128, 128, 8, 3, False)]
 
 
-def config_sweep(n: int = 4096, dtype=torch.bfloat16, budget_s: float = 150.0):
+def config_sweep(n: int = 4096, dtype=torch.bfloat16, budget_s: float = 130.0):
     import pandas as pd
 
     rows = []

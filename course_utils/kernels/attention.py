@@ -328,7 +328,7 @@ def _validate(q, k, v, causal):
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.device.type != env.DEVICE.type:
-        raise ValueError(f"tensors must be on {env.DEVICE.type} in {env.MODE} mode, got {q.device}")
+        raise ValueError(f"tensors must be on the {env.DEVICE.type} device in {env.MODE} mode, got {q.device}")
     if q.dtype == torch.bfloat16:
         if not env.on_gpu():
             raise TypeError("bfloat16 arithmetic is wrong under Triton's interpreter: "

@@ -1,0 +1,101 @@
+"""Checks for chapter 7 (FlashAttention forward).
+
+:func:`check_attention` judges a function ``fn(q, k, v, causal=...[, out=...])`` for
+(batch, heads, seq, head_dim) tensors against standard attention computed in float64 on the same
+(rounded) inputs. Every call draws fresh inputs; sequence lengths are not multiples of any tile;
+one case has scores of large magnitude (an ``exp`` without the running max overflows there) and
+one has a large common offset on the scores; the output is NaN-poisoned inside guard zones when
+``fn`` takes ``out``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .. import check, env
+from ..kernels.attention import attention_ref
+
+# (atol, rtol) for attention outputs: P is rounded to the input dtype before P @ V, and on a GPU a
+# float32 tl.dot runs in tf32 unless told otherwise.
+ATTN_TOLERANCES = {
+    torch.float32: (2e-3, 2e-3) if env.on_gpu() else (1e-4, 1e-4),
+    torch.float16: (4e-3, 4e-3),
+    torch.bfloat16: (2.5e-2, 2.5e-2),
+}
+
+
+def cases(causal: bool):
+    """(batch, heads, seq, head_dim, what, q_scale, q_offset) cases; small under the interpreter."""
+    if env.on_gpu():
+        return [(2, 3, 1000, 64, "random scores", 1.0, 0.0), (1, 2, 1, 64, "one token", 1.0, 0.0),
+                (2, 2, 1031, 128, "random scores", 1.0, 0.0), (3, 2, 77, 32, "random scores", 1.0, 0.0),
+                (1, 3, 301, 64, "large-magnitude scores", 60.0, 0.0),
+                (2, 1, 129, 16, "scores with a large offset", 1.0, 100.0)]
+    return [(2, 3, 70, 32, "random scores", 1.0, 0.0), (1, 2, 1, 16, "one token", 1.0, 0.0),
+            (1, 2, 37, 16, "random scores", 1.0, 0.0), (1, 2, 45, 16, "large-magnitude scores", 60.0, 0.0),
+            (1, 1, 23, 32, "scores with a large offset", 1.0, 100.0)]
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _inputs(b, h, n, d, dtype, q_scale, q_offset):
+    gen = check.generator()
+    q = check.randn((b, h, n, d), torch.float32, gen=gen) * q_scale
+    k = check.randn((b, h, n, d), torch.float32, gen=gen)
+    v = check.randn((b, h, n, d), torch.float32, gen=gen)
+    if q_offset:
+        # every score shifted by about q_offset * sqrt(d) * mean(k): a constant inside the softmax,
+        # so the output must not change, but exp() of it overflows without the running max.
+        k = k + 1.0
+        q = q + q_offset / d ** 0.5
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = False,
+                    dtypes=None, hint: str = "") -> None:
+    """Raise :class:`check.CheckFailure` unless ``fn`` computes attention; print the verdict."""
+    dtypes = tuple(dtypes or env.supported_dtypes())
+    with_out = _accepts(fn, "out")
+    for dtype in dtypes:
+        atol, rtol = ATTN_TOLERANCES[dtype]
+        for b, h, n, d, what, q_scale, q_offset in cases(causal):
+            case = (f"{name} ({str(dtype).removeprefix('torch.')}, batch={b}, heads={h}, seq={n}, "
+                    f"head_dim={d}, causal={causal}, {what})")
+            q, k, v = _inputs(b, h, n, d, dtype, q_scale, q_offset)
+            qg, kg, vg = (check.guarded_copy(t) for t in (q, k, v))
+            out = check.Guarded((b, h, n, d), dtype) if with_out else None
+            try:
+                kwargs = {"causal": causal}
+                if with_out:
+                    kwargs["out"] = out.tensor
+                got = fn(qg.tensor, kg.tensor, vg.tensor, **kwargs)
+            except NotImplementedError:
+                raise
+            except check.CheckFailure:
+                raise
+            except Exception as e:
+                if "NotImplementedError" in repr(e):  # the interpreter wraps what a kernel raises
+                    raise NotImplementedError(f"{name}: the exercise is not done yet ({e})") from None
+                raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
+            if with_out:
+                got = out.tensor if got is None else got
+                out.check(case, hint)
+            for g, t, which in ((qg, q, "q"), (kg, k, "k"), (vg, v, "v")):
+                g.check(f"{case}, input {which}")
+                check.require(torch.equal(g.tensor, t), f"{case}: your function changed its input {which}")
+            expected = attention_ref(q.double(), k.double(), v.double(), causal=causal)
+            extra = hint
+            if what != "random scores" and not extra:
+                extra = ("the random case passes but this one does not: subtract the running max before "
+                         "exp, and rescale l and the accumulator by exp(m_old - m_new) when the max grows.")
+            check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=extra)
+    mask = "with the causal mask, " if causal else ""
+    check.verdict(name, f"matches float64 attention {mask}on ragged sequence lengths, large-magnitude and "
+                        "offset scores, every dtype tried")

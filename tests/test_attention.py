@@ -1,0 +1,161 @@
+"""FlashAttention forward: the teaching and tuned kernels share one suite (CPU sizes are tiny)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import course_utils as cu
+from course_utils import check, hardware
+from course_utils.kernels import attention as A
+
+DEV = cu.DEVICE
+TOL = {torch.float32: 2e-3 if cu.on_gpu() else 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+DTYPES = list(cu.env.supported_dtypes())
+
+KERNELS = {"teaching": A.flash_attention_teaching, "tuned": A.flash_attention}
+if not cu.on_gpu():  # the pointer path too, with a tile that is not the default one
+    KERNELS["tuned-64x32"] = lambda *a, **kw: A.flash_attention(*a, config=A.TileConfig(64, 32, 4, 1), **kw)
+
+
+def _qkv(b, h, n, d, dtype, scale=1.0, n_kv=None):
+    g = check.generator()
+    n_kv = n if n_kv is None else n_kv
+    q = (torch.randn(b, h, n, d, generator=g, device=DEV) * scale).to(dtype)
+    k = torch.randn(b, h, n_kv, d, generator=g, device=DEV).to(dtype)
+    v = torch.randn(b, h, n_kv, d, generator=g, device=DEV).to(dtype)
+    return q, k, v
+
+
+def _close(got, expected, dtype):
+    check.compare("attention", got, expected, dtype=dtype, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,d", [(1, 16), (17, 32), (70, 16)])
+def test_matches_float64(kernel, dtype, causal, n, d):
+    q, k, v = _qkv(2, 3, n, d, dtype)
+    o, lse = KERNELS[kernel](q, k, v, causal=causal, return_lse=True)
+    ref, lse_ref = A.attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    assert o.dtype == dtype and o.shape == q.shape and lse.shape == q.shape[:3]
+    _close(o, ref, dtype)
+    check.compare("lse", lse, lse_ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_large_magnitude_scores_are_stable(kernel):
+    q, k, v = _qkv(1, 2, 45, 16, torch.float32, scale=80.0)  # scores far past exp's fp32 range
+    o = KERNELS[kernel](q, k, v)
+    assert torch.isfinite(o).all()
+    _close(o, A.attention_ref(q.double(), k.double(), v.double()), torch.float32)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_cross_attention_lengths_and_scale(kernel):
+    q, k, v = _qkv(1, 2, 9, 32, torch.float32, n_kv=41)
+    o = KERNELS[kernel](q, k, v, sm_scale=0.3)
+    _close(o, A.attention_ref(q.double(), k.double(), v.double(), sm_scale=0.3), torch.float32)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_strided_inputs(kernel):
+    # (batch, seq, heads, d) memory viewed as (batch, heads, seq, d): no copy needed
+    g = check.generator()
+    base = [torch.randn(2, 33, 3, 16, generator=g, device=DEV) for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in base)
+    assert not q.is_contiguous()
+    o = KERNELS[kernel](q, k, v, causal=True)
+    _close(o, A.attention_ref(q.double(), k.double(), v.double(), causal=True), torch.float32)
+
+
+def test_versions_agree_and_rows_sum():
+    q, k, v = _qkv(1, 1, 50, 32, torch.float32)
+    ones = torch.ones_like(v)
+    # with v = 1 every output row is the sum of the softmax weights: exactly 1 up to rounding
+    assert torch.allclose(A.flash_attention(q, k, ones, causal=True), ones, atol=1e-5)
+    assert torch.allclose(A.flash_attention(q, k, v), A.flash_attention_teaching(q, k, v), atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_empty_returns_empty(kernel):
+    q, k, v = _qkv(0, 2, 5, 16, torch.float32)
+    assert KERNELS[kernel](q, k, v).shape == (0, 2, 5, 16)
+    q, k, v = _qkv(1, 2, 0, 16, torch.float32)
+    o, lse = KERNELS[kernel](q, k, v, return_lse=True)
+    assert o.shape == (1, 2, 0, 16) and lse.shape == (1, 2, 0)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_bad_inputs(kernel):
+    fn = KERNELS[kernel]
+    q, k, v = _qkv(1, 2, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match="head_dim"):
+        fn(*_qkv(1, 2, 8, 24, torch.float32))
+    with pytest.raises(ValueError, match="4-D"):
+        fn(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="one dtype"):
+        fn(q, k.half(), v)
+    with pytest.raises(TypeError, match="float16"):
+        fn(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="Tensor"):
+        fn(q.tolist(), k, v)
+    with pytest.raises(ValueError, match="same shape"):
+        fn(q, k, v[:, :, :4])
+    with pytest.raises(ValueError, match="causal"):
+        fn(q, k[:, :, :4], v[:, :, :4], causal=True)
+    with pytest.raises(ValueError, match="does not match"):
+        fn(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match="no keys"):
+        fn(q, k[:, :, :0], v[:, :, :0])
+    other = "meta"
+    with pytest.raises(ValueError, match="device"):
+        fn(q.to(other), k.to(other), v.to(other))
+    if not cu.on_gpu():
+        with pytest.raises(TypeError, match="interpreter"):
+            fn(q.bfloat16(), k.bfloat16(), v.bfloat16())
+
+
+def test_default_scale_is_inverse_sqrt_head_dim():
+    q, k, v = _qkv(1, 1, 12, 32, torch.float32)
+    a = A.flash_attention(q, k, v)
+    b = A.flash_attention(q, k, v, sm_scale=1 / math.sqrt(32))
+    assert torch.equal(a, b)
+
+
+# ---- tile choice: a pure function of the device --------------------------------------------------
+@pytest.mark.parametrize("arch", [75, 80, 86, 89, 90])
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_configs_fit_every_device(arch, d, dtype, causal):
+    info = hardware.DeviceInfo.for_arch(arch)
+    cfgs = A.attention_configs(info, d, dtype, causal)
+    assert 1 <= len(cfgs) <= 4
+    for c in cfgs:
+        assert c.smem_bytes(d, dtype.itemsize) <= info.smem_per_block_bytes
+        assert c.block_m >= 16 and c.block_n >= 16
+        assert not c.use_tma or arch >= 90
+        if causal:
+            assert c.block_m % c.block_n == 0
+
+
+def test_configs_per_architecture():
+    t4 = A.attention_configs(hardware.DeviceInfo.for_arch(75), 128, torch.float16)
+    h100 = A.attention_configs(hardware.DeviceInfo.for_arch(90), 128, torch.float16)
+    a100 = A.attention_configs(hardware.DeviceInfo.for_arch(80), 128, torch.float16)
+    assert max(c.smem_bytes(128, 2) for c in t4) <= 64 * 1024
+    assert all(c.use_tma for c in h100) and not any(c.use_tma for c in a100)
+    assert A.attention_configs(hardware.INTERPRETER_DEVICE, 64, torch.float16) == [A.INTERPRETER_TILES]
+    with pytest.raises(ValueError, match="head_dim"):
+        A.attention_configs(hardware.DeviceInfo.for_arch(90), 96, torch.float16)
+
+
+def test_reference_is_three_steps_and_causal():
+    q, k, v = _qkv(1, 1, 5, 16, torch.float64)
+    o = A.attention_ref(q, k, v, causal=True)
+    # the first query sees only the first key: its output is v[0]
+    assert torch.allclose(o[0, 0, 0], v[0, 0, 0])
