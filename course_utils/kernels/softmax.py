@@ -149,7 +149,7 @@ ELEMENTS_PER_THREAD = 32     # num_warps = tile / (32 threads x 32 elements), be
 SPLIT_BLOCK = 8192           # chunk length of the split long-row kernel (fp32)
 SPLIT_WARPS = 8
 SPLIT_BLOCK_16BIT = 8192     # the same for fp16/bf16 inputs
-SPLIT_WARPS_16BIT = 8
+SPLIT_WARPS_16BIT = 4
 ONLINE_BLOCK = 4096          # tile length of the online kernel
 REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64        # sm_80/sm_90 (48 on sm_86/89, 32 on sm_75)
