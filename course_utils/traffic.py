@@ -359,29 +359,58 @@ def layernorm(rows, cols, dtype="float32", *, save_stats=False) -> Comparison:
 TRAILING_MODES = ("eager", "fused")
 
 
-def gemm_epilogue(m, n, k, epilogue=(Op("add bias", ("col",)), Op("gelu", (), 9)), dtype="bfloat16", *,
-                  trailing="eager") -> Comparison:
-    """``C = A @ B`` (A is m x k, B is k x n) followed by elementwise ops on C.
+def _op_list(name: str, ops) -> tuple[Op, ...]:
+    """Like :func:`_ops` but an empty list is allowed (no ops on that side of the matmul)."""
+    if isinstance(ops, (str, Op)) or not isinstance(ops, Iterable):
+        raise ValueError(f"{name} must be a list of ops, got {ops!r}")
+    return tuple(o if isinstance(o, Op) else Op(o) for o in ops)
 
-    The GEMM reads A and B once each from HBM (its tiles re-read A and B from L2: the ideal a good
-    GEMM approaches) and writes C. Unfused: the epilogue runs after it, one kernel per op
-    (``trailing="eager"``) or as one fused elementwise kernel (``"fused"``), reading C back.
-    Fused: the epilogue runs on each output tile in registers before the one write of the result.
+
+def matmul_chain(pre, post, m, n, k, dtype="bfloat16", *, trailing="eager") -> Comparison:
+    """Ops on A before ``C = A @ B`` and on C after it (A is m x k, B is k x n): the fusion accountant.
+
+    ``pre`` ops act on A elementwise, or row-wise like a softmax over the k entries of a row (a
+    fused kernel can apply it in the GEMM's prologue only if it holds whole rows, as FlashAttention
+    does); ``post`` ops act on C (the epilogue). The GEMM reads its A and B once each from HBM (its
+    tiles re-read them from L2: the ideal a good GEMM approaches) and writes C.
+    Unfused: one kernel per op and one for the GEMM; with ``trailing="fused"`` the ops on each side
+    run as one elementwise kernel instead. Fused: one kernel reads A, B and every operand once and
+    writes the final result.
     """
+    pre, post = _op_list("pre", pre), _op_list("post", post)
     m, n, k = _count("m", m), _count("n", n), _count("k", k)
-    ops = _ops(epilogue)
     if trailing not in TRAILING_MODES:
         raise ValueError(f"trailing must be one of {TRAILING_MODES}, got {trailing!r}")
     b = dtype_bytes(dtype)
-    gemm = Kernel("gemm", (m * k + k * n) * b, m * n * b, 2.0 * m * n * k)
-    chain = elementwise_chain(ops, (m, n), dtype)
-    tail = chain.unfused.kernels if trailing == "eager" else chain.fused.kernels
-    tail = tuple(Kernel(t.name, t.read_bytes, t.write_bytes, t.flops, t.reuse_bytes or m * n * b) if i == 0
-                 else t for i, t in enumerate(tail))
-    extra_reads = chain.fused.kernels[0].read_bytes - m * n * b  # the epilogue's operands (bias...)
-    fused = Kernel("gemm + epilogue", gemm.read_bytes + extra_reads, m * n * b, gemm.flops + chain.fused.flops)
-    return Comparison(f"GEMM {m}x{n}x{k} + {len(ops)} epilogue op(s), {dtype_name(dtype)}",
-                      Traffic(f"gemm + {trailing} epilogue", (gemm, *tail)), Traffic("fused", (fused,)))
+    kernels: list[Kernel] = []
+    extra = 0  # bytes of the ops' own operands (a bias...)
+    if pre:
+        chain = elementwise_chain(pre, (m, k), dtype)
+        kernels += chain.unfused.kernels if trailing == "eager" else chain.fused.kernels
+        extra += chain.fused.read_bytes - m * k * b
+    gemm = Kernel("gemm", (m * k + k * n) * b, m * n * b, 2.0 * m * n * k, m * k * b if pre else 0)
+    kernels.append(gemm)
+    if post:
+        chain = elementwise_chain(post, (m, n), dtype)
+        tail = chain.unfused.kernels if trailing == "eager" else chain.fused.kernels
+        kernels += [Kernel(t.name, t.read_bytes, t.write_bytes, t.flops, t.reuse_bytes or m * n * b) if i == 0
+                    else t for i, t in enumerate(tail)]
+        extra += chain.fused.read_bytes - m * n * b
+    flops = sum(kk.flops for kk in kernels)
+    fused = Kernel("fused " + " + ".join([*(o.name for o in pre), "gemm", *(o.name for o in post)]),
+                   gemm.read_bytes + extra, m * n * b, flops)
+    name = f"{len(pre)} op(s) + GEMM {m}x{n}x{k} + {len(post)} op(s), {dtype_name(dtype)}"
+    return Comparison(name, Traffic(f"unfused ({trailing} ops)", tuple(kernels)), Traffic("fused", (fused,)))
+
+
+def gemm_epilogue(m, n, k, epilogue=(Op("add bias", ("col",)), Op("gelu", (), 9)), dtype="bfloat16", *,
+                  trailing="eager") -> Comparison:
+    """``C = A @ B`` followed by elementwise ops on C: trailing kernels vs the GEMM's epilogue.
+
+    The special case of :func:`matmul_chain` with no ops before the matmul; ``trailing="eager"``
+    runs one kernel per epilogue op after the GEMM, ``"fused"`` one elementwise kernel for all of them.
+    """
+    return matmul_chain((), _ops(epilogue), m, n, k, dtype, trailing=trailing)
 
 
 def flash_kv_rows(seq_len: int, block_m: int, causal: bool) -> int:
