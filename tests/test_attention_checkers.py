@@ -1,0 +1,132 @@
+"""The chapter 7 checker passes correct kernels and fails the usual wrong ones."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from course_utils import check
+from course_utils.checkers import attention as ca
+from course_utils.kernels import attention as A
+
+OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE = range(8)
+
+
+@triton.jit
+def _buggy_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_h, stride_n, stride_kn, n, sm_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr, BUG: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + bh * stride_h + offs_m[:, None] * stride_n + offs_d[None, :],
+                mask=offs_m[:, None] < n, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start_n in range(0, n, BLOCK_N):
+        cols = start_n + offs_n
+        kv_mask = cols[:, None] < n
+        k = tl.load(k_ptr + bh * stride_h + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + bh * stride_h + cols[:, None] * stride_n + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale
+        keep = cols[None, :] < n
+        if BUG == NO_KEY_MASK:
+            keep = cols[None, :] >= 0
+        if CAUSAL:
+            if BUG == STRICT_CAUSAL:
+                keep = keep & (offs_m[:, None] > cols[None, :])
+            elif BUG != NO_CAUSAL:
+                keep = keep & (offs_m[:, None] >= cols[None, :])
+        s = tl.where(keep, s, float("-inf"))
+        if BUG == UNSTABLE_EXP:
+            p = tl.exp(s)
+            l_i += tl.sum(p, 1)
+            acc += tl.dot(p.to(v.dtype), v)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if BUG == NO_RESCALE:
+                acc += tl.dot(p.to(v.dtype), v)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+    if BUG != NO_NORMALIZE:
+        acc = acc / l_i[:, None]
+    tl.store(o_ptr + bh * stride_h + offs_m[:, None] * stride_n + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < n)
+
+
+def buggy(q, k, v, causal=False, out=None, bug=OK):
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    b, h, n, d = q.shape
+    out = torch.empty_like(q) if out is None else out
+    kn = 1 if bug == WRONG_STRIDE else d
+    _buggy_attn[(triton.cdiv(n, 16), b * h)](q, k, v, out, n * d, d, kn, n, d ** -0.5,
+                                             HEAD_DIM=d, BLOCK_M=16, BLOCK_N=16, CAUSAL=causal, BUG=bug)
+    return out
+
+
+def test_reference_kernels_pass(capsys):
+    ca.check_attention(functools.partial(buggy, bug=OK), "buggy harness, no bug")
+    ca.check_attention(A.flash_attention, "tuned", causal=True)
+    ca.check_attention(A.flash_attention_teaching, "teaching", causal=True)
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 3 and "causal mask" in out
+
+
+@pytest.mark.parametrize("bug,causal,pattern", [
+    (NO_KEY_MASK, False, "differ"),
+    (UNSTABLE_EXP, False, "large-magnitude|offset"),
+    (NO_RESCALE, False, "differ"),
+    (STRICT_CAUSAL, True, "differ"),
+    (NO_CAUSAL, True, "differ"),
+    (WRONG_STRIDE, False, "differ"),
+    (NO_NORMALIZE, False, "differ"),
+])
+def test_wrong_kernels_fail(bug, causal, pattern):
+    with pytest.raises(check.CheckFailure, match=pattern):
+        ca.check_attention(functools.partial(buggy, bug=bug), "buggy", causal=causal)
+
+
+def test_out_of_bounds_write_is_caught():
+    def writes_past_end(q, k, v, causal=False, out=None):
+        o = A.attention_ref(q, k, v, causal=causal)
+        out.copy_(o)
+        flat = out.view(-1)
+        torch.as_strided(flat, (1,), (1,), flat.storage_offset() + flat.numel()).fill_(0.5)
+        return out
+    with pytest.raises(check.CheckFailure, match="outside its buffer"):
+        ca.check_attention(writes_past_end, "oob")
+
+
+def test_changed_input_and_crash_and_unfinished():
+    def mutates(q, k, v, causal=False):
+        o = A.attention_ref(q, k, v, causal=causal)
+        q.zero_()
+        return o
+    with pytest.raises(check.CheckFailure, match="changed its input q"):
+        ca.check_attention(mutates, "mutates")
+
+    def crashes(q, k, v, causal=False):
+        raise RuntimeError("boom")
+    with pytest.raises(check.CheckFailure, match="RuntimeError: boom"):
+        ca.check_attention(crashes, "crashes")
+
+    def unfinished(q, k, v, causal=False):
+        raise NotImplementedError("Exercise 7.1")
+    with pytest.raises(NotImplementedError):
+        ca.check_attention(unfinished, "unfinished")
+
+
+def test_wrong_shape_fails():
+    with pytest.raises(check.CheckFailure, match="shape"):
+        ca.check_attention(lambda q, k, v, causal=False: q[..., :8].clone(), "shape")
