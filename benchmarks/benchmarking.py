@@ -8,7 +8,7 @@ One DataFrame, one row per measurement, ``demo`` says which rule it shows:
 - ``warmup``: the first call of a Triton kernel that has never been compiled, the second call and
   the steady state; the same for ``torch.compile``.
 - ``quantiles``: every repetition of two timings (a launch-bound kernel and a 64 MiB GELU).
-- ``l2``: copy bandwidth against the working set, from the same buffers back to back (L2 warm),
+- ``l2``: bandwidth of y = 2x against the working set, from the same buffers back to back (L2 warm),
   from rotating buffers whose footprint is at least 4x L2 (cold), and by ``time_ms`` with and
   without its L2 flush.
 - ``graphs``: a small Triton kernel over sizes, by ``time_ms`` with and without a CUDA graph,
@@ -161,6 +161,8 @@ def _graph_of(calls) -> torch.cuda.CUDAGraph:
 
 
 def demo_l2(sizes_kib=None, quick: bool = False) -> list[dict]:
+    """y = 2x (the Triton scale kernel: a copy through the SMs; a captured ``copy_`` would become a
+    copy-engine memcpy) over working sets from 256 KiB to 1 GiB per tensor."""
     rows = []
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     if sizes_kib is None:
@@ -174,9 +176,9 @@ def demo_l2(sizes_kib=None, quick: bool = False) -> list[dict]:
         srcs = [torch.randn(n, device="cuda") for _ in range(reps)]
         dsts = [torch.empty_like(srcs[0]) for _ in range(reps)]
         moved = 2 * nbytes_t
-        warm = _graph_of([lambda: dsts[0].copy_(srcs[0])] * reps)
-        cold = _graph_of([(lambda i=i: dsts[i].copy_(srcs[i])) for i in range(reps)])
-        one = lambda: dsts[0].copy_(srcs[0])  # noqa: E731
+        warm = _graph_of([lambda: scale(srcs[0], dsts[0])] * reps)
+        cold = _graph_of([(lambda i=i: scale(srcs[i], dsts[i])) for i in range(reps)])
+        one = lambda: scale(srcs[0], dsts[0])  # noqa: E731
         measured = {
             "same buffers back to back (L2 warm), graph": bench.time_ms(warm.replay, flush_l2=False).median / reps,
             "rotating buffers >= 4x L2 (cold), graph": bench.time_ms(cold.replay, flush_l2=False).median / reps,
@@ -184,8 +186,8 @@ def demo_l2(sizes_kib=None, quick: bool = False) -> list[dict]:
             "time_ms, no flush": bench.time_ms(one, flush_l2=False).median,
         }
         for method, ms in measured.items():
-            rows.append(dict(demo="l2", case="copy", size_mib=kib / 1024, method=method, ms=ms, bytes=moved,
-                             gbps=bench.gbps(moved, ms), l2_bytes=l2, footprint_bytes=moved * reps))
+            rows.append(dict(demo="l2", case="y = 2x (Triton)", size_mib=kib / 1024, method=method, ms=ms,
+                             bytes=moved, gbps=bench.gbps(moved, ms), l2_bytes=l2, footprint_bytes=moved * reps))
         srcs = dsts = warm = cold = None
         torch.cuda.empty_cache()
     return rows
@@ -203,7 +205,7 @@ def demo_graphs(quick: bool = False) -> list[dict]:
         moved = 2 * n * 4
         measured = {
             "time_ms (events, L2 flushed)": bench.time_ms(fn).median,
-            "time_ms, CUDA graph": bench.time_ms(fn, cuda_graph=True).median,
+            "time_ms, CUDA graph of 20 calls": bench.time_ms(fn, cuda_graph=True).median,
             "triton do_bench": do_bench(fn, return_mode="median"),
             "triton do_bench_cudagraph": do_bench_cudagraph(fn, return_mode="median"),
             "host clock, back to back": _host_ms(fn, 200),

@@ -115,12 +115,14 @@ def _name(fn) -> str:
 
 
 def time_ms(fn, *, warmup: int = 10, rep: int = 50, flush_l2: bool = True, cuda_graph: bool = False,
-            device=None) -> Timing:
+            device=None, graph_calls: int = 20) -> Timing:
     """Time ``fn()`` on the GPU by the course's protocol and return a :class:`Timing`.
 
-    ``cuda_graph=True`` captures ``fn`` once in a CUDA graph and times replays, which removes the
-    host's launch overhead (for launch-bound sizes; say so when you report it). ``device`` is the
-    real GPU when None, or a stand-in with the same interface (:class:`SimulatedGPU`).
+    ``cuda_graph=True`` captures ``graph_calls`` back-to-back calls of ``fn`` in one CUDA graph,
+    times each replay and divides by ``graph_calls``: the host's launch overhead and the gap
+    between an event and the kernel after it are gone, which is what a launch-bound size needs
+    (say so when you report it; the calls inside one replay share L2). ``device`` is the real GPU
+    when None, or a stand-in with the same interface (:class:`SimulatedGPU`).
     """
     if not callable(fn):
         raise TypeError(f"time_ms needs a callable taking no arguments, got {type(fn).__name__}")
@@ -141,7 +143,13 @@ def time_ms(fn, *, warmup: int = 10, rep: int = 50, flush_l2: bool = True, cuda_
     for _ in range(warmup - 1):
         fn()
     device.synchronize()
-    run = device.graph(fn) if cuda_graph else fn
+    calls = 1
+    run = fn
+    if cuda_graph:
+        if int(graph_calls) != graph_calls or graph_calls < 1:
+            raise ValueError(f"graph_calls must be an integer >= 1, got {graph_calls!r}")
+        calls = int(graph_calls)
+        run = device.graph(lambda: [fn() for _ in range(calls)])
     starts = [device.Event() for _ in range(rep)]
     ends = [device.Event() for _ in range(rep)]
     for i in range(rep):
@@ -151,7 +159,7 @@ def time_ms(fn, *, warmup: int = 10, rep: int = 50, flush_l2: bool = True, cuda_
         run()
         ends[i].record()
     device.synchronize()
-    return Timing.from_times((s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)), cuda_graph)
+    return Timing.from_times((s.elapsed_time(e) / calls for s, e in zip(starts, ends, strict=True)), cuda_graph)
 
 
 def gbps(nbytes: int, t: Timing | float) -> float:
