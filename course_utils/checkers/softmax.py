@@ -1,0 +1,155 @@
+"""Checks for chapters 5 and 6 (fused softmax, online softmax).
+
+- :func:`check_row_kernel` launches a student's one-row-per-program kernel
+  ``kernel[(n_rows,)](y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE=...)``.
+- :func:`check_online_update` folds a student's ``update(m, s, tile) -> (m, s)`` over random tiles.
+- :func:`check_long_row_kernel` launches a student's long-row kernel (same signature) with a
+  BLOCK_SIZE much shorter than the row, so the row takes many tiles.
+
+Every call draws fresh inputs: signed values around a large offset (an ``exp`` without the max
+subtracted overflows), magnitude outliers, row lengths that are not powers of two, rows read
+through a row stride wider than the row (the gap holds huge values, so a read past the row's end
+or a wrong stride changes the answer), outputs poisoned with NaN inside guard zones.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import check, env
+
+OFFSET = 100.0      # exp(100) overflows fp16 and exp(100 + outliers) overflows fp32
+OUTLIER = 1000.0
+
+
+def _dtypes():
+    return env.supported_dtypes()
+
+
+def _strided_input(n_rows: int, n_cols: int, dtype, gap: int, **randn_kw):
+    """x of shape (n_rows, n_cols) inside a guarded (n_rows, n_cols + gap) buffer: row stride > n_cols.
+
+    The gap columns hold +/-3e4 (finite in fp16 too), so reading them corrupts max or sum."""
+    stride = n_cols + gap
+    full = check.randn((n_rows, stride), dtype, **randn_kw)
+    if gap:
+        junk = torch.where(torch.rand(n_rows, gap, device=full.device) < 0.5, 3e4, -3e4)
+        full[:, n_cols:] = junk.to(dtype)
+    g = check.guarded_copy(full)
+    return g, g.tensor[:, :n_cols]
+
+
+def _ref(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.to(torch.float64), dim=-1)
+
+
+def _case(what, dtype, n_rows, n_cols) -> str:
+    return f"{what} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols)"
+
+
+def _launch_checked(what, kernel, x, y, block, case, hint):
+    try:
+        kernel[(x.shape[0],)](y, x, x.shape[1], x.stride(0), y.stride(0), BLOCK_SIZE=block)
+    except NotImplementedError:
+        raise
+    except check.CheckFailure:
+        raise
+    except Exception as e:  # a crash in the student's kernel: say where
+        raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n"
+                                 "It is launched as kernel[(n_rows,)](y_ptr, x_ptr, n_cols, x_row_stride, "
+                                 "y_row_stride, BLOCK_SIZE=...)." + (f"\nHint: {hint}" if hint else "")) from e
+
+
+def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None):
+    for dtype in dtypes:
+        for n_rows, n_cols in shapes:
+            case = _case(what, dtype, n_rows, n_cols)
+            xg, x = _strided_input(n_rows, n_cols, dtype, gap=5, offset=OFFSET, scale=3.0, outliers=0.02,
+                                   outlier_scale=OUTLIER)
+            if extra_rows is not None:
+                extra_rows(x)
+            before = x.clone()
+            yg = check.Guarded((n_rows, n_cols), dtype)
+            _launch_checked(what, kernel, x, yg.tensor, block_of(n_cols), case, hint)
+            yg.check(case, hint)
+            check.compare(case, yg.tensor, _ref(before), dtype=dtype, hint=hint)
+            xg.check(f"{case}, the input buffer")
+            if not torch.equal(x, before):
+                raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y")
+
+
+def check_row_kernel(kernel, name: str = "fused softmax, one row per program") -> None:
+    """Judge a one-row-per-program softmax kernel launched with BLOCK_SIZE = next_power_of_2(n_cols)."""
+    shapes = env.pick(gpu=((1, 1), (7, 13), (37, 1000), (5, 4097), (3, 12345)),
+                      cpu=((1, 1), (7, 13), (37, 300), (5, 1000)))
+    hint = ("load the row with mask=offsets < n_cols and other=-float('inf'), subtract the row's max "
+            "before tl.exp, and use row_stride to find the row (rows here are not contiguous).")
+    _judge_rows(name, kernel, shapes, triton.next_power_of_2, _dtypes(), hint)
+    check.verdict(name, "matches the float64 softmax on every shape and dtype tried, strided rows, "
+                        "no writes outside the output")
+
+
+def check_long_row_kernel(kernel, name: str = "online softmax, long rows", block_size: int = 128) -> None:
+    """Judge a long-row kernel launched with a fixed BLOCK_SIZE much shorter than the rows."""
+    shapes = env.pick(gpu=((1, 1), (3, 127), (7, 1000), (5, 20000), (2, 100003)),
+                      cpu=((1, 1), (3, 127), (7, 1000), (2, 3001)))
+    hint = ("keep a running max m and sum s over the tiles: when the max grows from m to m_new, rescale "
+            "s by exp(m - m_new) before adding the tile's exp(x - m_new); a second loop writes "
+            "exp(x - m) / s. Lanes or tiles that have seen only -inf must not turn into NaN.")
+
+    def leading_minus_inf(x):
+        # Row 0 starts with more than a whole tile of -inf (as a causal mask makes): the running
+        # statistics see nothing finite at first.
+        if x.shape[1] > block_size + 2:
+            x[0, : block_size + 2] = float("-inf")
+
+    _judge_rows(name, kernel, shapes, lambda n: block_size, _dtypes(), hint, extra_rows=leading_minus_inf)
+    check.verdict(name, f"matches the float64 softmax with BLOCK_SIZE={block_size} on every shape and dtype "
+                        "tried, rows that start with -inf, strided rows, no writes outside the output")
+
+
+def _stats_ref(x64: torch.Tensor):
+    m = x64.amax(dim=-1)
+    s = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(x64 - m[:, None]).sum(-1))
+    return m, s
+
+
+def check_online_update(update, name: str = "online softmax update") -> None:
+    """Fold ``update(m, s, tile) -> (m_new, s_new)`` over the tiles of random rows, from
+    m = -inf and s = 0, and compare with (max, sum of exp(x - max)) in float64."""
+    gen = check.generator(torch.device("cpu"))
+    cases = [(4, 1, 1), (5, 37, 8), (3, 1000, 64), (6, 999, 100)]
+    for rows, cols, tile in cases:
+        x = check.randn((rows, cols), torch.float64, device="cpu", scale=5.0, offset=OFFSET * 5, outliers=0.05,
+                        outlier_scale=OUTLIER, gen=gen)
+        if cols > tile:  # a row whose first tile is all -inf, and one whose max sits in the last tile
+            x[0, :tile] = float("-inf")
+            x[1, -1] = x[1].max() + 50.0
+        case = f"{name} ({rows} rows x {cols} cols, tiles of {tile})"
+        m = torch.full((rows,), float("-inf"), dtype=torch.float64)
+        s = torch.zeros(rows, dtype=torch.float64)
+        for start in range(0, cols, tile):
+            try:
+                out = update(m.clone(), s.clone(), x[:, start:start + tile].clone())
+            except NotImplementedError:
+                raise
+            except Exception as e:
+                raise check.CheckFailure(f"{case}: update raised {type(e).__name__}: {e}") from e
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise check.CheckFailure(f"{case}: update must return a tuple (m_new, s_new), got {type(out).__name__}")
+            m, s = out
+            for t, what in ((m, "m_new"), (s, "s_new")):
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != (rows,):
+                    raise check.CheckFailure(f"{case}: {what} must be a tensor of shape ({rows},), "
+                                             f"got {getattr(t, 'shape', type(t).__name__)}")
+            m, s = m.to(torch.float64), s.to(torch.float64)
+        m_ref, s_ref = _stats_ref(x)
+        hint = ("m_new = max(m, tile.amax(-1)); s_new = s * exp(m - m_new) + exp(tile - m_new).sum(-1). "
+                "While a row has seen only -inf, m_new is -inf and exp(-inf - -inf) is NaN: keep s = 0 there.")
+        check.compare(f"{case}: running max m", m, m_ref, dtype=torch.float64, hint=hint)
+        check.compare(f"{case}: running sum s", s, s_ref, dtype=torch.float64, rtol=1e-9, hint=hint)
+        y = torch.exp(x - m[:, None]) / s[:, None]
+        check.compare(f"{case}: exp(x - m) / s", y, torch.softmax(x, -1), dtype=torch.float64, rtol=1e-9, hint=hint)
+    check.verdict(name, "the folded statistics give the exact softmax on every row tried, "
+                        "including rows that start with -inf and huge values")
