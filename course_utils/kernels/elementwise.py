@@ -32,9 +32,9 @@ from .. import env, hardware
 # Kernels
 # ----------------------------------------------------------------------------------------------
 
-SQRT_2_OVER_PI: tl.constexpr = 0.7978845608028654   # sqrt(2 / pi)
-INV_SQRT_2: tl.constexpr = 0.7071067811865476       # 1 / sqrt(2)
-GELU_CUBIC: tl.constexpr = 0.044715
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)   # sqrt(2 / pi)
+INV_SQRT_2 = tl.constexpr(0.7071067811865476)       # 1 / sqrt(2)
+GELU_CUBIC = tl.constexpr(0.044715)
 
 
 @triton.jit
@@ -131,6 +131,7 @@ MAX_BLOCK_SIZE = 2**16
 # choice independent of BLOCK_SIZE, so every kernel agrees on it (and on the dropout mask).
 INT64_THRESHOLD = 2**31 - MAX_BLOCK_SIZE
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DROPOUT_MAX_BLOCK = 1024  # Philox costs ~10 rounds of integer work per element: smaller tiles
 
 
 @dataclass(frozen=True)
@@ -154,13 +155,16 @@ def input_dtypes(info: hardware.DeviceInfo) -> tuple[torch.dtype, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo) -> LaunchConfig:
+def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo,
+                  max_block: int = MAX_BLOCK_SIZE) -> LaunchConfig:
     """BLOCK_SIZE, num_warps, offset width and grid for ``n_elements`` of ``dtype`` on ``info``.
 
-    Each program moves about 16 KiB of input (8 KiB before sm_80) so that every thread issues
-    several 16-byte loads; small tensors get smaller tiles so that at least ~2 programs land on
-    each SM. Under the interpreter (no SMs to fill) tiles are as large as allowed: fewer programs
-    run faster in Python.
+    From sm_80 on, a program takes 1024 float32 or 4096 16-bit elements with 4 warps (8 and 32
+    elements, 32 and 64 bytes, per thread), the best of a BLOCK_SIZE x num_warps sweep of GELU at
+    1 GiB on an H200 (``results/h200/elementwise_tune.csv``). Smaller tensors get smaller tiles so
+    that about 4 programs land on each SM, never below 16 bytes per thread. Under the interpreter
+    (no SMs to fill) tiles are as large as allowed: fewer programs run faster in Python.
+    ``max_block`` caps the tile for kernels with much arithmetic per element (the dropout's Philox).
     """
     if not isinstance(n_elements, int) or n_elements < 0:
         raise ValueError(f"n_elements must be a non-negative int, got {n_elements!r}")
@@ -172,13 +176,15 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
         block = min(MAX_BLOCK_SIZE, max(16, triton.next_power_of_2(max(n_elements, 1))))
         num_warps = 4
     else:
-        tile_bytes = 16384 if info.arch >= 80 else 8192
-        block = tile_bytes // itemsize
-        # Fill the GPU: aim for >= 2 programs per SM, never below 128 threads x 16 bytes per tile.
-        min_block = 128 * 16 // itemsize
-        fill = triton.next_power_of_2(max(1, -(-n_elements // (2 * info.sms))))
+        num_warps = 4
+        if info.arch >= 80:
+            block = 1024 if itemsize >= 4 else 4096
+        else:  # sm_75 (T4): a tenth of the bandwidth, 64 KiB of shared memory
+            block = 1024 if itemsize >= 4 else 2048
+        min_block = 32 * num_warps * 16 // itemsize          # 16 bytes per thread
+        fill = triton.next_power_of_2(max(1, -(-n_elements // (4 * info.sms))))
         block = max(min_block, min(block, fill))
-        num_warps = max(1, min(8 if info.arch >= 80 else 4, block * itemsize // (32 * 64)))
+    block = min(block, max_block)
     grid = (max(1, triton.cdiv(n_elements, block)),)
     return LaunchConfig(block, num_warps, needs_int64(n_elements), grid)
 
@@ -187,66 +193,89 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
 # A lean launch path (GPU only)
 # ----------------------------------------------------------------------------------------------
 # ``kernel[grid](...)`` re-binds the arguments, recomputes the specialization key and looks up the
-# compiled kernel on every call: several microseconds of Python per launch, which is what a 1 MiB
-# tensor costs on the GPU. After the first call we keep the CompiledKernel per specialization and
-# call its launcher directly. Anything unusual (a launch hook, count_launches wrapping the JIT,
-# the interpreter) takes the ordinary path.
+# compiled kernel on every call: microseconds of Python per launch, as long as a 1 MiB tensor
+# takes on the GPU. After the first call we keep the CompiledKernel per specialization and call
+# its launcher directly. Anything unusual (a launch hook, count_launches wrapping the JIT, the
+# interpreter) takes the ordinary path. LAUNCHES counts which path each launch took.
 
-try:  # pragma: no cover - the attribute path is stable across Triton 3.x
+try:  # pragma: no cover - the attribute paths are stable across Triton 3.x
+    from triton import knobs as _knobs
     from triton.runtime.jit import JITFunction as _JITFunction
     _JIT_RUN = _JITFunction.run
 except Exception:  # pragma: no cover
-    _JITFunction, _JIT_RUN = None, None
+    _knobs, _JITFunction, _JIT_RUN = None, None, None
 
 _COMPILED: dict = {}
+_STREAM = None
 FAST_LAUNCH = True  # set False to compare with Triton's ordinary launch path
+LAUNCHES = {"lean": 0, "ordinary": 0}
 
 
 def _spec(a):
+    """What Triton specializes a kernel argument on: 16-byte alignment of pointers, ints == 1,
+    divisible by 16, and their width."""
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if isinstance(a, bool):
-        return ("b", a)
-    if isinstance(a, int):
-        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31, 0 <= a < 2**64)
-    return (type(a).__name__,)
+        return a.data_ptr() & 15 == 0
+    if isinstance(a, int) and not isinstance(a, bool):
+        return (a == 1, a & 15 == 0, -(2**31) <= a < 2**31)
+    return None
 
 
 def _fast_ok() -> bool:
-    if not (FAST_LAUNCH and env.on_gpu() and _JITFunction is not None and _JITFunction.run is _JIT_RUN):
-        return False
-    try:
-        from triton import knobs
-        return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
-    except Exception:  # pragma: no cover
-        return False
+    return (FAST_LAUNCH and _JIT_RUN is not None and env.MODE == "cuda" and _JITFunction.run is _JIT_RUN
+            and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None)
 
 
 def _launch(kernel, cfg: LaunchConfig, args: tuple, meta: tuple, meta_names: tuple, device) -> None:
-    """Launch ``kernel[cfg.grid](*args, **dict(zip(meta_names, meta, strict=True)), num_warps=...)``.
+    """Launch ``kernel[cfg.grid](*args, **dict(zip(meta_names, meta)), num_warps=cfg.num_warps)``.
 
     ``meta`` are the constexpr values, which come last in every kernel signature of this module.
     """
+    global _STREAM
     fast = _fast_ok()
     if fast:
-        key = (kernel, cfg.num_warps, meta, device.index, tuple(_spec(a) for a in args))
+        key = (kernel, cfg.num_warps, meta, device.index, *[_spec(a) for a in args])
         compiled = _COMPILED.get(key)
         if compiled is not None:
-            from triton.runtime import driver
-            stream = driver.active.get_current_stream(device.index)
+            stream = _STREAM(device.index)
             compiled.run(cfg.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
                          None, None, *args, *meta)
+            LAUNCHES["lean"] += 1
             return
     compiled = kernel[cfg.grid](*args, **dict(zip(meta_names, meta, strict=True)), num_warps=cfg.num_warps)
+    LAUNCHES["ordinary"] += 1
     if fast and compiled is not None and hasattr(compiled, "packed_metadata"):
+        from triton.runtime import driver
+        _STREAM = driver.active.get_current_stream
         _COMPILED[key] = compiled
+
+
+_INFO: dict = {}
+
+
+def _device_info(device: torch.device) -> hardware.DeviceInfo:
+    """hardware.device_info() of ``device``, asked once per device (launchers call this per launch)."""
+    info = _INFO.get(device)
+    if info is None:
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                info = hardware.device_info()
+        else:
+            info = hardware.device_info()
+        _INFO[device] = info
+    return info
 
 
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
 
+_CHECKED: set = set()  # (dtype, device) pairs already validated: the per-call check stays cheap
+
+
 def _check_tensor(name: str, t, info: hardware.DeviceInfo) -> None:
+    if isinstance(t, torch.Tensor) and (t.dtype, t.device) in _CHECKED and t.is_contiguous():
+        return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != env.DEVICE.type:
@@ -258,6 +287,7 @@ def _check_tensor(name: str, t, info: hardware.DeviceInfo) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}): these kernels index it as "
                          f"one flat array; pass {name}.contiguous() (a copy: one more read and write of it)")
+    _CHECKED.add((t.dtype, t.device))
 
 
 def _output(x: torch.Tensor, out, info) -> torch.Tensor:
@@ -271,9 +301,11 @@ def _output(x: torch.Tensor, out, info) -> torch.Tensor:
 
 
 def _approximate_flag(approximate: str) -> bool:
-    if approximate not in ("tanh", "none"):
-        raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
-    return approximate == "tanh"
+    if approximate == "tanh":
+        return True
+    if approximate == "none":
+        return False
+    raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
 
 
 def _check_bias(x: torch.Tensor, bias, info) -> int:
@@ -288,7 +320,7 @@ def _check_bias(x: torch.Tensor, bias, info) -> int:
 
 def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x + y`` for two tensors of the same shape and dtype, in one Triton kernel."""
-    info = hardware.device_info()
+    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
     _check_tensor("x", x, info)
     _check_tensor("y", y, info)
     if x.shape != y.shape or x.dtype != y.dtype:
@@ -305,7 +337,7 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
 
 def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
     """GELU of ``x`` in one kernel: ``approximate='tanh'`` (stable tanh) or ``'none'`` (erf)."""
-    info = hardware.device_info()
+    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
     flag = _approximate_flag(approximate)
     _check_tensor("x", x, info)
     out = _output(x, out, info)
@@ -321,7 +353,7 @@ def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = 
 def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
-    info = hardware.device_info()
+    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
     flag = _approximate_flag(approximate)
     _check_tensor("x", x, info)
     n_cols = _check_bias(x, bias, info)
@@ -354,7 +386,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
     Element i is kept when Philox(seed, i) >= p and then scaled by 1 / (1 - p): the same seed gives
     the same mask on any GPU and under the interpreter, whatever BLOCK_SIZE is.
     """
-    info = hardware.device_info()
+    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
     flag = _approximate_flag(approximate)
     p, seed = _check_dropout(p, seed)
     _check_tensor("x", x, info)
@@ -363,7 +395,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
     n = x.numel()
     if n == 0:
         return out
-    cfg = launch_config(n, x.dtype, info)
+    cfg = launch_config(n, x.dtype, info, max_block=DROPOUT_MAX_BLOCK)
     _launch(_bias_gelu_dropout_kernel, cfg, (x, bias, out, n, n_cols, p, 1.0 / (1.0 - p), seed),
             (cfg.BLOCK_SIZE, flag, cfg.int64), ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
     return out
@@ -377,7 +409,7 @@ def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
     n = keep.numel()
     if n == 0:
         return keep.bool()
-    cfg = launch_config(n, torch.float32, hardware.device_info())
+    cfg = launch_config(n, torch.float32, _device_info(device), max_block=DROPOUT_MAX_BLOCK)
     _launch(_keep_mask_kernel, cfg, (keep, n, p, seed), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"),
             device)
     return keep.bool()
