@@ -380,3 +380,113 @@ def test_ncu_case_matches_benchmark_definition():
     assert [T.ncu_case(c, 8, 4096, "bf16").launches for c in
             ("chain-eager", "chain-fused", "softmax-eager", "softmax-fused")] == [4, 1, 5, 1]
     assert math.isclose(T.ncu_case("softmax-fused", 8, 4096, "fp32").total_bytes, 2 * 8 * 4096 * 4)
+
+
+# ------------------------------------------------------------------------------------------
+# the chapter's checkers: pass the right answer, fail (with the right hint) on the usual wrong ones
+# ------------------------------------------------------------------------------------------
+
+from course_utils.check import CheckFailure  # noqa: E402
+from course_utils.checkers import traffic as CT  # noqa: E402
+
+
+def good_chain(n_ops, numel, itemsize):
+    return 2 * n_ops * numel * itemsize, 2 * numel * itemsize
+
+
+def test_chain_checker_passes_the_solution(capsys):
+    CT.check_chain_bytes(good_chain)
+    assert capsys.readouterr().out.startswith("PASS chain_bytes")
+
+
+@pytest.mark.parametrize("wrong,hint", [
+    (lambda k, n, b: (k * n * b, 2 * n * b), "write"),
+    (lambda k, n, b: (2 * k * n, 2 * n), "itemsize"),
+    (lambda k, n, b: (2 * (k + 1) * n * b, 2 * n * b), "n kernels"),
+    (lambda k, n, b: (2 * k * n * b, n * b), "writes its result once"),
+    (lambda k, n, b: (2 * k * n * b, 2 * k * n * b), "intermediates never reach HBM"),
+    (lambda k, n, b: (2 * k * n * b, 2 * n * b) if n < 2**31 else (0, 0), "unfused"),  # int32 overflow
+    (lambda k, n, b: [2 * k * n * b, 2 * n * b], "tuple"),
+    (lambda k, n, b: 1 / 0, "ZeroDivisionError"),
+])
+def test_chain_checker_fails_wrong_answers(wrong, hint):
+    with pytest.raises(CheckFailure, match=hint):
+        CT.check_chain_bytes(wrong)
+
+
+def test_checkers_let_not_implemented_through():
+    def stub(*args):
+        raise NotImplementedError("Exercise 2.1")
+    for check in (CT.check_chain_bytes, CT.check_softmax_bytes, CT.check_bias_gelu_dropout_bytes,
+                  CT.check_kernel_time, CT.check_fusion_speedup):
+        with pytest.raises(NotImplementedError):
+            check(stub)
+
+
+def good_softmax(m, n, b):
+    return (8 * m * n + 4 * m) * b, 2 * m * n * b
+
+
+def test_softmax_checker(capsys):
+    CT.check_softmax_bytes(good_softmax)
+    assert "PASS softmax_bytes" in capsys.readouterr().out
+    with pytest.raises(CheckFailure, match="counts elements"):
+        CT.check_softmax_bytes(lambda m, n, b: (8 * m * n + 4 * m, 2 * m * n * b))
+    with pytest.raises(CheckFailure, match="row vectors"):
+        CT.check_softmax_bytes(lambda m, n, b: (8 * m * n * b, 2 * m * n * b))
+    with pytest.raises(CheckFailure, match="AND writes"):
+        CT.check_softmax_bytes(lambda m, n, b: ((8 * m * n + 4 * m) * b, m * n * b))
+
+
+def good_bgd(m, n, b):
+    return (6 * m * n + n) * b, (2 * m * n + n) * b
+
+
+def test_bias_gelu_dropout_checker(capsys):
+    CT.check_bias_gelu_dropout_bytes(good_bgd)
+    assert "PASS" in capsys.readouterr().out
+    # the seed's mistake: a bias as large as x (14N vs 6N in fp16)
+    with pytest.raises(CheckFailure, match="one value per column"):
+        CT.check_bias_gelu_dropout_bytes(lambda m, n, b: (7 * m * n * b, 3 * m * n * b))
+    with pytest.raises(CheckFailure, match="reads the bias"):
+        CT.check_bias_gelu_dropout_bytes(lambda m, n, b: (6 * m * n * b, 2 * m * n * b))
+
+
+def good_time(nbytes, flops, hbm_gbps, peak_tflops, launch_us):
+    return max(nbytes / (hbm_gbps * 1e9), flops / (peak_tflops * 1e12)) * 1e6 + launch_us
+
+
+def test_kernel_time_checker(capsys):
+    CT.check_kernel_time(good_time)
+    assert "PASS kernel_time_us" in capsys.readouterr().out
+    with pytest.raises(CheckFailure, match="not their sum"):
+        CT.check_kernel_time(lambda nb, f, bw, pk, l: (nb / (bw * 1e9) + f / (pk * 1e12)) * 1e6 + l)
+    with pytest.raises(CheckFailure, match="launch overhead"):
+        CT.check_kernel_time(lambda nb, f, bw, pk, l: max(nb / (bw * 1e9), f / (pk * 1e12)) * 1e6)
+    with pytest.raises(CheckFailure, match="microseconds, not seconds"):
+        CT.check_kernel_time(lambda nb, f, bw, pk, l: max(nb / (bw * 1e9), f / (pk * 1e12)) + l * 1e-6)
+    with pytest.raises(CheckFailure, match="larger of the two"):
+        CT.check_kernel_time(lambda nb, f, bw, pk, l: min(nb / (bw * 1e9), f / (pk * 1e12)) * 1e6 + l)
+
+
+def good_speedup(comparison, gpu, dtype):
+    from course_utils import hardware
+
+    spec = hardware.lookup(gpu)
+
+    def total(traffic):
+        return sum(good_time(k.total_bytes, k.flops, spec.hbm_gbps, spec.peak_tflops(dtype), T.LAUNCH_OVERHEAD_US)
+                   for k in traffic.kernels)
+    return total(comparison.unfused) / total(comparison.fused)
+
+
+def test_fusion_speedup_checker(capsys):
+    CT.check_fusion_speedup(good_speedup)
+    assert "PASS fusion_speedup" in capsys.readouterr().out
+    with pytest.raises(CheckFailure, match="traffic ratio alone"):
+        CT.check_fusion_speedup(lambda c, gpu, dtype: c.ratio)
+    with pytest.raises(CheckFailure, match="other way round"):
+        CT.check_fusion_speedup(lambda c, gpu, dtype: 1 / good_speedup(c, gpu, dtype))
+    # forgetting the launches is wrong too (no specific hint needed)
+    with pytest.raises(CheckFailure, match="expected"):
+        CT.check_fusion_speedup(lambda c, gpu, dtype: good_speedup(c, gpu, dtype) * 1.1)

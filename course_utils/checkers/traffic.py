@@ -1,0 +1,233 @@
+"""Checkers of chapter 2 (fusion accounting): counting bytes by hand, and the time model.
+
+Each check calls the student's function on fresh random sizes (odd ones, past 2**31 elements, a
+single element, every common element size), compares with :mod:`course_utils.traffic`, and on a
+mismatch says which of the usual mistakes the answer looks like (a forgotten write, elements
+instead of bytes, a bias counted as a full tensor, a sum where the roofline takes a max...).
+Verdicts are the same on CPU and GPU: they depend on no device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Callable
+
+from .. import traffic as T
+from ..check import CheckFailure, verdict
+
+ITEMSIZES = {1: "int8", 2: "bfloat16", 4: "float32", 8: "float64"}
+
+
+def _rng() -> random.Random:
+    return random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+def _call(what: str, fn: Callable, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except CheckFailure:
+        raise
+    except Exception as e:  # the student's code crashed: say with what
+        raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e} "
+                           f"(called with {', '.join(map(repr, args))})") from e
+
+
+def _pair(what: str, got, args) -> tuple[int, int]:
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise CheckFailure(f"{what}{args}: return a tuple (unfused_bytes, fused_bytes), got {got!r}")
+    for g in got:
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or (isinstance(g, float) and not g.is_integer()):
+            raise CheckFailure(f"{what}{args}: byte counts are whole numbers, got {got!r}")
+    return int(got[0]), int(got[1])
+
+
+def _diagnose(got: int, expected: int, mistakes: dict[str, int]) -> str:
+    for hint, wrong in mistakes.items():
+        if got == wrong and wrong != expected:
+            return hint
+    return ""
+
+
+def _mismatch(what, args, side, got, expected, mistakes):
+    hint = _diagnose(got, expected, mistakes)
+    msg = f"{what}{args}: {side} bytes: got {got:,}, expected {expected:,}."
+    if hint:
+        msg += f"\nHint: {hint}"
+    raise CheckFailure(msg)
+
+
+def _sizes(rng: random.Random) -> list[int]:
+    return [1, 7, 1000, rng.randrange(10**5, 10**6) | 1, 2**31 + rng.randrange(1, 1000)]
+
+
+def check_chain_bytes(fn: Callable) -> None:
+    """``fn(n_ops, numel, itemsize) -> (unfused_bytes, fused_bytes)`` for a chain of unary ops."""
+    rng = _rng()
+    what = "chain_bytes"
+    cases = [(3, 1000, 4), (5, 16384, 2), (1, 1, 2)] + [(rng.randrange(1, 17), n, rng.choice(list(ITEMSIZES)))
+                                          for n in _sizes(rng)]
+    for args in cases:
+        n_ops, numel, itemsize = args
+        c = T.elementwise_chain(n_ops, numel, ITEMSIZES[itemsize])
+        got = _pair(what, _call(what, fn, *args), args)
+        unfused, fused = c.unfused.total_bytes, c.fused.total_bytes
+        if got[0] != unfused:
+            _mismatch(what, args, "unfused", got[0], unfused, {
+                "each op also writes its output: count a read AND a write per op": n_ops * numel * itemsize,
+                "multiply by itemsize: the question is bytes, not elements": 2 * n_ops * numel,
+                "a chain of n ops launches n kernels, each reading one tensor and writing one":
+                    2 * (n_ops + 1) * numel * itemsize,
+                "that is the fused count: unfused, every op reads and writes the whole tensor": fused})
+        if got[1] != fused:
+            _mismatch(what, args, "fused", got[1], fused, {
+                "the fused kernel still writes its result once: one read and one write": numel * itemsize,
+                "multiply by itemsize: the question is bytes, not elements": 2 * numel,
+                "fused means the intermediates never reach HBM: x is read once and y written once, "
+                "whatever the chain length": unfused})
+    verdict(what, f"matches the calculator on {len(cases)} chains (1 to 16 ops, 1 to over 2**31 elements)")
+
+
+def check_softmax_bytes(fn: Callable) -> None:
+    """``fn(rows, cols, itemsize) -> (unfused_bytes, fused_bytes)`` under the 5-op convention."""
+    rng = _rng()
+    what = "softmax_bytes"
+    cases = [(4, 6, 4), (4096, 4096, 2), (1, 1, 4)] + [
+        (rng.randrange(1, 5000), rng.randrange(1, 70000) | 1, rng.choice([2, 4])) for _ in range(4)]
+    for args in cases:
+        m, n, b = args
+        c = T.softmax(m, n, ITEMSIZES[b])
+        got = _pair(what, _call(what, fn, *args), args)
+        unfused, fused = c.unfused.total_bytes, c.fused.total_bytes
+        if got[0] != unfused:
+            _mismatch(what, args, "unfused", got[0], unfused, {
+                "8MN + 4M counts elements: multiply by itemsize": 8 * m * n + 4 * m,
+                "count the row vectors too: amax and sum each write M values, sub and div each read M":
+                    8 * m * n * b,
+                "five ops, five kernels: amax and sum read MN and write only M, they do not write MN":
+                    10 * m * n * b,
+                "that is the fused count": fused})
+        if got[1] != fused:
+            _mismatch(what, args, "fused", got[1], fused, {
+                "multiply by itemsize": 2 * m * n,
+                "the fused kernel reads the row once AND writes the result once": m * n * b})
+    verdict(what, f"matches the 5-op convention on {len(cases)} shapes")
+
+
+def check_bias_gelu_dropout_bytes(fn: Callable) -> None:
+    """``fn(rows, cols, itemsize) -> (unfused, fused)`` for dropout(gelu(x + bias)), bias per
+    column, dropout mask generated in the kernel."""
+    rng = _rng()
+    what = "bias_gelu_dropout_bytes"
+    cases = [(37, 129, 4), (1024, 4096, 2), (1, 1, 2)] + [
+        (rng.randrange(1, 3000), rng.randrange(1, 20000) | 1, rng.choice([2, 4])) for _ in range(4)]
+    for args in cases:
+        m, n, b = args
+        c = T.bias_gelu_dropout(m, n, ITEMSIZES[b], mask="generated")
+        got = _pair(what, _call(what, fn, *args), args)
+        unfused, fused = c.unfused.total_bytes, c.fused.total_bytes
+        mn = m * n
+        if got[0] != unfused:
+            _mismatch(what, args, "unfused", got[0], unfused, {
+                "the bias is one value per column (cols values), not a full rows x cols tensor":
+                    14 * mn * b // 2,
+                "the first kernel reads the bias too (cols values)": 6 * mn * b,
+                "multiply by itemsize": 6 * mn + n,
+                "the mask is generated in the kernel: no mask bytes": 6 * mn * b + n * b + mn})
+        if got[1] != fused:
+            _mismatch(what, args, "fused", got[1], fused, {
+                "the bias is one value per column (cols values), not a full rows x cols tensor": 3 * mn * b,
+                "the fused kernel reads the bias once (cols values)": 2 * mn * b,
+                "multiply by itemsize": 2 * mn + n})
+    verdict(what, f"matches the calculator on {len(cases)} shapes (bias per column, mask generated)")
+
+
+def _ref_kernel_time_us(nbytes, flops, hbm_gbps, peak_tflops, launch_us):
+    k = T.Kernel("k", nbytes, 0, flops)
+    t = T.Traffic("t", (k,))
+    return T.estimate_time(t, None, hbm_gbps=hbm_gbps, peak_tflops=peak_tflops, l2_bytes=0,
+                           launch_us=launch_us, l2_reuse=False).us
+
+
+def check_kernel_time(fn: Callable) -> None:
+    """``fn(nbytes, flops, hbm_gbps, peak_tflops, launch_us) -> microseconds`` of one kernel."""
+    rng = _rng()
+    what = "kernel_time_us"
+    cases = [(2 * 10**9, 0, 2000, 100, 10), (1000, 10**12, 1000, 100, 0), (0, 0, 3350, 989, 10)]
+    for _ in range(6):
+        cases.append((rng.randrange(1, 10**10), rng.choice([0, rng.randrange(1, 10**13)]),
+                      rng.choice([320, 2039, 3350, 4800]), rng.choice([65, 312, 989]), rng.choice([0, 5, 10])))
+    for args in cases:
+        nbytes, flops, bw, peak, launch = args
+        got = _call(what, fn, *args)
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+            raise CheckFailure(f"{what}{args}: return a number of microseconds, got {got!r}")
+        expected = _ref_kernel_time_us(*args)
+        if math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
+            continue
+        mem, comp = nbytes / (bw * 1e9) * 1e6, flops / (peak * 1e12) * 1e6
+        hint = _diagnose_float(got, {
+            "memory and compute overlap: take max(bytes / bandwidth, flops / peak), not their sum":
+                mem + comp + launch,
+            "add the launch overhead (launch_us) once per kernel": max(mem, comp),
+            "GB/s means 1e9 bytes per second and TFLOP/s 1e12 FLOP per second": max(nbytes / bw, flops / peak)
+                + launch,
+            "return microseconds, not seconds": (max(mem, comp) + launch) * 1e-6,
+            "the roofline takes the larger of the two times (the slower resource limits)": min(mem, comp) + launch,
+        })
+        raise CheckFailure(f"{what}{args}: got {got:.6g} us, expected {expected:.6g} us."
+                           + (f"\nHint: {hint}" if hint else ""))
+    verdict(what, f"matches max(bytes / bandwidth, flops / peak) + launch on {len(cases)} kernels")
+
+
+def _diagnose_float(got: float, mistakes: dict[str, float]) -> str:
+    for hint, wrong in mistakes.items():
+        if math.isclose(got, wrong, rel_tol=1e-6, abs_tol=1e-12):
+            return hint
+    return ""
+
+
+#: The fusions a student judges in exercise 2.5: name -> comparison.
+def candidate_fusions() -> dict[str, T.Comparison]:
+    return {
+        "GELU as 9 eager ops, 256 MiB bf16": T.gelu_eager(128 * 2**20, "bf16"),
+        "softmax 4096 x 4096 fp32": T.softmax(4096, 4096, "fp32"),
+        "LayerNorm 8192 x 4096 bf16": T.layernorm(8192, 4096, "bf16"),
+        "bias + GELU epilogue of an 8192^3 GEMM, bf16": T.gemm_epilogue(8192, 8192, 8192, dtype="bf16"),
+        "bias + GELU epilogue of a 16 x 4096 x 4096 GEMM (decode), bf16":
+            T.gemm_epilogue(16, 4096, 4096, dtype="bf16"),
+        "attention B=4 H=16 N=4096 d=128 bf16": T.attention(4, 16, 4096, 128, "bf16"),
+    }
+
+
+def reference_speedup(comparison: T.Comparison, gpu: str, dtype: str = "bfloat16") -> float:
+    """Exercise 2.5's answer: the time model without L2 reuse, launches added."""
+    return T.speedup(comparison, gpu, dtype, l2_reuse=False)["estimated_speedup"]
+
+
+def check_fusion_speedup(fn: Callable) -> None:
+    """``fn(comparison, gpu, dtype) -> estimated speedup`` with the student's time model, on every
+    candidate fusion, on an H100 (bf16) and on a T4 (fp16: it has no bf16)."""
+    what = "fusion_speedup"
+    n = 0
+    for gpu, dtype in (("h100-sxm", "bfloat16"), ("t4", "float16")):
+        for name, comp in candidate_fusions().items():
+            got = _call(what, fn, comp, gpu, dtype)
+            if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+                raise CheckFailure(f"{what}({name!r}, {gpu!r}): return the speedup as a number, got {got!r}")
+            expected = reference_speedup(comp, gpu, dtype)
+            n += 1
+            if math.isclose(got, expected, rel_tol=1e-3):
+                continue
+            hint = ""
+            if math.isclose(got, comp.ratio, rel_tol=1e-3):
+                hint = ("that is the traffic ratio alone: time each kernel with your kernel_time_us (flops "
+                        "and launches count too) and divide the sums")
+            elif math.isclose(got, 1 / expected, rel_tol=1e-3):
+                hint = "speedup = unfused time / fused time, not the other way round"
+            raise CheckFailure(f"{what}({name!r}, {gpu!r}): got {got:.4g}, expected {expected:.4g}."
+                               + (f"\nHint: {hint}" if hint else ""))
+    verdict(what, f"matches the time model on {n} fusion(s) on two GPUs")
