@@ -69,20 +69,27 @@ def _time_case(name, fn, q, k, v, causal, rows, base):
         rows.append({**base, "impl": name, "ms": float("nan"), "tflops": float("nan"),
                      "note": f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"})
         return
+    cfg = A.last_config if name == "triton" else None
     rows.append({**base, "impl": name, "ms": t.median, "ms_p20": t.p20, "ms_p80": t.p80,
-                 "tflops": bench.tflops(base["flops"], t), "note": ""})
+                 "tflops": bench.tflops(base["flops"], t), "note": "",
+                 "config": "" if cfg is None else f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} "
+                                                  f"s{cfg.num_stages} tma{cfg.tma}"})
 
 
-def sweep(quick: bool = False):
-    """One row per (dtype, head_dim, causal, N, implementation)."""
+def sweep(quick: bool = False, budget_s: float = 400.0):
+    """One row per (dtype, head_dim, causal, N, implementation); the N >= 4096 cases first."""
     import pandas as pd
 
-    ns = (4096,) if quick else (1024, 4096, 16384)
+    ns = (4096,) if quick else (4096, 16384, 1024)
     rows = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for d in (64, 128):
-            for causal in (False, True):
-                for n in ns:
+    t0 = time.time()
+    for n in ns:
+        for dtype in (torch.bfloat16, torch.float16):
+            for d in (64, 128):
+                for causal in (False, True):
+                    if time.time() - t0 > budget_s:
+                        print(f"  time budget spent: skipped N={n} {dtype} d={d} causal={causal}", flush=True)
+                        continue
                     b, h, _, _ = shape(n, d)
                     q, k, v = _inputs(b, h, n, d, dtype)
                     naive = n <= 4096 and dtype == torch.bfloat16
@@ -95,7 +102,8 @@ def sweep(quick: bool = False):
                         _time_case(name, fn, q, k, v, causal, rows, base)
                     del q, k, v
                     torch.cuda.empty_cache()
-                    print(f"  {base['dtype']} d={d} causal={causal} N={n} done", flush=True)
+                    print(f"  {base['dtype']} d={d} causal={causal} N={n} done ({time.time() - t0:.0f} s)",
+                          flush=True)
     return pd.DataFrame(rows)
 
 
@@ -126,23 +134,26 @@ def targets(df) -> list:
 # --------------------------------------------------------------------------------------------------
 # GPU-side correctness and tile tuning (one device call)
 # --------------------------------------------------------------------------------------------------
-def gpu_check() -> list[str]:
-    """Both kernels on every code path against a float32 reference of the same inputs."""
+def gpu_check(full: bool = True) -> list[str]:
+    """Both kernels against a float64 reference of the same inputs (``full=False``: every tuned
+    candidate tile on two cases, no teaching kernel)."""
     problems = []
     from course_utils import hardware
     info = hardware.device_info()
     tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 2e-4}
     cases = [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float16, 32), (torch.float32, 64)]
+    if not full:
+        cases = [(torch.bfloat16, 128), (torch.float16, 64)]
     for dtype, d in cases:
         for causal in (False, True):
             cfgs = A.attention_configs(info, d, dtype, causal)
-            for n in (1, 37, 1000, 1031):
+            for n in (1, 37, 1000, 1031) if full else (37, 1031):
                 q, k, v = [torch.randn(2, 3, n, d, device="cuda", dtype=dtype) * (4 if i == 0 else 1)
                            for i in range(3)]
                 ref, lse_ref = A.attention_ref(q.double(), k.double(), v.double(), causal=causal,
                                                return_lse=True)
-                runs = {"teaching": (A.flash_attention_teaching, {})}
-                for c in cfgs[:1]:
+                runs = {"teaching": (A.flash_attention_teaching, {})} if full else {}
+                for c in cfgs[:1] if full else cfgs:
                     runs[f"tuned{c}"] = (A.flash_attention, {"config": c})
                 for name, (fn, kw) in runs.items():
                     o, lse = fn(q, k, v, causal=causal, return_lse=True, **kw)
@@ -199,6 +210,8 @@ def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--tune", action="store_true", help="GPU correctness check + tile configuration sweep")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--check", action="store_true", help="check every tuned tile on the GPU before the sweep")
+    p.add_argument("--budget", type=float, default=400.0, help="seconds for the sweep; later cases skipped")
     p.add_argument("--out", default=None, help="also copy the CSVs here")
     a = p.parse_args(argv)
     import pandas as pd
@@ -213,15 +226,21 @@ def main(argv=None):
         df = config_sweep()
         path = bench.save(df, "attention_configs")
     else:
-        df = sweep(quick=a.quick)
+        if a.check:
+            problems = gpu_check(full=False)
+            print(f"gpu_check: {len(problems)} problem(s) in {time.time() - t0:.0f} s", flush=True)
+            for line in problems[:30]:
+                print("  ", line)
+        df = sweep(quick=a.quick, budget_s=a.budget)
         path = bench.save(df, "attention")
         for t in targets(df):
             print(t.row())
     if a.out:
         shutil.copy(path, a.out)
-    cols = [c for c in ("dtype", "head_dim", "causal", "n", "impl", "tflops", "ms", "note")
+    cols = [c for c in ("dtype", "head_dim", "causal", "n", "impl", "tflops", "ms", "config", "note")
             if c in df.columns]
-    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    show = df[df.n >= 4096] if "n" in df.columns and not a.tune else df
+    print(show[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     print(f"total {time.time() - t0:.0f} s", file=sys.stderr)
 
 

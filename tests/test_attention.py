@@ -16,8 +16,10 @@ TOL = {torch.float32: 2e-3 if cu.on_gpu() else 1e-4, torch.float16: 4e-3, torch.
 DTYPES = list(cu.env.supported_dtypes())
 
 KERNELS = {"teaching": A.flash_attention_teaching, "tuned": A.flash_attention}
-if not cu.on_gpu():  # the pointer path too, with a tile that is not the default one
-    KERNELS["tuned-64x32"] = lambda *a, **kw: A.flash_attention(*a, config=A.TileConfig(64, 32, 4, 1), **kw)
+_FORCED = {"tuned-64x32": A.TileConfig(64, 32, 4, 1), "tuned-tma-device": A.TileConfig(32, 16, 4, 1, 1),
+           "tuned-tma-host": A.TileConfig(32, 16, 4, 1, 2)}
+for _name, _cfg in _FORCED.items():  # every code path of the tuned kernel, on CPU and GPU
+    KERNELS[_name] = lambda *a, _cfg=_cfg, **kw: A.flash_attention(*a, config=_cfg, **kw)
 
 
 def _qkv(b, h, n, d, dtype, scale=1.0, n_kv=None):
@@ -148,7 +150,7 @@ def test_configs_per_architecture():
     h100 = A.attention_configs(hardware.DeviceInfo.for_arch(90), 128, torch.float16)
     a100 = A.attention_configs(hardware.DeviceInfo.for_arch(80), 128, torch.float16)
     assert max(c.smem_bytes(128, 2) for c in t4) <= 64 * 1024
-    assert all(c.use_tma for c in h100) and not any(c.use_tma for c in a100)
+    assert any(c.use_tma for c in h100) and not any(c.use_tma for c in a100)
     assert A.attention_configs(hardware.INTERPRETER_DEVICE, 64, torch.float16) == [A.INTERPRETER_TILES]
     with pytest.raises(ValueError, match="head_dim"):
         A.attention_configs(hardware.DeviceInfo.for_arch(90), 96, torch.float16)

@@ -126,23 +126,26 @@ def _attn_fwd_teaching(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
 # v2: the tuned kernel
 # --------------------------------------------------------------------------------------------------
 @triton.jit
-def _attn_tuned_tiles(acc, l_i, m_i, q, k_desc, v_desc, k_ptr, v_ptr,
+def _attn_tuned_tiles(acc, l_i, m_i, q, k_src, v_src, kv_row,
                       stride_kn, stride_kd, stride_vn, stride_vd,
                       lo, hi, offs_m, offs_n, offs_d, n_kv, qk_scale,
                       BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      NUM_STAGES: tl.constexpr):
-    """Key/value tiles [lo, hi): unmasked (MASKED=False) or with the ragged/causal mask."""
+                      TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Key/value tiles [lo, hi): unmasked (MASKED=False) or with the ragged/causal mask.
+
+    ``k_src``/``v_src`` are pointers (TMA=0) or tensor descriptors (TMA=1, 2) whose rows start at
+    ``kv_row`` for this head.
+    """
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        if USE_TMA:
-            k = k_desc.load([start_n, 0])
+        if TMA > 0:
+            k = k_src.load([kv_row + start_n, 0])
         elif MASKED:
             cols = start_n + offs_n
-            k = tl.load(k_ptr + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+            k = tl.load(k_src + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                         mask=cols[:, None] < n_kv, other=0.0)
         else:
-            k = tl.load(k_ptr + (start_n + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+            k = tl.load(k_src + (start_n + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd)
         s = tl.dot(q, k.T, input_precision=DOT_PRECISION)
         if MASKED:
             cols = start_n + offs_n
@@ -159,59 +162,64 @@ def _attn_tuned_tiles(acc, l_i, m_i, q, k_desc, v_desc, k_ptr, v_ptr,
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if USE_TMA:
-            v = v_desc.load([start_n, 0])
+        if TMA > 0:
+            v = v_src.load([kv_row + start_n, 0])
         elif MASKED:
             cols = start_n + offs_n
-            v = tl.load(v_ptr + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            v = tl.load(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                         mask=cols[:, None] < n_kv, other=0.0)
         else:
-            v = tl.load(v_ptr + (start_n + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+            v = tl.load(v_src + (start_n + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+        if MASKED and TMA == 2:  # rows past this head's end belong to the next head: zero them
+            v = tl.where((start_n + offs_n)[:, None] < n_kv, v, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd_tuned(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+def _attn_fwd_tuned(q_src, k_src, v_src, o_ptr, lse_ptr,
                     stride_qb, stride_qh, stride_qn, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
                     stride_ob, stride_oh, stride_on, stride_od,
                     n_heads, n_q, n_kv, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, USE_TMA: tl.constexpr,
+                    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, TMA: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """TMA=0: pointers; 1: a tensor descriptor per head, made on the device; 2: descriptors made on
+    the host over the flattened (batch*heads*seq, head_dim) tensors (contiguous inputs only)."""
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (bottom of the triangle) first: a better-balanced last wave
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     b = (pid_bh // n_heads).to(tl.int64)
     h = (pid_bh % n_heads).to(tl.int64)
-    q_ptr += b * stride_qb + h * stride_qh
-    k_ptr += b * stride_kb + h * stride_kh
-    v_ptr += b * stride_vb + h * stride_vh
     o_ptr += b * stride_ob + h * stride_oh
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
 
-    if USE_TMA:  # one descriptor per head: the copy engine zero-fills rows past the end
-        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[n_q, HEAD_DIM], strides=[stride_qn, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM])
-        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[n_kv, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N, HEAD_DIM])
-        v_desc = tl.make_tensor_descriptor(v_ptr, shape=[n_kv, HEAD_DIM], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N, HEAD_DIM])
-        o_desc = tl.make_tensor_descriptor(o_ptr, shape=[n_q, HEAD_DIM], strides=[stride_on, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM])
+    kv_row = 0
+    if TMA == 2:
+        kv_row = pid_bh * n_kv
+        k_in = k_src
+        v_in = v_src
+        q = q_src.load([pid_bh * n_q + start_m, 0])
+    elif TMA == 1:  # one descriptor per head: the copy engine zero-fills rows past the end
+        q_desc = tl.make_tensor_descriptor(q_src + b * stride_qb + h * stride_qh, shape=[n_q, HEAD_DIM],
+                                           strides=[stride_qn, 1], block_shape=[BLOCK_M, HEAD_DIM])
+        k_in = tl.make_tensor_descriptor(k_src + b * stride_kb + h * stride_kh, shape=[n_kv, HEAD_DIM],
+                                         strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        v_in = tl.make_tensor_descriptor(v_src + b * stride_vb + h * stride_vh, shape=[n_kv, HEAD_DIM],
+                                         strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
         q = q_desc.load([start_m, 0])
     else:
-        k_desc = k_ptr
-        v_desc = v_ptr
-        q = tl.load(q_ptr + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                    mask=offs_m[:, None] < n_q, other=0.0)
+        k_in = k_src + b * stride_kb + h * stride_kh
+        v_in = v_src + b * stride_vb + h * stride_vh
+        q = tl.load(q_src + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn
+                    + offs_d[None, :] * stride_qd, mask=offs_m[:, None] < n_q, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -222,26 +230,23 @@ def _attn_fwd_tuned(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
         full_hi = start_m                       # BLOCK_M is a multiple of BLOCK_N
     else:
         full_hi = (n_kv // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attn_tuned_tiles(acc, l_i, m_i, q, k_desc, v_desc, k_ptr, v_ptr,
+    acc, l_i, m_i = _attn_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row,
                                       stride_kn, stride_kd, stride_vn, stride_vd,
                                       0, full_hi, offs_m, offs_n, offs_d, n_kv, qk_scale,
-                                      BLOCK_N, False, CAUSAL, USE_TMA, DOT_PRECISION, NUM_STAGES)
+                                      BLOCK_N, False, CAUSAL, TMA, DOT_PRECISION, NUM_STAGES)
     # Stage 2: the diagonal tiles (causal) or the ragged last tile -- masked.
     if CAUSAL:
         hi = tl.minimum(start_m + BLOCK_M, n_kv)
     else:
         hi = n_kv
-    acc, l_i, m_i = _attn_tuned_tiles(acc, l_i, m_i, q, k_desc, v_desc, k_ptr, v_ptr,
+    acc, l_i, m_i = _attn_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row,
                                       stride_kn, stride_kd, stride_vn, stride_vd,
                                       full_hi, hi, offs_m, offs_n, offs_d, n_kv, qk_scale,
-                                      BLOCK_N, True, CAUSAL, USE_TMA, DOT_PRECISION, NUM_STAGES)
+                                      BLOCK_N, True, CAUSAL, TMA, DOT_PRECISION, NUM_STAGES)
 
     out = acc / l_i[:, None]
-    if USE_TMA:
-        o_desc.store([start_m, 0], out.to(o_ptr.dtype.element_ty))
-    else:
-        tl.store(o_ptr + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
-                 out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
+    tl.store(o_ptr + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
+             out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
     if STORE_LSE:  # back to natural log: lse = ln2 * (m + log2 l)
         tl.store(lse_ptr + pid_bh.to(tl.int64) * n_q + offs_m,
                  (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < n_q)
@@ -256,20 +261,24 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    use_tma: bool = False
+    tma: int = 0  # 0 pointers, 1 tensor descriptors made on the device, 2 made on the host
+
+    @property
+    def use_tma(self) -> bool:
+        return self.tma > 0
 
     def smem_bytes(self, head_dim: int, itemsize: int) -> int:
-        """Shared memory the tiles need: Q once, K and V once per pipeline stage."""
-        return (self.block_m + 2 * max(self.num_stages, 1) * self.block_n) * head_dim * itemsize
+        """Shared memory the tiles need: Q once, K and V once per tile in flight (num_stages - 1)."""
+        return (self.block_m + 2 * max(self.num_stages - 1, 1) * self.block_n) * head_dim * itemsize
 
 
 # Candidates in order of preference, per architecture family (measured on an H100, see
 # results/*/attention_configs.csv; the A100/T4 lists follow from their shared memory).
 _HOPPER = {
-    64: [TileConfig(128, 128, 8, 3, True), TileConfig(128, 64, 4, 3, True), TileConfig(128, 128, 4, 3, True),
-         TileConfig(128, 64, 4, 4, True)],
-    128: [TileConfig(128, 128, 8, 2, True), TileConfig(128, 64, 4, 3, True), TileConfig(128, 64, 8, 3, True),
-          TileConfig(128, 128, 8, 3, True)],
+    64: [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 4, 3, 2), TileConfig(128, 128, 4, 3),
+         TileConfig(128, 128, 4, 3, 2)],
+    128: [TileConfig(128, 128, 8, 3), TileConfig(128, 128, 8, 3, 2), TileConfig(128, 64, 8, 3),
+          TileConfig(128, 64, 8, 3, 2)],
 }
 _AMPERE = [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 32, 4, 3),
            TileConfig(64, 64, 4, 3), TileConfig(64, 32, 4, 2)]
@@ -300,16 +309,16 @@ def attention_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dty
     else:
         cands = _SMALL
     if info.arch < 90:
-        cands = [TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, False) for c in cands]
+        cands = [TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, 0) for c in cands]
     if itemsize == 4:  # fp32 tiles hold twice the bytes and have no fast tensor-core path
         cands = [TileConfig(c.block_m // 2 if c.block_m > 32 else c.block_m, min(c.block_n, 32), 4,
-                            min(c.num_stages, 2), c.use_tma) for c in cands]
+                            min(c.num_stages, 2), c.tma) for c in cands]
     budget = int(info.smem_per_block_bytes * 0.95)
     fits = [c for c in cands if c.smem_bytes(head_dim, itemsize) <= budget]
     if causal:  # the stage split needs whole key tiles inside a query tile
         fits = [c for c in fits if c.block_m % c.block_n == 0]
     fits = list(dict.fromkeys(fits))
-    return fits[:max_configs] or [TileConfig(32, 16, 4, 1, False)]
+    return fits[:max_configs] or [TileConfig(32, 16, 4, 1)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,6 +388,7 @@ def flash_attention_teaching(q, k, v, causal=False, sm_scale=None, return_lse=Fa
     return (o, lse) if return_lse else o
 
 
+last_config: TileConfig | None = None  # what the last flash_attention call ran (benchmarks record it)
 _BEST: dict = {}  # (device, shape class, dtype, causal) -> TileConfig, filled by timing on the GPU
 
 
@@ -388,18 +398,33 @@ def _tma_ok(*ts) -> bool:
 
 
 def _alloc(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    return torch.empty(size, dtype=torch.int8, device=env.DEVICE)
+
+
+def _tma_mode(cfg: TileConfig, q, k, v) -> int:
+    """The descriptor mode the inputs allow: host descriptors need (batch, heads, seq, d) contiguous."""
+    if cfg.tma == 2 and all(t.is_contiguous() for t in (q, k, v)) and _tma_ok(q, k, v):
+        return 2
+    if cfg.tma >= 1 and _tma_ok(q, k, v):
+        return 1
+    return 0
 
 
 def _launch_tuned(cfg: TileConfig, q, k, v, o, lse, H, N, D, scale, causal):
-    use_tma = cfg.use_tma and env.on_gpu() and _tma_ok(q, k, v, o)
-    if use_tma:
+    tma = _tma_mode(cfg, q, k, v)
+    q_src, k_src, v_src = q, k, v
+    if tma == 1:
         triton.set_allocator(_alloc)
+    elif tma == 2:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        q_src = TensorDescriptor.from_tensor(q.view(-1, D), [cfg.block_m, D])
+        k_src = TensorDescriptor.from_tensor(k.view(-1, D), [cfg.block_n, D])
+        v_src = TensorDescriptor.from_tensor(v.view(-1, D), [cfg.block_n, D])
     grid = (triton.cdiv(N, cfg.block_m), q.shape[0] * H)
-    _attn_fwd_tuned[grid](q, k, v, o, lse if lse is not None else o, *_strides(q, k, v, o),
+    _attn_fwd_tuned[grid](q_src, k_src, v_src, o, lse if lse is not None else o, *_strides(q, k, v, o),
                           H, N, k.shape[2], scale * LOG2E,
                           HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-                          STORE_LSE=lse is not None, USE_TMA=use_tma,
+                          STORE_LSE=lse is not None, TMA=tma,
                           DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
                           NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -443,6 +468,8 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, return_lse=False, conf
     elif causal and config.block_m % config.block_n:
         raise ValueError(f"causal needs block_m to be a multiple of block_n, got {config}")
     _launch_tuned(config, q, k, v, o, lse, H, N, D, scale, causal)
+    global last_config
+    last_config = config
     return (o, lse) if return_lse else o
 
 
