@@ -425,8 +425,11 @@ def flash_kv_rows(seq_len: int, block_m: int, causal: bool) -> int:
     return sum(min(seq_len, (i + 1) * block_m) for i in range(n_tiles))
 
 
+KV_READS = ("per_tile", "once")
+
+
 def attention(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False, block_m=128,
-              save_lse=False) -> Comparison:
+              save_lse=False, kv_reads="per_tile") -> Comparison:
     """Attention forward: standard (S and P materialized) vs FlashAttention-style tiling.
 
     Standard, three kernels per (batch, head): ``S = Q K^T`` (scale folded into it; reads Q, K,
@@ -434,12 +437,16 @@ def attention(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False
     (reads P and V, writes O). Causal or not, S and P are full N x N matrices.
     Flash, one kernel: reads Q once, K and V once per query tile of ``block_m`` rows (fewer when
     causal: :func:`flash_kv_rows`), writes O (and the log-sum-exp per row, fp32, if ``save_lse``).
-    Counting every K/V re-read as HBM traffic is an upper bound: the L2 serves many of them.
+    Counting every K/V re-read as HBM traffic (``kv_reads="per_tile"``, the FlashAttention paper's
+    count) is an upper bound: the L2 serves many of them. ``kv_reads="once"`` is the lower bound
+    where K and V come from HBM once and every re-read hits L2.
     FLOPs: 4 B H N^2 d for the two products (halved for causal in the flash kernel only).
     """
     bsz, h = _count("batch", batch), _count("heads", heads)
     n, d = _count("seq_len", seq_len), _count("head_dim", head_dim)
     bm = _count("block_m", block_m)
+    if kv_reads not in KV_READS:
+        raise ValueError(f"kv_reads must be one of {KV_READS}, got {kv_reads!r}")
     b = dtype_bytes(dtype)
     bh = bsz * h
     qkv = bh * n * d * b  # one of Q, K, V or O
@@ -450,7 +457,7 @@ def attention(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False
         Kernel("P = softmax(S)", s, s, 5.0 * bh * n * n, s),
         Kernel("O = P V", s + qkv, qkv, mm, s),
     )
-    kv = 2 * bh * flash_kv_rows(n, bm, causal) * d * b
+    kv = 2 * bh * (flash_kv_rows(n, bm, causal) if kv_reads == "per_tile" else n) * d * b
     lse = bh * n * 4 if save_lse else 0
     flash = Kernel("flash attention", qkv + kv, qkv + lse, 2 * mm * (0.5 if causal else 1.0))
     return Comparison(f"attention B={bsz} H={h} N={n} d={d} {dtype_name(dtype)}"

@@ -56,6 +56,7 @@ def test_traffic_module_does_not_import_torch():
     (lambda: T.attention(1, 1, 0, 64), "seq_len"),
     (lambda: T.attention(1, 1, 128, 64, block_m=0), "block_m"),
     (lambda: T.attention(1, 1, 128, 64, dtype="fp13"), "dtype"),
+    (lambda: T.attention(1, 1, 128, 64, kv_reads="never"), "kv_reads"),
     (lambda: T.machine("GeForce 256"), "GPU"),
     (lambda: T.machine("t4", "bfloat16"), "dtype"),
     (lambda: T.machine(None, hbm_gbps=100), "gpu"),
@@ -242,6 +243,8 @@ def test_attention_small():
     assert c.fused.total_bytes == 196_608
     assert T.attention(1, 1, 256, 64, "bf16", block_m=128, causal=True).fused.total_bytes == 163_840
     assert T.attention(1, 1, 256, 64, "bf16", causal=True).unfused.total_bytes == 655_360
+    # K and V read once (every re-read served by L2): Q, K, V read, O written = 4 * 32,768 B
+    assert T.attention(1, 1, 256, 64, "bf16", kv_reads="once").fused.total_bytes == 131_072
     # log-sum-exp saved: 256 rows x 4 B
     assert T.attention(1, 1, 256, 64, "bf16", save_lse=True).fused.write_bytes == 32_768 + 1024
 
@@ -260,6 +263,18 @@ def test_seed_attention_matrices():
     # N = 8192 bf16: 128 MiB per (batch, head); batch 4 x 64 heads: 32 GiB.
     s = T.attention(4, 64, 8192, 128, "bf16").unfused.kernels[0].write_bytes
     assert s == 4 * 64 * 128 * 2**20 == 32 * 2**30
+
+
+def test_attention_ratio_bounds():
+    # N = 8192, d = 128, one head, bf16. Standard moves 4 * (N d) + 4 * N^2 elements (Q K read, S
+    # written, S read, P written, P V read, O written). K/V read once: flash moves 4 N d, so the ratio
+    # is 1 + N / d = 65 (the seed's "d / N = 1.6%, 60x"). Counting every K/V re-read from HBM with
+    # tiles of 128 queries: 2 N d + 2 * (N / 128) * N d = 130 N d, ratio (512 + 32768) / 130... = 2.0.
+    n, d = 8192, 128
+    once = T.attention(1, 1, n, d, "bf16", kv_reads="once")
+    assert once.ratio == pytest.approx(1 + n / d)
+    per_tile = T.attention(1, 1, n, d, "bf16", block_m=128)
+    assert per_tile.ratio == pytest.approx((4 * n * d + 4 * n * n) / (2 * n * d + 2 * (n // 128) * n * d))
 
 
 def test_flash_kv_rows():
