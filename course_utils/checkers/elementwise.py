@@ -1,0 +1,211 @@
+"""Checkers of chapters 3-4: vector add, the launch grid, fused GELU, the fused chain, dropout.
+
+Each check draws fresh random inputs (signed, with large-magnitude outliers where the tanh could
+overflow), tries sizes that are not multiples of any block size, writes into NaN-poisoned outputs
+inside guard zones, compares with a float64 reference and, since the lesson is fusion, counts the
+kernels launched. A passing check prints one deterministic line; a failing one raises
+:class:`course_utils.check.CheckFailure` saying where to look.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import random
+from collections.abc import Callable
+
+import torch
+
+from .. import check, env
+from ..check import CheckFailure, verdict
+from ..kernels import elementwise as ew
+
+
+def _rng() -> random.Random:
+    return random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+def _takes_out(fn: Callable) -> bool:
+    try:
+        return "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call(case: str, fn: Callable, *args, out=None):
+    try:
+        return fn(*args, out=out) if out is not None else fn(*args)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as e:  # the student's code crashed: say where
+        raise CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
+
+
+def _dname(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ------------------------------------------------------------------------------ chapter 3
+
+def check_vector_add(add: Callable) -> None:
+    """``add(x, y[, out])`` returns x + y for 1-D tensors of any length, in one kernel launch."""
+    check.check_elementwise(
+        "vector add", add, lambda a, b: a + b, n_inputs=2, launches=1,
+        hint="offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE); mask = offsets < n_elements; "
+             "pass mask= to both tl.load calls and to tl.store.")
+
+
+def check_n_programs(n_programs: Callable) -> None:
+    """``n_programs(n_elements, BLOCK_SIZE)`` is the grid size: enough programs to cover every element."""
+    rng = _rng()
+    cases = [(1, 1024), (1024, 1024), (1025, 1024), (0, 256), (7, 8)]
+    cases += [(rng.randrange(1, 10**7), 2 ** rng.randrange(4, 13)) for _ in range(50)]
+    for n, block in cases:
+        try:
+            got = n_programs(n, block)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as e:
+            raise CheckFailure(f"n_programs({n}, {block}) raised {type(e).__name__}: {e}") from e
+        expected = -(-n // block)
+        if isinstance(got, bool) or not isinstance(got, int) or got != expected:
+            hint = ""
+            if isinstance(got, int) and got == n // block:
+                hint = " That is n // BLOCK_SIZE: it drops the partial last tile (round up: triton.cdiv)."
+            elif isinstance(got, float):
+                hint = " The grid is a count of programs: return an int."
+            raise CheckFailure(f"n_programs({n}, {block}) returned {got!r}, expected {expected}.{hint}")
+    verdict("launch grid", "covers every element with the fewest programs")
+
+
+# ------------------------------------------------------------------------------ chapter 4
+
+def check_gelu(gelu: Callable) -> None:
+    """``gelu(x[, out])``: tanh-approximation GELU, stable for large |x|, any length, one launch."""
+    check.check_elementwise(
+        "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0, launches=1,
+        hint="load, compute in float32 (x.to(tl.float32)), store with the mask; build tanh from "
+             "tl.exp(-2 * |a|), whose argument is never positive, so it cannot overflow.")
+
+
+def _chain_shapes():
+    return env.pick(gpu=[(1, 1), (7, 13), (333, 1001), (1000, 4096), (3, 5, 67)],
+                    cpu=[(1, 1), (7, 13), (37, 129), (3, 5, 67)])
+
+
+def _check_no_input_change(case, xs, befores):
+    for x, b in zip(xs, befores, strict=True):
+        x.check(f"{case}, an input buffer")
+        if not torch.equal(x.tensor, b):
+            raise CheckFailure(f"{case}: your function changed its input; it must only write the output")
+
+
+def check_bias_gelu_scale(fn: Callable) -> None:
+    """``fn(x, bias, scale[, out])`` = gelu(x + bias) * scale, bias one value per column, one launch."""
+    rng = _rng()
+    with_out = _takes_out(fn)
+    for dtype in env.supported_dtypes():
+        for shape in _chain_shapes():
+            case = f"bias + GELU + scale ({_dname(dtype)}, shape={shape})"
+            x = check.guarded_copy(check.randn(shape, dtype, outliers=0.02))
+            b = check.guarded_copy(check.randn((shape[-1],), dtype))
+            scale = rng.choice([-1, 1]) * rng.uniform(0.2, 3.0)
+            before = [x.tensor.clone(), b.tensor.clone()]
+            out = check.Guarded(shape, dtype) if with_out else None
+            got = _call(case, fn, x.tensor, b.tensor, scale, out=out.tensor if out else None)
+            if with_out:
+                got = out.tensor if got is None else got
+                out.check(case)
+            expected = ew.bias_gelu_scale_ref(before[0].double(), before[1].double(), scale)
+            check.compare(case, got, expected,
+                          hint="bias is indexed by column: cols = offsets % n_cols; add it before the GELU, "
+                               "multiply by scale after it, all in float32.")
+            _check_no_input_change(case, [x, b], before)
+    x = check.randn((9, 31))
+    b = check.randn((31,))
+    fn(x, b, 0.5)  # compile first
+    check.check_launches("bias + GELU + scale", fn, x, b, 0.5, expected=1)
+    verdict("bias + GELU + scale", "matches the float64 reference on every shape and dtype tried, 1 kernel launch")
+
+
+def _dropout_case(fn, case, x, b, p, seed, with_out):
+    out = check.Guarded(x.shape, x.dtype) if with_out else None
+    got = _call(case, fn, x, b, p, seed, out=out.tensor if out else None)
+    if with_out:
+        got = out.tensor if got is None else got
+        out.check(case)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(x.shape):
+        raise CheckFailure(f"{case}: expected a tensor of shape {tuple(x.shape)}, got "
+                           f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
+    return got
+
+
+def check_bias_gelu_dropout(fn: Callable) -> None:
+    """``fn(x, bias, p, seed[, out])`` = dropout(gelu(x + bias), p) with the mask drawn in the kernel.
+
+    Judged on: every element is 0 or gelu(x + bias) / (1 - p); the kept fraction is 1 - p (within
+    6 standard deviations); neighbouring elements are independent; the same seed gives the same
+    output and another seed another mask; one kernel launch.
+    """
+    rng = _rng()
+    with_out = _takes_out(fn)
+    rows = env.pick(gpu=512, cpu=48)
+    for dtype in env.supported_dtypes():
+        for p in (0.1, 0.5):
+            case = f"bias + GELU + dropout ({_dname(dtype)}, p={p})"
+            shape = (rows, 257)
+            x = check.randn(shape, dtype, scale=2.0, offset=3.0)  # mostly positive: few GELU zeros
+            b = check.randn((shape[-1],), dtype)
+            seed = rng.randrange(2**31)
+            got = _dropout_case(fn, case, x, b, p, seed, with_out)
+            ref = torch.nn.functional.gelu(x.double() + b.double(), approximate="tanh")
+            kept_value = ref / (1 - p)
+            g = got.detach().to("cpu", torch.float64)
+            ref_c, kv = ref.cpu(), kept_value.cpu()
+            if g.isnan().any():
+                i = int(g.isnan().flatten().nonzero()[0])
+                raise CheckFailure(f"{case}: element {i} is NaN (still the poison, or the math overflowed): "
+                                   "does the grid cover every element and does every lane store?")
+            atol, rtol = check.tolerance(dtype)
+            zero = g == 0
+            close = torch.isclose(g, kv, rtol=rtol, atol=atol)
+            bad = ~(zero | close)
+            if bad.any():
+                i = int(bad.flatten().nonzero()[0])
+                gv, kvv, rv = float(g.flatten()[i]), float(kv.flatten()[i]), float(ref_c.flatten()[i])
+                hint = ""
+                if math.isclose(gv, rv, rel_tol=rtol, abs_tol=atol):
+                    hint = " You kept it unscaled: kept elements must be divided by (1 - p)."
+                raise CheckFailure(f"{case}: element {i} is {gv:.6g}; it must be 0 (dropped) or "
+                                   f"gelu(x + bias) / (1 - p) = {kvv:.6g} (kept).{hint}")
+            decisive = ref_c.abs() > 1e-2          # where 0 and the kept value cannot be confused
+            flat = (~zero).flatten()[decisive.flatten()]
+            same = float((flat[1:] == flat[:-1]).double().mean())
+            expect_same = p * p + (1 - p) * (1 - p)
+            if same > expect_same + 0.1:
+                raise CheckFailure(f"{case}: neighbouring elements share their fate far too often ({same:.2f} "
+                                   f"vs {expect_same:.2f} for independent draws): draw one random number per "
+                                   "element, tl.rand(seed, offsets), not one per program.")
+            kept = (~zero)[decisive]
+            n = int(decisive.sum())
+            rate = float(kept.double().mean())
+            sigma = math.sqrt(p * (1 - p) / n)
+            if abs(rate - (1 - p)) > 6 * sigma + 1e-3:
+                raise CheckFailure(f"{case}: kept {rate:.3f} of the elements, expected {1 - p:.3f}. "
+                                   "Keep an element when its random number is >= p (tl.rand is uniform "
+                                   "in [0, 1)).")
+            again = _dropout_case(fn, case + ", same seed again", x, b, p, seed, with_out)
+            if not torch.equal(again.cpu(), got.cpu()):
+                raise CheckFailure(f"{case}: the same seed gave a different output: the mask must be a "
+                                   "function of (seed, element index) only.")
+            other = _dropout_case(fn, case + ", another seed", x, b, p, seed + 1, with_out)
+            if torch.equal((other == 0).cpu(), zero):
+                raise CheckFailure(f"{case}: seeds {seed} and {seed + 1} dropped the same elements: pass the "
+                                   "seed to tl.rand.")
+    x = check.randn((9, 31))
+    b = check.randn((31,))
+    fn(x, b, 0.5, 1)  # compile first
+    check.check_launches("bias + GELU + dropout", fn, x, b, 0.5, 1, expected=1)
+    verdict("bias + GELU + dropout", "0 or gelu(x + bias) / (1 - p) everywhere, keep rate 1 - p, "
+            "reproducible from the seed, 1 kernel launch")

@@ -1,0 +1,236 @@
+"""The chapter 3-4 checkers pass right kernels and fail the usual wrong ones (under the interpreter too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import course_utils as cu
+from course_utils.check import CheckFailure
+from course_utils.checkers import elementwise as chk
+from course_utils.kernels import elementwise as ew
+
+BLOCK = 1024  # smaller than check.GUARD: an unmasked store lands in a guard zone, not in foreign memory
+
+
+# --------------------------------------------------------------------------- vector add
+
+@triton.jit
+def _add_variant(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    if MODE == 1:    # no mask on the store
+        tl.store(out_ptr + offsets, x + y)
+    elif MODE == 2:  # subtracts
+        tl.store(out_ptr + offsets, x - y, mask=mask)
+    else:
+        tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+def _add_launcher(mode, floor_grid=False):
+    def add(x, y, out=None):
+        out = torch.empty_like(x) if out is None else out
+        n = x.numel()
+        grid = (n // BLOCK,) if floor_grid else (triton.cdiv(n, BLOCK),)
+        if grid[0] > 0:
+            _add_variant[grid](x, y, out, n, BLOCK_SIZE=BLOCK, MODE=mode)
+        return out
+    return add
+
+
+def test_vector_add_checker_passes_the_right_kernel(capsys):
+    chk.check_vector_add(_add_launcher(0))
+    chk.check_vector_add(ew.add)
+    assert capsys.readouterr().out.startswith("PASS vector add")
+
+
+@pytest.mark.parametrize("mode, floor_grid, words", [(1, False, "outside its buffer"), (2, False, "differ"),
+                                                      (0, True, "NaN")])
+def test_vector_add_checker_fails_wrong_kernels(mode, floor_grid, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_vector_add(_add_launcher(mode, floor_grid))
+
+
+def test_vector_add_checker_fails_the_untouched_stub():
+    def add(x, y, out=None):
+        raise NotImplementedError("Exercise 3.1")
+    with pytest.raises(NotImplementedError):
+        chk.check_vector_add(add)
+
+
+def test_n_programs_checker():
+    chk.check_n_programs(lambda n, b: triton.cdiv(n, b))
+    with pytest.raises(CheckFailure, match="drops the partial last tile"):
+        chk.check_n_programs(lambda n, b: n // b)
+    with pytest.raises(CheckFailure, match="int"):
+        chk.check_n_programs(lambda n, b: n / b)
+    with pytest.raises(CheckFailure):
+        chk.check_n_programs(lambda n, b: n // b + 1)
+
+
+# --------------------------------------------------------------------------- GELU
+
+@triton.jit
+def _gelu_variant(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    a = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    if MODE == 1:    # the naive tanh: e^(2a) overflows to inf, inf / inf = NaN
+        e = tl.exp(2.0 * a)
+        t = (e - 1.0) / (e + 1.0)
+    elif MODE == 2:  # exact erf GELU where the tanh approximation was asked for
+        t = tl.math.erf(x * 0.7071067811865476)
+    else:
+        t = ew.stable_tanh(a)
+    y = 0.5 * x * (1.0 + t)
+    if MODE == 3:    # no mask on the store
+        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty))
+    else:
+        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _gelu_launcher(mode, extra_op=False):
+    def gelu(x, out=None):
+        out = torch.empty_like(x) if out is None else out
+        _gelu_variant[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK_SIZE=BLOCK, MODE=mode)
+        if extra_op:
+            out.mul_(1.0)  # numerically harmless, but a second kernel
+        return out
+    return gelu
+
+
+def test_gelu_checker_passes_the_right_kernel(capsys):
+    chk.check_gelu(_gelu_launcher(0))
+    chk.check_gelu(ew.gelu)
+    assert "PASS fused GELU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode, extra_op, words", [(1, False, "NaN"), (2, False, "differ"),
+                                                    (3, False, "outside its buffer"),
+                                                    (0, True, "2 kernel launch")])
+def test_gelu_checker_fails_wrong_kernels(mode, extra_op, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_gelu(_gelu_launcher(mode, extra_op))
+
+
+def test_gelu_checker_fails_eager_gelu():
+    with pytest.raises(CheckFailure):
+        chk.check_gelu(lambda x: ew.gelu_ref(x.float()).to(x.dtype))
+
+
+# --------------------------------------------------------------------------- the chain
+
+@triton.jit
+def _chain_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr,
+                   MODE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    if MODE == 3:    # wrong stride: the row index instead of the column index
+        cols = (offsets // n_cols) % n_cols
+    else:
+        cols = offsets % n_cols
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask).to(tl.float32)
+    if MODE == 1:    # bias after the GELU
+        y = (ew.gelu_math(x, True) + b) * scale
+    elif MODE == 2:  # forgot the scale
+        y = ew.gelu_math(x + b, True)
+    else:
+        y = ew.gelu_math(x + b, True) * scale
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _chain_launcher(mode):
+    def chain(x, bias, scale, out=None):
+        out = torch.empty_like(x) if out is None else out
+        n = x.numel()
+        _chain_variant[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], scale, BLOCK_SIZE=BLOCK, MODE=mode)
+        return out
+    return chain
+
+
+def test_chain_checker_passes_the_right_kernel(capsys):
+    chk.check_bias_gelu_scale(_chain_launcher(0))
+    chk.check_bias_gelu_scale(ew.bias_gelu_scale)
+    assert "PASS bias + GELU + scale" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
+def test_chain_checker_fails_wrong_kernels(mode):
+    with pytest.raises(CheckFailure, match="differ"):
+        chk.check_bias_gelu_scale(_chain_launcher(mode))
+
+
+def test_chain_checker_fails_the_eager_chain():
+    def eager(x, b, s):  # right numbers (up to rounding between ops), three kernels
+        return torch.nn.functional.gelu(x + b, approximate="tanh") * s
+    with pytest.raises(CheckFailure, match="3 kernel launch|differ"):
+        chk.check_bias_gelu_scale(eager)
+
+
+# --------------------------------------------------------------------------- dropout
+
+@triton.jit
+def _dropout_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
+                     MODE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+    y = ew.gelu_math(x + b, True)
+    if MODE == 3:    # one random number per program
+        r = tl.rand(seed, pid + tl.zeros([BLOCK_SIZE], dtype=tl.int32))
+    elif MODE == 4:  # ignores the seed
+        r = tl.rand(12345, offsets)
+    else:
+        r = tl.rand(seed, offsets)
+    if MODE == 1:    # no rescaling of the kept elements
+        y = tl.where(r >= p, y, 0.0)
+    elif MODE == 2:  # keeps with probability p instead of 1 - p
+        y = tl.where(r < p, y / (1.0 - p), 0.0)
+    else:
+        y = tl.where(r >= p, y / (1.0 - p), 0.0)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _dropout_launcher(mode):
+    def dropout(x, bias, p, seed, out=None):
+        out = torch.empty_like(x) if out is None else out
+        n = x.numel()
+        _dropout_variant[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], p, seed, BLOCK_SIZE=BLOCK,
+                                                   MODE=mode)
+        return out
+    return dropout
+
+
+def test_dropout_checker_passes_the_right_kernel(capsys):
+    chk.check_bias_gelu_dropout(_dropout_launcher(0))
+    chk.check_bias_gelu_dropout(ew.bias_gelu_dropout)
+    assert "PASS bias + GELU + dropout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode, words", [(1, "unscaled"), (2, "kept"), (3, "neighbouring"), (4, "seeds")])
+def test_dropout_checker_fails_wrong_kernels(mode, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_bias_gelu_dropout(_dropout_launcher(mode))
+
+
+def test_dropout_checker_fails_torch_dropout():
+    """torch's dropout is right in distribution, but it is not a function of the seed passed in."""
+    def eager(x, b, p, seed):
+        return torch.nn.functional.dropout(torch.nn.functional.gelu(x + b, approximate="tanh"), p)
+    with pytest.raises(CheckFailure):
+        chk.check_bias_gelu_dropout(eager)
+
+
+def test_checkers_work_in_this_mode():
+    assert cu.MODE in ("cuda", "interpreter")
