@@ -161,3 +161,13 @@ def test_reference_is_three_steps_and_causal():
     o = A.attention_ref(q, k, v, causal=True)
     # the first query sees only the first key: its output is v[0]
     assert torch.allclose(o[0, 0, 0], v[0, 0, 0])
+
+
+def test_peak_bytes_linear_vs_quadratic():
+    q, k, v = _qkv(1, 2, 96, 16, torch.float32)
+    out_bytes = q.numel() * 4
+    assert A.peak_bytes(A.flash_attention, q, k, v) == out_bytes  # the output only: S and P never exist
+    s_bytes = 2 * 96 * 96 * 4
+    assert A.peak_bytes(A.attention_ref, q, k, v) >= 2 * s_bytes  # scores and probabilities at once
+    q2, k2, v2 = _qkv(1, 2, 192, 16, torch.float32)
+    assert A.peak_bytes(A.attention_ref, q2, k2, v2) >= 3.5 * A.peak_bytes(A.attention_ref, q, k, v)

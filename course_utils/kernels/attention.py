@@ -490,3 +490,61 @@ def attention_ref(q, k, v, causal=False, sm_scale=None, return_lse=False):
     if return_lse:
         return o, torch.logsumexp(s.to(torch.float64 if s.dtype == torch.float64 else torch.float32), dim=-1)
     return o
+
+
+# --------------------------------------------------------------------------------------------------
+# Measuring memory
+# --------------------------------------------------------------------------------------------------
+def peak_bytes(fn, *args, **kwargs) -> int:
+    """Peak bytes of tensors that ``fn(*args, **kwargs)`` allocates, above what was allocated before.
+
+    On a GPU: the CUDA caching allocator's peak (``torch.cuda.max_memory_allocated``). On the CPU:
+    every tensor an operator creates is tracked until it is freed (inputs and views not counted),
+    so the number is the same bookkeeping, done by the course instead of the allocator. Copies the
+    Triton interpreter makes of a kernel's arguments are not counted: on a GPU they do not exist.
+    """
+    if env.on_gpu():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    import sys
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def _inside_interpreter() -> bool:
+        f = sys._getframe(2)
+        while f is not None:
+            if "triton" in f.f_code.co_filename and "interpreter" in f.f_code.co_filename:
+                return True
+            f = f.f_back
+        return False
+
+    live: dict[int, int] = {}
+    state = {"now": 0, "peak": 0}
+
+    def _free(ptr):
+        state["now"] -= live.pop(ptr, 0)
+
+    class _Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if _inside_interpreter():
+                return out
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr and ptr not in live:
+                        live[ptr] = t.untyped_storage().nbytes()
+                        state["now"] += live[ptr]
+                        state["peak"] = max(state["peak"], state["now"])
+                        weakref.finalize(t, _free, ptr)
+            return out
+
+    with _Track():
+        result = fn(*args, **kwargs)
+    del result
+    return state["peak"]
