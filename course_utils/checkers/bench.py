@@ -128,7 +128,8 @@ def check_bandwidth(copy_bandwidth, n_gpus: int = 4) -> None:
         raise CheckFailure(f"copy_bandwidth must be a function, got {type(copy_bandwidth).__name__}")
     rng = _rng()
     for i in range(n_gpus):
-        gpu = random_gpu(rng)
+        # data-center L2 sizes: there, 4x L2 is enough for the fixed start-up cost to fade out
+        gpu = random_gpu(rng, l2_bytes=rng.choice([40, 50, 60]) * 2**20, latency_us=rng.uniform(0.3, 1.0))
         what = f"copy_bandwidth on simulated GPU {i + 1}"
         try:
             got = copy_bandwidth(gpu)
