@@ -1,0 +1,461 @@
+"""The compile matrix: every kernel of the course, configured as its launcher would configure it on a
+T4 (sm_75), an A100 (sm_80) or an H100 (sm_90), compiled ahead of time to PTX and cubin on a
+machine with no GPU.
+
+    python -m course_utils.aot                 # all three targets, a table; exit 1 on any failure
+    python -m course_utils.aot --arch 75 --json matrix.json
+
+How, in one process where ``TRITON_INTERPRET`` is unset (so ``@triton.jit`` makes real
+``JITFunction`` objects; ``import course_utils`` switches the interpreter on when there is no GPU,
+so :func:`main` switches it off again before any kernel module is imported):
+
+1. *Pretend*: ``hardware.device_info()`` returns ``DeviceInfo.for_arch(arch)`` and ``env.on_gpu()``
+   returns True, so launchers choose tiles, warps, stages and dtypes as they would on that GPU.
+   Tensors stay small CPU tensors (``torch.empty``: nothing is computed or touched).
+2. *Record*: ``JITFunction.run`` (what ``kernel[grid](...)`` calls) is replaced by a recorder, so a
+   launcher call records its launches instead of running them. An autotuned kernel records every
+   config (all of them may be launched while tuning).
+3. *Compile*: Triton's own binder turns each recorded launch into the signature, constexprs and
+   specialization attributes it would use on the device, and ``triton.compile(...,
+   target=GPUTarget("cuda", arch, 32))`` builds PTX and a cubin with the ``ptxas`` shipped in the
+   Triton wheel. The shared memory the kernel needs is checked against the device's limit (a GPU
+   would refuse the launch); a kernel that no case reaches is reported as uncovered.
+
+Which launcher calls to make for a kernel module comes from ``aot_cases(info)`` in the module when
+it defines one (an iterable of ``(label, zero-argument callable)``), otherwise from the cases
+written below for the course's modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import env, hardware
+
+ARCHS = (75, 80, 90)
+KERNEL_PACKAGE = "course_utils.kernels"
+
+
+# --------------------------------------------------------------------------------------------------
+# What a launcher would do on a given GPU
+# --------------------------------------------------------------------------------------------------
+
+def dtypes_for(info: hardware.DeviceInfo) -> tuple[torch.dtype, ...]:
+    """Floating dtypes a course kernel must handle on ``info``: no bfloat16 before sm_80."""
+    base = (torch.float32, torch.float16)
+    return (*base, torch.bfloat16) if info.has_bf16 else base
+
+
+@dataclass
+class Launch:
+    """One ``kernel[grid](*args, **kwargs)`` call that a launcher made (and that did not run)."""
+
+    kernel: object          # a triton JITFunction
+    args: tuple
+    kwargs: dict
+    case: str = ""
+
+
+def _jit_classes():
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+    return JITFunction, Autotuner
+
+
+@contextlib.contextmanager
+def pretend(info: hardware.DeviceInfo, modules: Iterable = ()) -> Iterator[list[Launch]]:
+    """Within the block, launchers see ``info`` as the GPU in hand and their launches are recorded.
+
+    Yields the list the launches are appended to. ``modules``: kernel modules whose own names for
+    ``device_info``/``on_gpu``/``supported_dtypes`` (``from ..hardware import device_info``) must be
+    redirected too.
+    """
+    JITFunction, Autotuner = _jit_classes()
+    launches: list[Launch] = []
+
+    def record(self, *args, grid=None, warmup=False, **kwargs):
+        launches.append(Launch(self, args, dict(kwargs)))
+        return None
+
+    def record_all_configs(self, *args, **kwargs):
+        kwargs.pop("warmup", None)
+        for config in self.configs:
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+        return None
+
+    fakes = {
+        "device_info": (hardware.device_info, lambda: info),
+        "on_gpu": (env.on_gpu, lambda: True),
+        "supported_dtypes": (env.supported_dtypes, lambda: dtypes_for(info)),
+    }
+    saved = []
+
+    def patch(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    try:
+        patch(hardware, "device_info", fakes["device_info"][1])
+        patch(env, "on_gpu", fakes["on_gpu"][1])
+        patch(env, "supported_dtypes", fakes["supported_dtypes"][1])
+        for module in modules:
+            for original, fake in fakes.values():
+                for attr, value in list(vars(module).items()):
+                    if value is original:
+                        patch(module, attr, fake)
+        patch(JITFunction, "run", record)
+        patch(Autotuner, "run", record_all_configs)
+        yield launches
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Which launcher calls to make: the course's cases (a module's own aot_cases(info) wins)
+# --------------------------------------------------------------------------------------------------
+
+Case = tuple[str, Callable[[], object]]
+
+
+def _e(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cases_launch(m, info) -> Iterator[Case]:
+    yield "empty", lambda: m.empty(_e(16))
+    yield "empty10", lambda: m.empty10(*[_e(16) for _ in range(10)])
+    for dt in dtypes_for(info):
+        yield f"add_one {_name(dt)}", lambda dt=dt: m.add_one(_e(1000, dtype=dt))
+
+
+def _cases_elementwise(m, info) -> Iterator[Case]:
+    sizes = [(1000,), (4096, 4096)]  # a tile for a small tensor, the full tile for a large one
+    for dt in dtypes_for(info):
+        for shape in sizes:
+            tag = f"{_name(dt)} {'x'.join(map(str, shape))}"
+            bias = shape[-1]
+            yield f"add {tag}", lambda s=shape, dt=dt: m.add(_e(*s, dtype=dt), _e(*s, dtype=dt))
+            for approx in ("tanh", "none"):
+                yield f"gelu {approx} {tag}", lambda s=shape, dt=dt, a=approx: m.gelu(_e(*s, dtype=dt), a)
+                yield (f"bias_gelu_scale {approx} {tag}",
+                       lambda s=shape, b=bias, dt=dt, a=approx:
+                       m.bias_gelu_scale(_e(*s, dtype=dt), _e(b, dtype=dt), 0.5, a))
+                yield (f"bias_gelu_dropout {approx} {tag}",
+                       lambda s=shape, b=bias, dt=dt, a=approx:
+                       m.bias_gelu_dropout(_e(*s, dtype=dt), _e(b, dtype=dt), 0.1, 1234, a))
+    yield "dropout_keep_mask", lambda: m.dropout_keep_mask((4096, 4096), 0.1, 1234)
+    # Offsets in int64 from 2^31 elements on (2-byte elements: 4 GiB of address space per tensor,
+    # never touched, so no memory is used).
+    big = (2**21, 1024)
+    dt = torch.float16
+    yield "add int64", lambda: m.add(_e(*big, dtype=dt), _e(*big, dtype=dt))
+    yield "gelu int64", lambda: m.gelu(_e(*big, dtype=dt))
+    yield "bias_gelu_scale int64", lambda: m.bias_gelu_scale(_e(*big, dtype=dt), _e(1024, dtype=dt), 0.5)
+    yield "bias_gelu_dropout int64", lambda: m.bias_gelu_dropout(_e(*big, dtype=dt), _e(1024, dtype=dt), 0.1, 7)
+    yield "dropout_keep_mask int64", lambda: m.dropout_keep_mask(big, 0.1, 7)
+
+
+def _cases_softmax(m, info) -> Iterator[Case]:
+    shapes = [(64, 1000), (16, 4096), (4, 16384), (2, 65536), (1, 2**19)]  # persistent -> split/online
+    forced = [("fused", (64, 1000)), ("fused", (4, 16384)), ("persistent", (64, 4096)),
+              ("online", (2, 65536))]
+    for dt in dtypes_for(info):
+        for shape in shapes:
+            yield f"softmax {_name(dt)} {shape}", lambda s=shape, dt=dt: m.softmax(_e(*s, dtype=dt))
+        for version, shape in forced:
+            yield (f"softmax {version} {_name(dt)} {shape}",
+                   lambda s=shape, dt=dt, v=version: m.softmax(_e(*s, dtype=dt), version=v))
+
+
+def _cases_attention(m, info) -> Iterator[Case]:
+    dts = [dt for dt in m.DTYPES if dt in dtypes_for(info)]
+    for dt in dts:
+        for d in [d for d in m.HEAD_DIMS if d >= 64]:  # 16 and 32 take the d=64 tiles with less smem
+            q = lambda d=d, dt=dt: _e(1, 2, 256, d, dtype=dt)  # noqa: E731
+            for causal in (False, True):
+                for cfg in m.attention_configs(info, d, dt, causal):
+                    yield (f"flash_attention {_name(dt)} d={d} causal={causal} {cfg}",
+                           lambda q=q, c=causal, cfg=cfg: m.flash_attention(q(), q(), q(), c, config=cfg))
+                yield (f"flash_attention_teaching {_name(dt)} d={d} causal={causal}",
+                       lambda q=q, c=causal: m.flash_attention_teaching(q(), q(), q(), c))
+            yield (f"flash_attention lse {_name(dt)} d={d}",
+                   lambda q=q: m.flash_attention(q(), q(), q(), True, return_lse=True,
+                                                 config=m.attention_configs(info, q().shape[-1], dt, True)[0]))
+            yield (f"flash_attention_teaching lse {_name(dt)} d={d}",
+                   lambda q=q: m.flash_attention_teaching(q(), q(), q(), True, return_lse=True))
+
+
+DEFAULT_CASES: dict[str, Callable] = {
+    "launch": _cases_launch,
+    "elementwise": _cases_elementwise,
+    "softmax": _cases_softmax,
+    "attention": _cases_attention,
+}
+
+
+def kernel_modules() -> list:
+    """Every module of ``course_utils.kernels`` (imported: call this with TRITON_INTERPRET unset)."""
+    package = importlib.import_module(KERNEL_PACKAGE)
+    names = sorted(i.name for i in pkgutil.iter_modules(package.__path__) if not i.name.startswith("_"))
+    return [importlib.import_module(f"{KERNEL_PACKAGE}.{n}") for n in names]
+
+
+def cases_for(module, info: hardware.DeviceInfo) -> list[Case]:
+    short = module.__name__.rsplit(".", 1)[-1]
+    if callable(getattr(module, "aot_cases", None)):
+        return list(module.aot_cases(info))
+    if short in DEFAULT_CASES:
+        return list(DEFAULT_CASES[short](module, info))
+    return []
+
+
+def jit_functions(modules) -> dict[str, object]:
+    """``module.name`` -> every ``@triton.jit`` function defined in those modules."""
+    JITFunction, _ = _jit_classes()
+    found = {}
+    for module in modules:
+        for obj in vars(module).values():
+            fn = getattr(obj, "fn", None) if not isinstance(obj, JITFunction) else obj
+            while fn is not None and not isinstance(fn, JITFunction):  # autotune/heuristics wrappers
+                fn = getattr(fn, "fn", None)
+            if fn is not None and getattr(fn.fn, "__module__", None) == module.__name__:
+                found[f"{module.__name__}.{fn.fn.__name__}"] = fn
+    return found
+
+
+def launched_kernels(modules) -> dict[str, object]:
+    """The JIT functions that are kernels (launched by a host), not ``@triton.jit`` helpers.
+
+    A helper is called from another JIT function's body; a kernel is called by none.
+    """
+    fns = jit_functions(modules)
+    sources = {k: inspect.getsource(f.fn) for k, f in fns.items()}
+    kernels = {}
+    for key, fn in fns.items():
+        name = fn.fn.__name__
+        called = re.compile(rf"\b{re.escape(name)}\s*\(")
+        if not any(called.search(src) for k, src in sources.items() if k != key):
+            kernels[key] = fn
+    return kernels
+
+
+# --------------------------------------------------------------------------------------------------
+# Compiling one recorded launch for a target
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    kernel: str
+    arch: int
+    case: str
+    signature: str = ""
+    constexprs: str = ""
+    num_warps: int = 0
+    num_stages: int = 0
+    shared_bytes: int = 0
+    smem_limit: int = 0
+    ptx_bytes: int = 0
+    cubin_bytes: int = 0
+    seconds: float = 0.0
+    ok: bool = False
+    error: str = ""
+    cases: list = field(default_factory=list)
+
+
+def _key_name(fn) -> str:
+    return f"{fn.fn.__module__}.{fn.fn.__name__}"
+
+
+def _bind(launch: Launch, target):
+    """What JITFunction.run would compile for this launch on ``target``: (src, options)."""
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    fn = launch.kernel
+    backend = make_backend(target)
+    kwargs = dict(launch.kwargs)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound_args, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
+    return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def _short(v) -> str:
+    return getattr(v, "__name__", None) or str(v)
+
+
+def describe(e: BaseException, limit: int = 800) -> str:
+    """A compile error in a few lines: where (Triton's ``at L:C``), what, and what caused it."""
+    text = str(e).strip()
+    where = text.splitlines()[0] if text.startswith("at ") else ""
+    what = getattr(e, "error_message", None) or (text.splitlines()[-1] if text else "")
+    if what.strip() in ("", "^"):
+        what = ""
+    cause = e.__cause__ or e.__context__
+    parts = [f"{type(e).__name__} {where}".strip() + ":", what]
+    if cause is not None:
+        said = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+        parts.append(f"(caused by {type(cause).__name__}: {said})")
+    return " ".join(p for p in parts if p)[:limit]
+
+
+def compile_launches(launches: list[Launch], info: hardware.DeviceInfo) -> list[Result]:
+    """Compile each distinct launch for ``info.arch``; one Result per distinct compilation."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    target = GPUTarget("cuda", info.arch, 32)
+    results: dict[str, Result] = {}
+    for launch in launches:
+        name = _key_name(launch.kernel)
+        try:
+            src, options = _bind(launch, target)
+        except Exception as e:  # noqa: BLE001 - reported per launch
+            key = f"{name}|bind|{launch.case}"
+            results[key] = Result(name, info.arch, launch.case, error=f"binding the arguments: {e!r}")
+            continue
+        sig = ", ".join(f"{k}: {v}" for k, v in src.signature.items() if v != "constexpr")
+        cex = ", ".join(f"{launch.kernel.arg_names[p[0]]}={_short(v)}" for p, v in sorted(src.constants.items()))
+        key = f"{name}|{sig}|{cex}|{sorted(src.attrs.items())}|{options.num_warps}|{options.num_stages}"
+        if key in results:
+            results[key].cases.append(launch.case)
+            continue
+        r = Result(name, info.arch, launch.case, sig, cex, options.num_warps, options.num_stages,
+                   smem_limit=info.smem_per_block_bytes, cases=[launch.case])
+        t0 = time.perf_counter()
+        try:
+            k = triton.compile(src, target=target, options=options.__dict__)
+            r.shared_bytes = int(k.metadata.shared)
+            r.ptx_bytes = len(k.asm.get("ptx", ""))
+            r.cubin_bytes = len(k.asm.get("cubin", b""))
+            if not r.cubin_bytes:
+                r.error = "no cubin was produced"
+            elif r.shared_bytes > info.smem_per_block_bytes:
+                r.error = (f"needs {r.shared_bytes} bytes of shared memory, sm_{info.arch} "
+                           f"({info.name}) allows {info.smem_per_block_bytes} per program")
+            else:
+                r.ok = True
+        except Exception as e:  # noqa: BLE001 - reported per kernel
+            r.error = describe(e)
+        r.seconds = round(time.perf_counter() - t0, 3)
+        results[key] = r
+    return list(results.values())
+
+
+def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
+               progress: Callable[[str], None] | None = None) -> dict:
+    """Trace and compile every case for each arch. Needs real JITFunctions (TRITON_INTERPRET unset)."""
+    JITFunction, _ = _jit_classes()
+    modules = [m for m in kernel_modules() if not module_filter or module_filter in m.__name__]
+    kernels = launched_kernels(modules)
+    interpreted = [k for k, f in jit_functions(modules).items() if type(f).__name__ == "InterpretedFunction"]
+    if interpreted or any(not isinstance(f, JITFunction) for f in kernels.values()):
+        raise RuntimeError("kernels were decorated under TRITON_INTERPRET=1: run the compile matrix in a "
+                           "process where it is unset (python -m course_utils.aot)")
+    out = {"archs": list(archs), "kernels": sorted(kernels), "results": [], "case_errors": [],
+           "uncovered": {}, "versions": env.versions()}
+    for arch in archs:
+        info = hardware.DeviceInfo.for_arch(arch)
+        launches: list[Launch] = []
+        for module in modules:
+            with pretend(info, modules) as recorded:
+                try:
+                    cases = cases_for(module, info)
+                except Exception as e:  # noqa: BLE001
+                    out["case_errors"].append({"arch": arch, "case": f"{module.__name__}: listing cases",
+                                               "error": repr(e)})
+                    cases = []
+                for label, call in cases:
+                    start = len(recorded)
+                    try:
+                        call()
+                    except Exception as e:  # noqa: BLE001 - a launcher refusing a case is a finding
+                        out["case_errors"].append({"arch": arch, "case": f"{module.__name__}: {label}",
+                                                   "error": "".join(traceback.format_exception_only(e)).strip()})
+                    for launch in recorded[start:]:
+                        launch.case = f"{module.__name__.rsplit('.', 1)[-1]}: {label}"
+            launches += recorded
+        if progress:
+            progress(f"sm_{arch}: {len(launches)} launches recorded, compiling")
+        results = compile_launches(launches, info)
+        out["results"] += [asdict(r) for r in results]
+        reached = {r.kernel for r in results}
+        out["uncovered"][str(arch)] = sorted(set(kernels) - reached)
+        if progress:
+            bad = sum(not r.ok for r in results)
+            progress(f"sm_{arch}: {len(results)} compilations, {bad} failed, "
+                     f"{len(out['uncovered'][str(arch)])} kernels not reached")
+    return out
+
+
+def failures(matrix: dict) -> list[str]:
+    """Every problem in a matrix, one line each (empty when the matrix is green)."""
+    lines = [f"sm_{r['arch']} {r['kernel']} [{r['case']}]: {r['error']}" for r in matrix["results"] if not r["ok"]]
+    lines += [f"sm_{c['arch']} {c['case']}: the launcher raised {c['error']}" for c in matrix["case_errors"]]
+    for arch, names in matrix["uncovered"].items():
+        lines += [f"sm_{arch} {n}: no case launches this kernel (add it to aot_cases in its module, or to "
+                  f"course_utils/aot.py)" for n in names]
+    return lines
+
+
+def table(matrix: dict) -> str:
+    rows = sorted(matrix["results"], key=lambda r: (r["kernel"], r["arch"], r["constexprs"]))
+    lines = [f"{'kernel':<42} {'sm':>3} {'warps':>5} {'stages':>6} {'smem KiB':>8} {'ok':>3}  constexprs"]
+    for r in rows:
+        lines.append(f"{r['kernel'].removeprefix(KERNEL_PACKAGE + '.'):<42} {r['arch']:>3} {r['num_warps']:>5} "
+                     f"{r['num_stages']:>6} {r['shared_bytes'] / 1024:>8.1f} {'yes' if r['ok'] else 'NO':>3}  "
+                     f"{r['constexprs'][:70]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Compile every course kernel for sm_75/80/90 without a GPU.")
+    ap.add_argument("--arch", type=int, nargs="*", default=list(ARCHS), help="targets (default 75 80 90)")
+    ap.add_argument("--module", help="only kernel modules whose name contains this")
+    ap.add_argument("--json", help="write the whole matrix here")
+    ap.add_argument("--quiet", action="store_true", help="no table, only problems")
+    args = ap.parse_args(argv)
+    loaded = [m for m in sys.modules if m.startswith(KERNEL_PACKAGE + ".")]
+    if os.environ.get("TRITON_INTERPRET") == "1" and loaded:
+        print(f"compile matrix: {loaded} were already imported under TRITON_INTERPRET=1; "
+              "run `python -m course_utils.aot` in a fresh process", file=sys.stderr)
+        return 2
+    os.environ.pop("TRITON_INTERPRET", None)  # import course_utils set it (no GPU): kernels must be real
+    t0 = time.perf_counter()
+    matrix = run_matrix(args.arch, args.module, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    matrix["seconds"] = round(time.perf_counter() - t0, 1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(matrix, f, indent=1, default=str)
+    if not args.quiet:
+        print(table(matrix))
+    problems = failures(matrix)
+    for line in problems:
+        print("FAIL", line)
+    print(f"compile matrix: {len(matrix['results'])} compilations for "
+          f"{', '.join(f'sm_{a}' for a in args.arch)} in {matrix['seconds']} s, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
