@@ -399,7 +399,7 @@ def matmul_chain(pre, post, m, n, k, dtype="bfloat16", *, trailing="eager") -> C
     flops = sum(kk.flops for kk in kernels)
     fused = Kernel("fused " + " + ".join([*(o.name for o in pre), "gemm", *(o.name for o in post)]),
                    gemm.read_bytes + extra, m * n * b, flops)
-    name = f"{len(pre)} op(s) + GEMM {m}x{n}x{k} + {len(post)} op(s), {dtype_name(dtype)}"
+    name = " + ".join([*(o.name for o in pre), f"GEMM {m}x{n}x{k}", *(o.name for o in post)]) + f", {dtype_name(dtype)}"
     return Comparison(name, Traffic(f"unfused ({trailing} ops)", tuple(kernels)), Traffic("fused", (fused,)))
 
 
@@ -461,7 +461,7 @@ def attention(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False
     lse = bh * n * 4 if save_lse else 0
     flash = Kernel("flash attention", qkv + kv, qkv + lse, 2 * mm * (0.5 if causal else 1.0))
     return Comparison(f"attention B={bsz} H={h} N={n} d={d} {dtype_name(dtype)}"
-                      + (" causal" if causal else ""), Traffic("standard", standard), Traffic("flash", (flash,)))
+                      + (" causal" if causal else "") + (", K/V read once" if kv_reads == "once" else ""), Traffic("standard", standard), Traffic("flash", (flash,)))
 
 
 # ---------------------------------------------------------------------------------------------
