@@ -227,3 +227,12 @@ def test_cuda_cpp_version_says_why_it_is_unavailable():
     elif reason is None:  # pragma: no cover - GPU with nvcc
         x = check.randn((1001,))
         check.compare("gelu_cuda", ew.gelu_cuda(x), ew.gelu_ref(x.double()))
+
+
+def test_lean_launch_path_sees_empty_triton_hook_chains_as_no_hook():
+    from triton import knobs
+    assert ew._no_hook(None)
+    assert ew._no_hook(knobs.runtime.launch_enter_hook) == (not getattr(knobs.runtime.launch_enter_hook, "calls", []))
+    # under the interpreter the lean path is never taken (there is no compiled kernel to call)
+    if not cu.on_gpu():
+        assert not ew._fast_ok()

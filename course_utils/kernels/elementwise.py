@@ -221,9 +221,14 @@ def _spec(a):
     return None
 
 
+def _no_hook(hook) -> bool:
+    # Triton 3.6 keeps launch hooks in a HookChain (never None): empty means no hook
+    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
+
+
 def _fast_ok() -> bool:
     return (FAST_LAUNCH and _JIT_RUN is not None and env.MODE == "cuda" and _JITFunction.run is _JIT_RUN
-            and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None)
+            and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook))
 
 
 def _launch(kernel, cfg: LaunchConfig, args: tuple, meta: tuple, meta_names: tuple, device) -> None:
