@@ -178,19 +178,6 @@ def summary_frame(results: list[TopicResult], slug: str):
     return pd.DataFrame(rows, columns=["topic", "issue", "target", "required", "measured", "status"])
 
 
-def merge_summary(new, path: Path, rerun: list[str]):
-    """Keep earlier rows of topics not rerun this time (``--only``), replace the others."""
-    import pandas as pd
-
-    if path.exists():
-        old = pd.read_csv(path)
-        if "topic" in old.columns:
-            old = old[~old["topic"].isin(rerun)]
-            keep = [c for c in new.columns if c in old.columns]
-            new = pd.concat([old[keep], new], ignore_index=True) if len(old) else new
-    return new
-
-
 def to_markdown(df, title: str) -> str:
     """A GitHub table (no tabulate needed)."""
     cols = list(df.columns)
@@ -212,6 +199,7 @@ def run(topics, *, quick: bool = False, ceilings: bench.Ceilings, out_root: Path
     out_dir = out_root / slug
     out_dir.mkdir(parents=True, exist_ok=True)
     bench.save(pd.DataFrame([ceilings.row()]), "ceilings", gpu=slug, root=out_root)
+    before = pd.read_csv(out_dir / "targets.csv") if (out_dir / "targets.csv").exists() else None
     results = []
     bar = topics
     if progress:
@@ -229,12 +217,36 @@ def run(topics, *, quick: bool = False, ceilings: bench.Ceilings, out_root: Path
                                        message="no sweep(): not a sweep module"))
             continue
         results.append(run_topic(name, module, quick=quick, ceilings=ceilings, out_root=out_root, slug=slug))
-    summary = merge_summary(summary_frame(results, slug), out_dir / "targets.csv",
-                            [r.name for r in results if r.status != "skipped"])
-    summary.to_csv(out_dir / "targets.csv", index=False)
-    (out_dir / "targets.md").write_text(to_markdown(
-        summary, f"Speed targets on {ceilings.gpu} ({bench.provenance()['date']})"))
+        write_summary(results, ceilings, out_dir, quick, before)  # after every topic: a cut-short run keeps it
+    write_summary(results, ceilings, out_dir, quick, before)
     return results
+
+
+def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir: Path, quick: bool,
+                  before=None) -> None:
+    """``targets.csv`` and ``targets.md``; ``before`` (the summary as it was when the run started)
+    keeps the rows of topics this run did not redo (``--only``)."""
+    import pandas as pd
+
+    path = out_dir / "targets.csv"
+    summary = summary_frame(results, out_dir.name)
+    rerun = [r.name for r in results if r.status != "skipped"]
+    if before is not None and "topic" in before.columns:
+        old = before[~before["topic"].isin(rerun)]
+        if len(old):
+            summary = pd.concat([old[[c for c in summary.columns if c in old.columns]], summary],
+                                ignore_index=True)
+    summary.to_csv(path, index=False)
+    runs = pd.DataFrame([{"topic": r.name, "status": r.status, "rows": r.rows, "seconds": round(r.seconds, 1),
+                          "note": r.message[:120]} for r in results])
+    v = bench.provenance()
+    title = (f"Speed targets on {ceilings.gpu} (torch {v['torch']}, triton {v['triton']}, {v['date']}"
+             f"{', --quick' if quick else ''})")
+    text = to_markdown(summary, title)
+    text += (f"\nCeilings: copy {ceilings.copy_gbps:.0f} GB/s, {ceilings.matmul_dtype} matmul "
+             f"{ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note}).\n\n")
+    text += to_markdown(runs, f"Topics run ({sum(r.seconds for r in results):.0f} s)").replace("# Topics", "## Topics")
+    (out_dir / "targets.md").write_text(text)
 
 
 def report(results: list[TopicResult], ceilings: bench.Ceilings, total_s: float) -> str:

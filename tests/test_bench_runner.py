@@ -111,6 +111,7 @@ def test_full_run_continues_after_failures_and_writes_everything(pkg, tmp_path, 
     assert "script" not in set(summary.topic)
     md = (d / "targets.md").read_text()
     assert "| topic |" in md and "ours vs theirs, largest size" in md
+    assert "## Topics run" in md and "Ceilings: copy 1000 GB/s" in md
     assert "illegal memory access" in out and "skipped" in out
 
 
