@@ -12,6 +12,9 @@ The fused kernels live here on purpose: this script tests the calculator, not th
     python benchmarks/ncu_traffic.py case chain-eager --factor 4   # run one case (no profiler)
     python benchmarks/ncu_traffic.py case all --factors 0.5,4      # what ncu profiles
     python benchmarks/ncu_traffic.py ncu --out results.csv          # the driver: runs ncu, writes CSV
+    python benchmarks/ncu_traffic.py timing --out timing.csv        # eager vs fused chains of 1..8 ops
+
+``make bench`` runs :func:`sweep` (the timings, no ncu) with :func:`targets`.
 
 The driver runs ``ncu --clock-control none --cache-control <all|none> --profile-from-start off
 --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv`` on ``case all``. Only kernels between
@@ -234,11 +237,12 @@ def driver(out_csv: str, factors, cache_modes, timeout: int) -> None:
         print(f"{mode:>5} {case:>14} {factor:>5} {nk:>7} {rd / 1e6:9.1f} {wr / 1e6:9.1f}")
 
 
-def timing(out_csv: str, max_ops: int = 8) -> None:
+def chain_timings(max_ops: int = 8, quick: bool = False) -> list[dict]:
     """Time a chain of k scalar ops (alternating * and +), eager vs one Triton kernel, k = 1..max_ops.
 
-    Sizes: 256 MiB bf16 (well above L2), L2/2 (fits in L2) and 64 KiB (launch-bound). Times come
-    from the course's harness (L2 flushed between repetitions, median of 50).
+    Sizes: 256 MiB bf16 (well above L2), L2/2 (fits in L2) and 64 KiB (launch-bound); ``quick``
+    keeps 256 MiB and k in (1, 4, 8). Times come from the course's harness (L2 flushed between
+    repetitions, median of 50); ``gbps`` counts the logical traffic of ``course_utils.traffic``.
     """
     import torch
     import triton
@@ -246,6 +250,7 @@ def timing(out_csv: str, max_ops: int = 8) -> None:
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from course_utils import bench
+    from course_utils import traffic as T
 
     @triton.jit
     def _chain_k_kernel(x_ptr, y_ptr, n_elements, N_OPS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
@@ -267,21 +272,56 @@ def timing(out_csv: str, max_ops: int = 8) -> None:
         return y
 
     l2 = l2_bytes()
+    sizes = (("256MiB", 256 * 2**20), ("L2/2", l2 // 2), ("64KiB", 64 * 2**10))
+    ks = (1, 4, max_ops) if quick else range(1, max_ops + 1)
     rows = []
-    for label, nbytes in (("256MiB", 256 * 2**20), ("L2/2", l2 // 2), ("64KiB", 64 * 2**10)):
+    for label, nbytes in sizes[:1] if quick else sizes:
         x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
         n = x.numel()
         grid = (triton.cdiv(n, 1024),)
-        for k in range(1, max_ops + 1):
+        for k in ks:
             fused = lambda: _chain_k_kernel[grid](x, y, n, N_OPS=k, BLOCK_SIZE=1024)  # noqa: E731
             fused()
             torch.testing.assert_close(y.float(), eager(x, k).float(), rtol=2e-2, atol=2e-2)
-            for impl, fn in (("eager", lambda: eager(x, k)), ("fused", fused)):
+            comp = T.elementwise_chain(k, n, "bf16")
+            for impl, fn, traffic in (("eager", lambda: eager(x, k), comp.unfused), ("fused", fused, comp.fused)):
                 t = bench.time_ms(fn, rep=50)
                 rows.append({"size": label, "tensor_bytes": nbytes, "dtype": "bfloat16", "ops": k,
-                             "impl": impl, "kernels": k if impl == "eager" else 1,
-                             "ms": t.median, "ms_p20": t.p20, "ms_p80": t.p80, "l2_bytes": l2})
+                             "impl": impl, "kernels": traffic.launches, "ms": t.median, "ms_p20": t.p20,
+                             "ms_p80": t.p80, "bytes": traffic.total_bytes,
+                             "gbps": bench.gbps(traffic.total_bytes, t), "l2_bytes": l2})
+    return rows
+
+
+TITLE = "Fusion accounting: a chain of k elementwise ops, eager vs one Triton kernel"
+
+
+def sweep(quick: bool = False):
+    """``make bench``: the chain timings as a DataFrame (one row per size, k and implementation)."""
+    import pandas as pd
+    return pd.DataFrame(chain_timings(quick=quick))
+
+
+def targets(df) -> list:
+    """Issue 3's claim in time: fusing 8 ops on 256 MiB gains at least 90% of the traffic ratio 8."""
+    from course_utils import bench
+    g = df[(df["size"] == "256MiB") & (df["ops"] == df["ops"].max())]
+    if g.empty:
+        return []
+    k = int(g["ops"].iloc[0])
+    eager = float(g[g["impl"] == "eager"]["ms"].iloc[0])
+    fused = float(g[g["impl"] == "fused"]["ms"].iloc[0])
+    return [bench.Target(3, f"{k}-op bf16 chain on 256 MiB: (eager / fused time) / traffic ratio {k}",
+                         eager / fused / k, 0.9)]
+
+
+def timing(out_csv: str, max_ops: int = 8) -> None:
+    """Write :func:`chain_timings` with provenance to ``out_csv`` and print a few rows."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from course_utils import bench
+
+    rows = chain_timings(max_ops)
     prov = bench.provenance()
     with open(out_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[*rows[0], *prov])
