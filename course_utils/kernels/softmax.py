@@ -249,6 +249,8 @@ def _as_rows(x: torch.Tensor, dim: int, what: str):
     if dim != x.dim() - 1:
         x = x.movedim(dim, -1)
     n_cols = x.shape[-1]
+    if x.numel() == 0:
+        return x, None, dim
     # Rows may be strided (row_stride), but each row must be contiguous; flatten leading dims.
     if x.numel() and (x.stride(-1) != 1 and n_cols > 1):
         x = x.contiguous()
