@@ -345,7 +345,7 @@ def plot(df):
     import matplotlib.pyplot as plt
 
     figs = []
-    for demo, x, y, title in (("l2", "size_mib", "gbps", "copy: L2 warm vs cold"),
+    for demo, x, y, title in (("l2", "size_mib", "gbps", "y = 2x: L2 warm vs cold"),
                               ("graphs", "elements", "ms", "small kernel: graphs and do_bench")):
         sel = df[(df["demo"] == demo) & df["ms"].notna()] if "demo" in df.columns else df.iloc[0:0]
         if sel.empty:

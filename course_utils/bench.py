@@ -439,11 +439,11 @@ def plot_roofline(df, ceilings: Ceilings, ax=None, title: str | None = None):
     ax.axvline(ceilings.ridge, color="grey", ls=":", lw=1)
     ax.text(ceilings.ridge, ceilings.matmul_tflops * 1.15, f"ridge {ceilings.ridge:.0f} FLOP/B",
             ha="center", fontsize=8)
-    for _, r in df.iterrows():
+    for _, r in df[df["tflops"] > 0].iterrows():  # a copy does no arithmetic: no point on a log axis
         x = max(float(r["intensity"]), lo)
         ax.plot(x, r["tflops"], "o")
-        ax.annotate(f"{r['name']} ({r['pct_of_attainable']:.0f}%)", (x, r["tflops"]), fontsize=7,
-                    xytext=(4, -3), textcoords="offset points")
+        ax.annotate(f"{str(r['name']).split(' (')[0]} ({r['pct_of_attainable']:.0f}%)", (x, r["tflops"]),
+                    fontsize=7, xytext=(4, -3), textcoords="offset points")
     ax.set_xlabel("arithmetic intensity (FLOP per byte of DRAM traffic)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(title or f"Roofline of {ceilings.gpu}: {ceilings.copy_gbps:.0f} GB/s copy, "
