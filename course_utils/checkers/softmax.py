@@ -6,8 +6,9 @@
 - :func:`check_long_row_kernel` launches a student's long-row kernel (same signature) with a
   BLOCK_SIZE much shorter than the row, so the row takes many tiles.
 
-Every call draws fresh inputs: signed values around a large offset (an ``exp`` without the max
-subtracted overflows), magnitude outliers, row lengths that are not powers of two, rows read
+Every call draws fresh inputs: signed values around a large offset on even rows (an ``exp`` without
+the max subtracted overflows) and around -5 on odd rows (a padding of 0 would win the max), magnitude
+outliers, row lengths that are not powers of two, rows read
 through a row stride wider than the row (the gap holds huge values, so a read past the row's end
 or a wrong stride changes the answer), outputs poisoned with NaN inside guard zones.
 """
@@ -67,6 +68,8 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None):
             case = _case(what, dtype, n_rows, n_cols)
             xg, x = _strided_input(n_rows, n_cols, dtype, gap=5, offset=OFFSET, scale=3.0, outliers=0.02,
                                    outlier_scale=OUTLIER)
+            # Odd rows sit around -5 instead: there a padding of 0 instead of -inf would win the max.
+            x[1::2] -= OFFSET + 5.0
             if extra_rows is not None:
                 extra_rows(x)
             before = x.clone()
