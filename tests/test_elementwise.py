@@ -236,3 +236,13 @@ def test_lean_launch_path_sees_empty_triton_hook_chains_as_no_hook():
     # under the interpreter the lean path is never taken (there is no compiled kernel to call)
     if not cu.on_gpu():
         assert not ew._fast_ok()
+
+
+def test_lean_launch_cache_key_separates_what_triton_specializes_on():
+    """A compiled kernel is reused only for arguments Triton would compile the same way."""
+    a32 = torch.zeros(64, device=cu.DEVICE)
+    a16 = torch.zeros(64, device=cu.DEVICE, dtype=torch.float16)
+    assert ew._spec(a32) != ew._spec(a16)                      # dtype
+    assert ew._spec(a32) != ew._spec(a32[1:])                  # 16-byte alignment
+    assert ew._spec(16) != ew._spec(17) != ew._spec(1)        # divisibility by 16, == 1
+    assert ew._spec(2**31) != ew._spec(2**31 - 16)             # int32 vs int64

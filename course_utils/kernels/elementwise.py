@@ -215,7 +215,7 @@ def _spec(a):
     """What Triton specializes a kernel argument on: 16-byte alignment of pointers, ints == 1,
     divisible by 16, and their width."""
     if isinstance(a, torch.Tensor):
-        return a.data_ptr() & 15 == 0
+        return (a.dtype, a.data_ptr() & 15 == 0)
     if isinstance(a, int) and not isinstance(a, bool):
         return (a == 1, a & 15 == 0, -(2**31) <= a < 2**31)
     return None
