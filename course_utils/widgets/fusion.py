@@ -286,13 +286,13 @@ class FusionAccountant(_View):
 class SpeedupCurve(_View):
     """Speedup of fusing a chain of k unary ops, k = 1..max: traffic ceiling vs time model."""
 
-    def __init__(self, size: int = 64 * 10**6, gpu: str = "h100-sxm", overlap: bool = False, max_ops: int = 16):
+    def __init__(self, size: int = 16 * 10**6, gpu: str = "h100-sxm", overlap: bool = False, max_ops: int = 16):
         import ipywidgets as w
 
         self.max_ops = max_ops
         self.controls = {
             "size": w.Dropdown(options=[("64 KB", 64 * 10**3), *SIZE_OPTIONS],
-                               value=_choice(size, [("", 64 * 10**3), *SIZE_OPTIONS], 64 * 10**6),
+                               value=_choice(size, [("", 64 * 10**3), *SIZE_OPTIONS], 16 * 10**6),
                                description="tensor"),
             "gpu": w.Dropdown(options=GPU_OPTIONS, value=_choice(gpu, GPU_OPTIONS, "h100-sxm"), description="GPU"),
             "overlap": w.ToggleButtons(options=[("launches add up", False), ("launches overlap", True)],
