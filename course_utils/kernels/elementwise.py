@@ -239,10 +239,11 @@ def _launch(kernel, cfg: LaunchConfig, args: tuple, meta: tuple, meta_names: tup
     global _STREAM
     fast = _fast_ok()
     if fast:
-        key = (kernel, cfg.num_warps, meta, device.index, *[_spec(a) for a in args])
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (kernel, cfg.num_warps, meta, index, *[_spec(a) for a in args])
         compiled = _COMPILED.get(key)
         if compiled is not None:
-            stream = _STREAM(device.index)
+            stream = _STREAM(index)
             compiled.run(cfg.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
                          None, None, *args, *meta)
             LAUNCHES["lean"] += 1
@@ -414,9 +415,9 @@ def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
     n = keep.numel()
     if n == 0:
         return keep.bool()
-    cfg = launch_config(n, torch.float32, _device_info(device), max_block=DROPOUT_MAX_BLOCK)
+    cfg = launch_config(n, torch.float32, _device_info(keep.device), max_block=DROPOUT_MAX_BLOCK)
     _launch(_keep_mask_kernel, cfg, (keep, n, p, seed), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"),
-            device)
+            keep.device)  # keep.device has an index ('cuda:0'), unlike torch.device('cuda')
     return keep.bool()
 
 
