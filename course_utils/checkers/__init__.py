@@ -1,0 +1,1 @@
+"""Chapter-specific exercise checkers, built from the toolkit in :mod:`course_utils.check`."""
