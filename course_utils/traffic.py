@@ -539,6 +539,29 @@ def machine(gpu="h100-sxm", dtype="bfloat16", *, hbm_gbps=None, peak_tflops=None
                    float(launch_us))
 
 
+def machine_from_ceilings(ceilings, *, l2_bytes=None, launch_us=LAUNCH_OVERHEAD_US) -> Machine:
+    """A :class:`Machine` from measured ceilings (a ``bench.Ceilings``: ``gpu``, ``copy_gbps``,
+    ``matmul_tflops``), e.g. ``bench.measure_ceilings()`` on the GPU in hand or
+    ``bench.Ceilings.from_frame(bench.recorded("ceilings"))`` without one.
+
+    The copy bandwidth counts bytes read + written, as this module does. The L2 size comes from
+    the hardware table unless given. The matmul rate stands for every dtype's peak: the
+    memory-bound kernels of this chapter never reach it.
+    """
+    for attr in ("gpu", "copy_gbps", "matmul_tflops"):
+        if not hasattr(ceilings, attr):
+            raise ValueError(f"ceilings: expected a bench.Ceilings (with {attr}), got {type(ceilings).__name__}")
+    if l2_bytes is None:
+        from . import hardware
+        try:
+            l2_bytes = hardware.lookup(str(ceilings.gpu)).l2_bytes
+        except ValueError as e:
+            raise ValueError(f"l2_bytes: give it, the GPU is not in the table ({e})") from None
+    m = machine(None, hbm_gbps=ceilings.copy_gbps, peak_tflops=ceilings.matmul_tflops, l2_bytes=l2_bytes,
+                launch_us=launch_us)
+    return Machine(f"{ceilings.gpu} (measured)", m.hbm_gbps, m.peak_tflops, m.l2_bytes, m.launch_us)
+
+
 @dataclass(frozen=True)
 class TimeEstimate:
     """What :func:`estimate_time` predicts, with its parts (seconds) and the HBM bytes it assumed."""

@@ -351,6 +351,23 @@ def test_time_model_from_the_hardware_table():
     assert est2.us == pytest.approx(128e6 / 3.0e12 * 1e6 + T.LAUNCH_OVERHEAD_US)
 
 
+def test_time_model_from_measured_ceilings():
+    from course_utils import bench
+
+    ceil = bench.Ceilings("NVIDIA H200", copy_gbps=4000.0, matmul_tflops=750.0)
+    m = T.machine_from_ceilings(ceil)
+    assert (m.hbm_gbps, m.peak_tflops, m.l2_bytes) == (4000.0, 750.0, 60 * 2**20)
+    assert "measured" in m.name
+    # one op on 64 MB at the measured 4000 GB/s: 128e6 / 4e12 s = 32 us, + 10 us launch
+    c = T.elementwise_chain(1, 32_000_000, "bf16")
+    assert T.estimate_time(c.unfused, m).us == pytest.approx(32 + T.LAUNCH_OVERHEAD_US)
+    with pytest.raises(ValueError, match="l2_bytes"):
+        T.machine_from_ceilings(bench.Ceilings("Mystery GPU", 1000.0, 100.0))
+    assert T.machine_from_ceilings(bench.Ceilings("Mystery GPU", 1000.0, 100.0), l2_bytes=10).l2_bytes == 10
+    with pytest.raises(ValueError, match="ceilings"):
+        T.machine_from_ceilings({"copy_gbps": 1})
+
+
 def test_speedup_of_long_chain_on_big_tensor_approaches_traffic_ratio():
     c = T.elementwise_chain(8, 2**30, "bf16")
     s = T.speedup(c, "h100-sxm", "bf16")
