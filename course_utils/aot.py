@@ -187,21 +187,33 @@ def _cases_softmax(m, info) -> Iterator[Case]:
 
 
 def _cases_attention(m, info) -> Iterator[Case]:
+    """Every tile configuration the tuned launcher may try, at the largest head_dim (the most shared
+    memory); causal, the smaller head_dim and the log-sum-exp output with the preferred one."""
     dts = [dt for dt in m.DTYPES if dt in dtypes_for(info)]
+    d_max, d_min = max(m.HEAD_DIMS), min(d for d in m.HEAD_DIMS if d >= 64)
+
+    def qkv(d, dt):
+        return [_e(1, 2, 256, d, dtype=dt) for _ in range(3)]
+
     for dt in dts:
-        for d in [d for d in m.HEAD_DIMS if d >= 64]:  # 16 and 32 take the d=64 tiles with less smem
-            q = lambda d=d, dt=dt: _e(1, 2, 256, d, dtype=dt)  # noqa: E731
-            for causal in (False, True):
-                for cfg in m.attention_configs(info, d, dt, causal):
-                    yield (f"flash_attention {_name(dt)} d={d} causal={causal} {cfg}",
-                           lambda q=q, c=causal, cfg=cfg: m.flash_attention(q(), q(), q(), c, config=cfg))
-                yield (f"flash_attention_teaching {_name(dt)} d={d} causal={causal}",
-                       lambda q=q, c=causal: m.flash_attention_teaching(q(), q(), q(), c))
-            yield (f"flash_attention lse {_name(dt)} d={d}",
-                   lambda q=q: m.flash_attention(q(), q(), q(), True, return_lse=True,
-                                                 config=m.attention_configs(info, q().shape[-1], dt, True)[0]))
-            yield (f"flash_attention_teaching lse {_name(dt)} d={d}",
-                   lambda q=q: m.flash_attention_teaching(q(), q(), q(), True, return_lse=True))
+        n = _name(dt)
+        for cfg in m.attention_configs(info, d_max, dt, False):
+            yield (f"flash_attention {n} d={d_max} {cfg}",
+                   lambda dt=dt, cfg=cfg: m.flash_attention(*qkv(d_max, dt), False, config=cfg))
+        for d in (d_max, d_min):
+            for causal in ((True,) if d == d_max else (False, True)):
+                cfg = m.attention_configs(info, d, dt, causal)[0]
+                yield (f"flash_attention {n} d={d} causal={causal} {cfg}",
+                       lambda d=d, dt=dt, c=causal, cfg=cfg: m.flash_attention(*qkv(d, dt), c, config=cfg))
+            yield (f"flash_attention_teaching {n} d={d}",
+                   lambda d=d, dt=dt: m.flash_attention_teaching(*qkv(d, dt), False))
+        yield (f"flash_attention_teaching causal {n} d={d_max}",
+               lambda dt=dt: m.flash_attention_teaching(*qkv(d_max, dt), True))
+        cfg = m.attention_configs(info, d_min, dt, True)[0]
+        yield (f"flash_attention lse {n} d={d_min}",
+               lambda dt=dt, cfg=cfg: m.flash_attention(*qkv(d_min, dt), True, return_lse=True, config=cfg))
+        yield (f"flash_attention_teaching lse {n} d={d_min}",
+               lambda dt=dt: m.flash_attention_teaching(*qkv(d_min, dt), True, return_lse=True))
 
 
 DEFAULT_CASES: dict[str, Callable] = {

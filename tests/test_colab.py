@@ -232,3 +232,17 @@ def test_course_notebooks_have_the_header():
     stale = [str(p.relative_to(ROOT)) for p in paths
              if header.apply_header(nbformat.read(p, as_version=4), url)]
     assert not stale, f"run `python tools/notebook_header.py && make exercises`; stale headers: {stale}"
+
+
+def test_badge_table(tmp_path, monkeypatch):
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = _nb(("t", "md", "intro\n# Chapter 9: a title"), ("a", "code", "1"))
+    nbformat.write(nb, nbdir / "09_x.ipynb")
+    nbformat.write(_nb(("a", "code", "1")), nbdir / "10_y.ipynb")
+    table = header.badge_table(header.notebooks_in([str(nbdir)]), URL, "main", root=tmp_path)
+    lines = table.splitlines()
+    assert len(lines) == 4
+    assert "`notebooks/09_x.ipynb` | Chapter 9: a title |" in lines[2]
+    assert lines[2].endswith("blob/main/notebooks/09_x.ipynb) |")
+    assert "| 10_y |" in lines[3]  # no heading: the file name

@@ -3,6 +3,7 @@
     python tools/notebook_header.py            # notebooks/ and solutions/ (then: make exercises)
     python tools/notebook_header.py --check    # exit 1 if any notebook's header is missing or stale
     python tools/notebook_header.py --repo https://github.com/OWNER/REPO  a.ipynb b.ipynb
+    python tools/notebook_header.py --badges   # print the README's "Open in Colab" table, change nothing
 
 Cell 1 (id ``colab-setup``): on Google Colab only, installs ``course_utils`` from the repository and
 keeps Colab's torch and triton (its source comes from :func:`course_utils.colab.setup_cell_source`).
@@ -107,13 +108,37 @@ def notebooks_in(paths: list[str], root: Path = ROOT) -> list[Path]:
     return found
 
 
+def _title(path: Path) -> str:
+    """The notebook's first Markdown heading, else its file name."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return path.stem
+
+
+def badge_table(paths: list[Path], url: str, branch: str = "main", root: Path = ROOT) -> str:
+    """A Markdown table: one row per notebook, with its title and an "Open in Colab" badge."""
+    rows = ["| notebook | | |", "| --- | --- | --- |"]
+    for p in paths:
+        rel = p.resolve().relative_to(root).as_posix()
+        rows.append(f"| `{rel}` | {_title(p)} | {colab.badge_markdown(url, rel, branch)} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", help="notebooks or folders (default: notebooks/ solutions/)")
     ap.add_argument("--repo", help="repository URL the Colab cell clones")
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a header is stale")
+    ap.add_argument("--badges", action="store_true", help="print a Markdown table of Open-in-Colab links")
+    ap.add_argument("--branch", default="main", help="branch the Colab links open (default main)")
     args = ap.parse_args(argv)
     url = repo_url(args.repo)
+    if args.badges:
+        print(badge_table(notebooks_in(args.paths or [str(ROOT / "notebooks")]), url, args.branch))
+        return 0
     stale = []
     for path in notebooks_in(args.paths):
         nb = nbformat.read(path, as_version=4)
