@@ -12,7 +12,9 @@ from course_utils import check, hardware
 from course_utils.kernels import attention as A
 
 DEV = cu.DEVICE
-TOL = {torch.float32: 2e-3 if cu.on_gpu() else 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+# a float32 tl.dot runs in tf32 on a GPU (the teaching kernel keeps that default)
+TOL = {torch.float32: 5e-3 if cu.on_gpu() else 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+LSE_TOL = 2e-2 if cu.on_gpu() else 1e-3
 DTYPES = list(cu.env.supported_dtypes())
 
 KERNELS = {"teaching": A.flash_attention_teaching, "tuned": A.flash_attention}
@@ -45,15 +47,16 @@ def test_matches_float64(kernel, dtype, causal, n, d):
     ref, lse_ref = A.attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
     assert o.dtype == dtype and o.shape == q.shape and lse.shape == q.shape[:3]
     _close(o, ref, dtype)
-    check.compare("lse", lse, lse_ref, atol=1e-3, rtol=1e-4)
+    check.compare("lse", lse, lse_ref, atol=LSE_TOL, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_large_magnitude_scores_are_stable(kernel):
-    q, k, v = _qkv(1, 2, 45, 16, torch.float32, scale=80.0)  # scores far past exp's fp32 range
+    dtype = torch.float16 if cu.on_gpu() else torch.float32  # tf32 would blur scores this large
+    q, k, v = _qkv(1, 2, 45, 16, dtype, scale=80.0)  # scores far past exp's range
     o = KERNELS[kernel](q, k, v)
     assert torch.isfinite(o).all()
-    _close(o, A.attention_ref(q.double(), k.double(), v.double()), torch.float32)
+    _close(o, A.attention_ref(q.double(), k.double(), v.double()), dtype)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
