@@ -461,7 +461,8 @@ def attention(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False
     lse = bh * n * 4 if save_lse else 0
     flash = Kernel("flash attention", qkv + kv, qkv + lse, 2 * mm * (0.5 if causal else 1.0))
     return Comparison(f"attention B={bsz} H={h} N={n} d={d} {dtype_name(dtype)}"
-                      + (" causal" if causal else "") + (", K/V read once" if kv_reads == "once" else ""), Traffic("standard", standard), Traffic("flash", (flash,)))
+                      + (" causal" if causal else "") + (", K/V read once" if kv_reads == "once" else ""),
+                      Traffic("standard", standard), Traffic("flash", (flash,)))
 
 
 # ---------------------------------------------------------------------------------------------
