@@ -165,11 +165,9 @@ def gpu_check(full: bool = True) -> list[str]:
     return problems
 
 
-TUNE_CONFIGS = [A.TileConfig(128, 64, 4, 3, True), A.TileConfig(128, 64, 4, 4, True),
-                A.TileConfig(128, 128, 8, 2, True), A.TileConfig(128, 128, 8, 3, True),
-                A.TileConfig(128, 128, 4, 3, True), A.TileConfig(128, 64, 8, 3, True),
-                A.TileConfig(128, 64, 4, 3, False),
-                A.TileConfig(128, 128, 8, 3, False)]
+TUNE_CONFIGS = [A.TileConfig(128, 64, 4, 3), A.TileConfig(128, 64, 4, 3, 2), A.TileConfig(128, 64, 4, 4, 2),
+                A.TileConfig(128, 128, 4, 3, 2), A.TileConfig(128, 128, 8, 3), A.TileConfig(128, 128, 8, 3, 2),
+                A.TileConfig(128, 64, 8, 3), A.TileConfig(128, 64, 8, 4, 2), A.TileConfig(128, 128, 8, 2, 2)]
 
 
 def config_sweep(n: int = 4096, dtype=torch.bfloat16, budget_s: float = 130.0):

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+import course_utils as cu
 from course_utils import check
 from course_utils.checkers import attention as ca
 from course_utils.kernels import attention as A
@@ -130,3 +131,18 @@ def test_changed_input_and_crash_and_unfinished():
 def test_wrong_shape_fails():
     with pytest.raises(check.CheckFailure, match="shape"):
         ca.check_attention(lambda q, k, v, causal=False: q[..., :8].clone(), "shape")
+
+
+@triton.jit
+def _unfinished_kernel(o_ptr):
+    raise NotImplementedError("Exercise 7.9: not written")
+
+
+@pytest.mark.skipif(cu.on_gpu(), reason="a raise inside a kernel is a compile error on a GPU")
+def test_unfinished_kernel_under_interpreter_names_the_exercise():
+    def fn(q, k, v, causal=False):
+        o = torch.empty_like(q)
+        _unfinished_kernel[(1,)](o)
+        return o
+    with pytest.raises(NotImplementedError, match="^Exercise 7.9: not written$"):
+        ca.check_attention(fn, "unfinished kernel")
