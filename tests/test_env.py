@@ -70,3 +70,30 @@ def test_without_a_gpu_import_sets_the_interpreter_and_says_so():
     assert "TRITON_INTERPRET=1" in r.stdout
     forced = _import_in_fresh_python(COURSE_MODE="cuda")
     assert forced.returncode != 0 and "sees no CUDA GPU" in forced.stderr
+
+
+def test_range_loops_with_runtime_bounds_run_under_the_interpreter():
+    """Triton 3.6's interpreter + NumPy >= 2.4 needs env's patch for `range(0, n, BLOCK)`."""
+    import pytest
+    import torch
+    import triton
+    import triton.language as tl
+
+    from course_utils import env
+
+    if env.on_gpu():
+        pytest.skip("interpreter only")
+
+    @triton.jit
+    def _sum_tiles(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        acc = tl.zeros((BLOCK,), tl.float32)
+        for start in range(0, n, BLOCK):
+            offsets = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+        tl.store(out_ptr + tl.arange(0, BLOCK), acc)
+
+    x = torch.randn(100)
+    out = torch.empty(16)
+    _sum_tiles[(1,)](x, out, x.numel(), BLOCK=16)
+    expected = torch.nn.functional.pad(x, (0, 12)).view(-1, 16).sum(0)
+    torch.testing.assert_close(out, expected)
