@@ -180,7 +180,10 @@ def test_reference_is_three_steps_and_causal():
 def test_peak_bytes_linear_vs_quadratic():
     q, k, v = _qkv(1, 2, 96, 16, torch.float32)
     out_bytes = q.numel() * 4
-    assert A.peak_bytes(A.flash_attention, q, k, v) == out_bytes  # the output only: S and P never exist
+    A.flash_attention(q, k, v)  # tiles chosen (timed on a GPU) before measuring
+    slack = 64 * 1024 if cu.on_gpu() else 0  # allocator rounding, descriptor scratch
+    # the output only: S and P never exist
+    assert out_bytes <= A.peak_bytes(A.flash_attention, q, k, v) <= out_bytes + slack
     s_bytes = 2 * 96 * 96 * 4
     assert A.peak_bytes(A.attention_ref, q, k, v) >= 2 * s_bytes  # scores and probabilities at once
     q2, k2, v2 = _qkv(1, 2, 192, 16, torch.float32)
