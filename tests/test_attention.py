@@ -93,7 +93,7 @@ def test_versions_agree_and_rows_sum():
     ones = torch.ones_like(v)
     # with v = 1 every output row is the sum of the softmax weights: exactly 1 up to rounding
     assert torch.allclose(A.flash_attention(q, k, ones, causal=True), ones, atol=1e-5)
-    assert torch.allclose(A.flash_attention(q, k, v), A.flash_attention_teaching(q, k, v), atol=1e-5)
+    assert torch.allclose(A.flash_attention(q, k, v), A.flash_attention_teaching(q, k, v), atol=TOL[torch.float32])
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
