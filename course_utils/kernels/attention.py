@@ -6,7 +6,8 @@ Version ladder (chapter 7):
      tiles, masks on every tile.
   v2 ``_attn_fwd_tuned``: v1 in base 2 (scale folded into log2 e), masks only on the ragged or diagonal
      tiles, causal tiles above the diagonal never visited, software pipelining (num_stages), tiles
-     chosen per device (:func:`attention_configs`), tensor-memory-accelerator loads on sm_90.
+     chosen per device (:func:`attention_configs`) and timed once per shape; on sm_90 the candidates
+     include tensor-descriptor (TMA copy engine) loads.
 
 Both versions handle any sequence length, head_dim 16/32/64/128, fp16/bf16/fp32, causal or not, and
 can return the log-sum-exp of each row (natural log, of the scaled scores) for a backward pass.
@@ -272,8 +273,9 @@ class TileConfig:
         return (self.block_m + 2 * max(self.num_stages - 1, 1) * self.block_n) * head_dim * itemsize
 
 
-# Candidates in order of preference, per architecture family (measured on an H100, see
-# results/*/attention_configs.csv; the A100/T4 lists follow from their shared memory).
+# Candidates in order of preference, per architecture family. The Hopper lists are the fastest of
+# results/h200/attention_configs.csv (an H200, bf16, N = 4096); the others follow from the shared
+# memory of an A100 (163 KiB) and of a T4 or a consumer GPU (64-99 KiB), not from measurements.
 _HOPPER = {
     64: [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 4, 3, 2), TileConfig(128, 128, 4, 3),
          TileConfig(128, 128, 4, 3, 2)],
