@@ -170,6 +170,32 @@ def sweep(quick: bool = False, with_cuda: bool = True):
     return pd.DataFrame(rows)
 
 
+def plot(df):
+    """GB/s against size: GELU per dtype, and the chain per dtype (device time, L2 flushed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ev = df[df.timing == "events"]
+    panels = [(case, dtype) for case in ("gelu", "chain") for dtype in sorted(set(ev[ev.case == case].dtype))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    for ax, (case, dtype) in zip(axes[0], panels, strict=True):
+        sel = ev[(ev.case == case) & (ev.dtype == dtype)]
+        for impl, g in sel.groupby("impl"):
+            if g.size_mib.nunique() < 2:
+                continue
+            g = g.sort_values("size_mib")
+            ax.plot(g.size_mib, g.gbps, marker="o", label=impl, linestyle="--" if impl == "copy_" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("MiB")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{case} {dtype}")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{TITLE} ({df['gpu'].iloc[0] if 'gpu' in df.columns else ''})")
+    fig.tight_layout()
+    return fig
+
+
 def _ratio(df, case, dtype, size, impl, other, timing="events"):
     sel = df[(df.case == case) & (df.dtype == dtype) & (df.size_mib == size) & (df.timing == timing)]
     a = sel[sel.impl == impl]
