@@ -139,6 +139,9 @@ def check_bandwidth(copy_bandwidth, n_gpus: int = 4) -> None:
             raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
         got = _number(what, got)
         ratio = got / gpu.hbm_gbps
+        if not gpu.kernels:
+            raise CheckFailure(f"{what}: you never made a kernel, so nothing was measured: make one with "
+                               "gpu.kernel(nbytes) and time it")
         if abs(ratio - 1) <= BANDWIDTH_TOLERANCE:
             biggest = max((k.nbytes for k in gpu.kernels), default=0)
             if biggest < 4 * gpu.l2_bytes:
@@ -149,9 +152,7 @@ def check_bandwidth(copy_bandwidth, n_gpus: int = 4) -> None:
         biggest = max((k.nbytes for k in gpu.kernels), default=0)
         msg = (f"{what}: you measured {got:.4g} GB/s on a GPU whose DRAM moves {gpu.hbm_gbps:.4g} GB/s "
                f"({ratio:.2f}x).")
-        if not gpu.kernels:
-            msg += " You never made a kernel: use gpu.kernel(nbytes)."
-        elif biggest < 4 * gpu.l2_bytes:
+        if biggest < 4 * gpu.l2_bytes:
             msg += (f" Your working set ({biggest} bytes) is under 4x the L2 "
                     f"(gpu.l2_bytes = {gpu.l2_bytes}): "
                     + ("it ran from L2, faster than DRAM." if ratio > 1 else
