@@ -300,9 +300,9 @@ def _output(x: torch.Tensor, out, info) -> torch.Tensor:
     if out is None:
         return torch.empty_like(x)
     _check_tensor("out", out, info)
-    if out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out must have the input's shape {tuple(x.shape)} and dtype {x.dtype}, "
-                         f"got {tuple(out.shape)} {out.dtype}")
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out must have the input's shape {tuple(x.shape)}, dtype {x.dtype} and device "
+                         f"{x.device}, got {tuple(out.shape)} {out.dtype} {out.device}")
     return out
 
 
@@ -321,6 +321,8 @@ def _check_bias(x: torch.Tensor, bias, info) -> int:
                          f"{x.shape[-1] if x.dim() else 'none: x is 0-D'}), got shape {tuple(bias.shape)}")
     if bias.dtype != x.dtype:
         raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}: pass them in the same dtype")
+    if bias.device != x.device:
+        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
     return bias.shape[0]
 
 
@@ -329,9 +331,9 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
     info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
     _check_tensor("x", x, info)
     _check_tensor("y", y, info)
-    if x.shape != y.shape or x.dtype != y.dtype:
-        raise ValueError(f"x and y must have the same shape and dtype, got {tuple(x.shape)} {x.dtype} "
-                         f"and {tuple(y.shape)} {y.dtype}")
+    if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+        raise ValueError(f"x and y must have the same shape, dtype and device, got {tuple(x.shape)} {x.dtype} "
+                         f"{x.device} and {tuple(y.shape)} {y.dtype} {y.device}")
     out = _output(x, out, info)
     n = x.numel()
     if n == 0:
