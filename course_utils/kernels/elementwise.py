@@ -12,7 +12,9 @@ Every launcher takes BLOCK_SIZE, num_warps and the offset width from :func:`laun
 function of the element count, the dtype and a :class:`~course_utils.hardware.DeviceInfo`, so what
 a launcher would pick on a T4, an A100 or an H100 can be asked on a machine with no GPU. Inputs
 are float32, float16 or bfloat16 (bfloat16 from sm_80 on); the math is float32 and the output has
-the input's dtype. Offsets are int64 when a tensor comes within reach of 2^31 elements.
+the input's dtype. Offsets are int64 when a tensor comes within reach of 2^31 elements. On a GPU,
+calls after the first skip Triton's per-call argument binding and go straight to the compiled
+kernel's launcher (:func:`_launch`): small tensors are launch-bound.
 """
 
 from __future__ import annotations
@@ -160,9 +162,10 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
     """BLOCK_SIZE, num_warps, offset width and grid for ``n_elements`` of ``dtype`` on ``info``.
 
     From sm_80 on, a program takes 1024 float32 or 4096 16-bit elements with 4 warps (8 and 32
-    elements, 32 and 64 bytes, per thread), the best of a BLOCK_SIZE x num_warps sweep of GELU at
-    1 GiB on an H200 (``results/h200/elementwise_tune.csv``). Smaller tensors get smaller tiles so
-    that about 4 programs land on each SM, never below 16 bytes per thread. Under the interpreter
+    elements, 32 and 64 bytes, per thread): within 0.2% of the fastest configuration of a
+    BLOCK_SIZE x num_warps sweep of GELU at 1 GiB in bf16 and fp32 on an H200
+    (``results/h200/elementwise_tune.csv``). Smaller tensors get smaller tiles so that about 4
+    programs land on each SM, never below 16 bytes per thread. Under the interpreter
     (no SMs to fill) tiles are as large as allowed: fewer programs run faster in Python.
     ``max_block`` caps the tile for kernels with much arithmetic per element (the dropout's Philox).
     """
