@@ -4,6 +4,7 @@
     python -m benchmarks.run --quick            # fewer sizes
     python -m benchmarks.run --only softmax,attention
     python -m benchmarks.run --list
+    python -m benchmarks.run --recorded [h200]  # no GPU: re-judge the targets from results/<gpu>/*.csv
 
 Steps: measure the ceilings once (device-to-device copy and a dense matmul, written to
 ``results/<gpu>/ceilings.csv``); for each topic module ``benchmarks/<topic>.py`` that has a
@@ -223,7 +224,7 @@ def run(topics, *, quick: bool = False, ceilings: bench.Ceilings, out_root: Path
 
 
 def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir: Path, quick: bool,
-                  before=None) -> None:
+                  before=None, recorded: bool = False) -> None:
     """``targets.csv`` and ``targets.md``; ``before`` (the summary as it was when the run started)
     keeps the rows of topics this run did not redo (``--only``)."""
     import pandas as pd
@@ -240,13 +241,67 @@ def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir:
     runs = pd.DataFrame([{"topic": r.name, "status": r.status, "rows": r.rows, "seconds": round(r.seconds, 1),
                           "note": r.message[:120]} for r in results])
     v = bench.provenance()
-    title = (f"Speed targets on {ceilings.gpu} (torch {v['torch']}, triton {v['triton']}, {v['date']}"
-             f"{', --quick' if quick else ''})")
+    if recorded:
+        title = (f"Speed targets on {ceilings.gpu}, judged on {v['date']} from the recorded results "
+                 "(each topic's CSV names its own run)")
+    else:
+        title = (f"Speed targets on {ceilings.gpu} (torch {v['torch']}, triton {v['triton']}, {v['date']}"
+                 f"{', --quick' if quick else ''})")
     text = to_markdown(summary, title)
     text += (f"\nCeilings: copy {ceilings.copy_gbps:.0f} GB/s, {ceilings.matmul_dtype} matmul "
              f"{ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note}).\n\n")
     text += to_markdown(runs, f"Topics run ({sum(r.seconds for r in results):.0f} s)").replace("# Topics", "## Topics")
     (out_dir / "targets.md").write_text(text)
+
+
+def judge_recorded(topics, *, slug: str, out_root: Path = bench.RESULTS, plots: bool = False) -> list[TopicResult]:
+    """Without a GPU: judge each topic's targets (and redraw its plots) from ``results/<slug>/<topic>.csv``.
+
+    Every CSV keeps its own provenance columns; the summary says it was judged from recorded runs.
+    """
+    import pandas as pd
+
+    out_dir = out_root / slug
+    ceil_path = next((out_dir / f for f in ("ceilings.csv", "benchmarking_ceilings.csv") if (out_dir / f).exists()),
+                     None)
+    if ceil_path is None:
+        raise SystemExit(f"no ceilings.csv recorded under {out_dir}")
+    ceilings = bench.Ceilings.from_frame(pd.read_csv(ceil_path))
+    before = pd.read_csv(out_dir / "targets.csv") if (out_dir / "targets.csv").exists() else None
+    results = []
+    for name, module in topics:
+        res = TopicResult(name, getattr(module, "TITLE", name))
+        path = out_dir / f"{name}.csv"
+        if isinstance(module, Exception) or not hasattr(module, "sweep"):
+            res.status, res.message = "skipped", "not a sweep module" if not isinstance(module, Exception) \
+                else f"import failed: {module}"
+        elif not path.exists():
+            res.status, res.message = "skipped", f"no recorded results ({path.name})"
+        else:
+            t0 = time.perf_counter()
+            df = pd.read_csv(path)
+            res.rows, res.csv = len(df), path
+            try:
+                res.targets = list(module.targets(df)) if hasattr(module, "targets") else []
+                if plots:
+                    figs = module.plot(df) if hasattr(module, "plot") else None
+                    if figs is None:
+                        res.plots = default_plots(df, name, res.title, out_dir)
+                    else:
+                        import matplotlib.pyplot as plt
+                        for i, fig in enumerate(figs if isinstance(figs, (list, tuple)) else [figs]):
+                            p = out_dir / (f"{name}.png" if i == 0 else f"{name}_{i}.png")
+                            fig.savefig(p, dpi=110)
+                            plt.close(fig)
+                            res.plots.append(p)
+            except Exception as e:
+                res.status, res.message = "error", f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+            res.seconds = time.perf_counter() - t0
+        results.append(res)
+    judged = [r for r in results if r.status != "skipped"]
+    write_summary(judged, ceilings, out_dir, False, before, recorded=True)
+    return results
 
 
 def report(results: list[TopicResult], ceilings: bench.Ceilings, total_s: float) -> str:
@@ -267,6 +322,14 @@ def report(results: list[TopicResult], ceilings: bench.Ceilings, total_s: float)
     return "\n".join(lines)
 
 
+def pd_read(folder: Path) -> bench.Ceilings:
+    import pandas as pd
+    for f in ("ceilings.csv", "benchmarking_ceilings.csv"):
+        if (folder / f).exists():
+            return bench.Ceilings.from_frame(pd.read_csv(folder / f))
+    raise SystemExit(f"no ceilings under {folder}")
+
+
 def main(argv=None, *, package: str = "benchmarks", ceilings: bench.Ceilings | None = None,
          out_root: Path | None = None, slug: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
@@ -274,6 +337,10 @@ def main(argv=None, *, package: str = "benchmarks", ceilings: bench.Ceilings | N
     ap.add_argument("--quick", action="store_true", help="fewer sizes")
     ap.add_argument("--list", action="store_true", help="list the topics and exit")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--recorded", nargs="?", const="", metavar="GPU_FOLDER",
+                    help="no GPU needed: judge the targets from results/<gpu>/<topic>.csv (first GPU folder "
+                         "with ceilings.csv when none is named)")
+    ap.add_argument("--plots", action="store_true", help="with --recorded: redraw the plots too")
     args = ap.parse_args(argv)
     found = discover(package)
     if args.list:
@@ -284,6 +351,18 @@ def main(argv=None, *, package: str = "benchmarks", ceilings: bench.Ceilings | N
         return 0
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
     topics = select(found, only)
+    if args.recorded is not None:
+        root = out_root or bench.RESULTS
+        slug = args.recorded or slug or next(
+            (g for g in bench.recorded_gpus() if (root / g / "ceilings.csv").exists()), None)
+        if not slug:
+            print(f"no recorded results with ceilings under {root}", file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        results = judge_recorded(topics, slug=slug, out_root=root, plots=args.plots)
+        ceil_df = pd_read(root / slug)
+        print(report(results, ceil_df, time.perf_counter() - t0))
+        return 1 if any(r.status == "error" for r in results) else 0
     if ceilings is None:
         if not cu.on_gpu():
             print("make bench measures a real GPU and none is visible (mode: interpreter). The notebooks "
