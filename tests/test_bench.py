@@ -380,3 +380,21 @@ def test_check_attainable():
                          (lambda i, p, b: None, "nothing")):
         with pytest.raises(CheckFailure, match=words):
             checks.check_attainable(wrong)
+
+
+def test_chapter8_scale_kernel_under_the_interpreter():
+    bb = bench.topic("benchmarking")
+    for n in (1, 7, 1000, 3001):
+        x = torch.randn(n, device=cu.DEVICE) * 100
+        y = torch.full_like(x, float("nan"))
+        bb.scale(x, y, salt=n)
+        assert torch.equal(y, 2 * x)
+    empty = torch.empty(0, device=cu.DEVICE)
+    assert bb.scale(empty, empty.clone()).numel() == 0
+    with pytest.raises(ValueError):
+        bb.scale(torch.zeros(4, device=cu.DEVICE), torch.zeros(5, device=cu.DEVICE))
+    with pytest.raises(ValueError):
+        bb.scale(torch.zeros(4, 2, device=cu.DEVICE).t(), torch.zeros(2, 4, device=cu.DEVICE))
+    if not cu.on_gpu():
+        with pytest.raises(RuntimeError, match="recorded"):
+            bb.sweep(quick=True)
