@@ -29,32 +29,6 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
 
 
-def _fix_interpreter_loop_bounds() -> None:
-    """Let ``range(0, n, BLOCK)`` over a runtime ``n`` run under Triton 3.6's interpreter with NumPy >= 2.3.
-
-    The interpreter holds every scalar as a one-element array and converts loop bounds with
-    ``int(array)``, which recent NumPy refuses for arrays that are not 0-d. Idempotent; the
-    compiled (GPU) path is untouched. (Belongs in ``course_utils.env``; kept here until it moves.)
-    """
-    from triton.runtime import interpreter
-
-    if getattr(interpreter._patch_lang_tensor, "_course_fixed", False):
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0])
-                       if self.handle.data.size == 1 else int(self.handle.data))
-
-    patched._course_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if env.MODE == "interpreter":
-    _fix_interpreter_loop_bounds()
-
-
 # --------------------------------------------------------------------------------------------------
 # v1: the teaching kernel, readable top to bottom
 # --------------------------------------------------------------------------------------------------
