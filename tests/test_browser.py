@@ -265,8 +265,11 @@ def _run_all(page) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
 
+PANEL = ".jp-NotebookPanel:visible"  # the notebook on show (other tabs, if any, are hidden)
+
+
 def _prompts(page) -> list[str]:
-    return page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    return page.locator(f"{PANEL} .jp-CodeCell .jp-InputPrompt").all_inner_texts()
 
 
 def _saved_notebook(path: Path, n_before: float, page) -> nbformat.NotebookNode:
@@ -289,13 +292,24 @@ def _cell_errors(nb) -> list[str]:
     return errors
 
 
-WIDGET_ROOTS = ".jp-OutputArea-output > .jupyter-widgets, .jp-OutputArea-output > .widget-container"
+WIDGET_ROOTS = (f"{PANEL} .jp-OutputArea-output > .jupyter-widgets, "
+                f"{PANEL} .jp-OutputArea-output > .widget-container")
 
 
 def _view_text(root) -> str:
-    """What the widget shows besides its controls: its HTML and Output children."""
+    """What the widget shows besides its controls: the text of its HTML and Output children."""
     texts = root.locator(".widget-html-content, .widget-output").all_inner_texts()
     return "\n".join(texts) if texts else root.inner_text()
+
+
+VIEW_STATE_JS = """el => [...el.querySelectorAll('.widget-html-content, .widget-output')].map(
+    e => e.innerText + '|' + [...e.querySelectorAll('img')].map(i => i.src.length + ':' + i.src.slice(-80)).join(',')
+).join('\\n') || el.innerText"""
+
+
+def _view_state(root) -> str:
+    """The view's text and its images (a plot redrawn changes an image, not the text)."""
+    return root.evaluate(VIEW_STATE_JS)
 
 
 def _moves(root):
@@ -317,7 +331,7 @@ def _moves(root):
 
 def _move_one_control(root, timeout: float = 15):
     """Move controls one at a time until the view changes; (label, text before, text after)."""
-    before = _view_text(root)
+    before, text0 = _view_state(root), _view_text(root)
     for label, move in _moves(root):
         try:
             move()
@@ -325,30 +339,39 @@ def _move_one_control(root, timeout: float = 15):
             continue
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            after = _view_text(root)
-            if after != before:
-                time.sleep(0.3)  # let the rest of the update land
-                return label, before, _view_text(root)
+            if _view_state(root) != before:
+                time.sleep(0.5)  # let the rest of the update land
+                return label, text0, _view_text(root)
             time.sleep(0.2)
-    return None, before, before
+    return None, text0, text0
 
 
 # ------------------------------------------------------------------------------------ the test
 
-@pytest.mark.parametrize("notebook", lecture_notebooks() or [None], ids=lambda p: p.stem if p else "none")
-def test_notebook_in_jupyterlab(notebook, lab, browser):
-    if notebook is None:
-        pytest.skip("no lecture notebooks in notebooks/ yet")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    name = notebook.name
+def exercise_notebook(lab, browser, name: str, stem: str, move_timeout: float = 15) -> tuple[list[str], list[str]]:
+    """Open ``notebooks/<name>`` of the lab's work folder, run all, check it; (problems, report).
+
+    Problems are what a student would see go wrong: a cell that raised or did not run, a widget that
+    did not display, a control that changes nothing, a view that disagrees with its ``render()``.
+    Infrastructure failures (a server that never answers) raise instead.
+    """
     path = lab["work"] / "notebooks" / name
     mtime0 = path.stat().st_mtime
     page = browser.new_page(viewport={"width": 1500, "height": 1000})
     console_errors: list[str] = []
     page.on("pageerror", lambda e: console_errors.append(str(e)))
+    problems: list[str] = []
+    report: list[str] = []
+    t_start = time.monotonic()
+
+    def step(what):
+        print(f"[browser {name} +{time.monotonic() - t_start:.0f}s] {what}", flush=True)
     try:
-        page.goto(f"{lab['base']}/lab/tree/notebooks/{name}", wait_until="domcontentloaded", timeout=120_000)
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+        # a workspace of its own, reset: only this notebook's tab is open (no tabs restored from before)
+        workspace = re.sub(r"[^A-Za-z0-9_-]", "-", stem)
+        page.goto(f"{lab['base']}/lab/workspaces/{workspace}/tree/notebooks/{name}?reset",
+                  wait_until="domcontentloaded", timeout=120_000)
+        page.locator(f"{PANEL} .jp-Cell").first.wait_for(timeout=120_000)
 
         def kernel_ready():
             accept = page.locator(".jp-Dialog .jp-mod-accept")  # "Select Kernel" (no kernelspec saved)
@@ -356,70 +379,81 @@ def test_notebook_in_jupyterlab(notebook, lab, browser):
                 accept.first.click()
             return _kernel_state(lab, name) == "idle"
         _wait(kernel_ready, 180, "the kernel to start")
+        step("kernel idle; running all cells")
         _dismiss_toasts(page)
         t0 = time.monotonic()
         _run_all(page)
-        n_code = sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
+        idle_polls = [0]
 
         def finished():
-            prompts = _prompts(page)
-            done = len(prompts) == n_code and not any("*" in p for p in prompts)
-            return done and _kernel_state(lab, name) == "idle"
+            busy = any("*" in p for p in _prompts(page)) or _kernel_state(lab, name) != "idle"
+            idle_polls[0] = 0 if busy else idle_polls[0] + 1
+            return idle_polls[0] >= 4  # idle for 2 s in a row: the queue of Run All is empty
         time.sleep(2)
         _wait(finished, RUN_TIMEOUT_S, f"all cells of {name} to run")
-        _wait(finished, 30, "the kernel to stay idle")
         run_s = time.monotonic() - t0
+        step(f"all cells ran in {run_s:.0f} s; saving")
         nb = _saved_notebook(path, mtime0, page)
-        errors = _cell_errors(nb)
-        assert not errors, f"{name} in JupyterLab:\n" + "\n".join(errors)
+        problems += _cell_errors(nb)
         banner = [c for c in nb.cells if c.get("id") == "banner"]
         if banner:
             shown = "".join(o.get("text", "") for o in banner[0].outputs)
-            assert "mode: interpreter" in shown, f"the banner cell says {shown!r}"
-        body = page.locator(".jp-Notebook").inner_text()
-        bad = [t for t in WIDGET_TEXT_ERRORS if t in body]
-        assert not bad, f"{name}: a widget did not display: {bad}"
+            if "mode: interpreter" not in shown:
+                problems.append(f"the banner cell should say 'mode: interpreter', it says {shown!r}")
+        body = page.locator(f"{PANEL} .jp-Notebook").inner_text()
+        problems += [f"a widget did not display: {t!r} on the page" for t in WIDGET_TEXT_ERRORS if t in body]
 
         # ---- widgets: rendered, and they answer to their controls as their render() says
         roots = page.locator(WIDGET_ROOTS).all()
+        open_tabs = page.locator(".jp-NotebookPanel").count()
+        if open_tabs != 1:
+            problems.append(f"{open_tabs} notebooks open in the page; expected only {name}")
+        step(f"{len(roots)} widgets on the page")
         session = _session(lab, name)
         connection = lab["runtime"] / f"kernel-{session['kernel']['id']}.json"
         before = probe_kernel(connection) if roots else []
-        for entry in before:
-            assert "render_error" not in entry, f"{entry['cls']}.render() failed: {entry['render_error']}"
-        report = []
+        problems += [f"{e['cls']}.render() raised {e['render_error']}" for e in before if "render_error" in e]
         for k, root in enumerate(roots):
             root.scroll_into_view_if_needed()
             box = root.bounding_box()
-            assert box and box["width"] > 50 and box["height"] > 20, f"widget {k} of {name} is not rendered: {box}"
+            if not (box and box["width"] > 50 and box["height"] > 20):
+                problems.append(f"widget {k} is not rendered (bounding box {box})")
+                continue
             if not _moves(root):
                 report.append(f"widget {k}: no control to move")
                 continue
-            label, text0, text1 = _move_one_control(root)
-            assert label is not None, f"widget {k} of {name}: no control changed its view (shows {text0[:200]!r})"
+            label, text0, text1 = _move_one_control(root, move_timeout)
+            root.screenshot(path=str(ARTIFACTS / f"{stem}-widget{k}.png"))
+            if label is None:
+                problems.append(f"widget {k}: no control changed its view (it shows {text0[:200]!r})")
+                continue
             after = probe_kernel(connection)
             old = {e["id"]: e["values"] for e in before}
             moved = [e for e in after if old.get(e["id"]) not in (None, e["values"])]
-            assert moved, f"widget {k} of {name}: the view changed ({label}) but no course widget's controls did"
-            with_render = [e for e in moved if e["render"] is not None]
-            for e in moved:
-                assert e["shown_matches"] in (None, True), \
-                    f"{e['cls']} shows something else than its render() for {e['values']}"
-            if with_render:
-                want = [squash(html_text(e["render"])) for e in with_render]
-                assert squash(text1) in want, (f"widget {k} of {name} after {label} shows\n{text1[:600]}\n"
-                                               f"but its render() says\n{html_text(with_render[0]['render'])[:600]}")
-            root.screenshot(path=str(ARTIFACTS / f"{notebook.stem}-widget{k}.png"))
-            report.append(f"widget {k} ({moved[0]['cls']}): {label} -> view matches render()")
             before = after
+            if not moved:
+                report.append(f"widget {k}: {label} changed the view (not a course widget: no render() to check)")
+                continue
+            for e in moved:
+                if e["shown_matches"] is False:
+                    problems.append(f"widget {k} ({e['cls']}): its output is not its render() for {e['values']}")
+            with_render = [e for e in moved if e["render"] is not None]
+            want = [squash(html_text(e["render"])) for e in with_render]
+            if want and not any(w in squash(text1) for w in want):
+                problems.append(f"widget {k} ({with_render[0]['cls']}) after {label} shows {text1[:300]!r} but its "
+                                f"render() says {html_text(with_render[0]['render'])[:300]!r}")
+            else:
+                report.append(f"widget {k} ({moved[0]['cls']}): {label} -> view matches render()")
         if roots:
             roots[0].scroll_into_view_if_needed()
-        page.screenshot(path=str(ARTIFACTS / f"{notebook.stem}.png"))
-        assert not console_errors, f"{name}: JavaScript errors: {console_errors[:5]}"
-        print(f"{name}: ran in {run_s:.0f} s; {len(roots)} widgets; " + "; ".join(report))
+        page.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
+        problems += [f"JavaScript error: {e}" for e in console_errors[:5]]
+        step(f"done: {len(roots)} widgets, {len(problems)} problems")
+        report.insert(0, f"{name}: cells ran in {run_s:.0f} s; {len(roots)} widgets")
+        return problems, report
     except Exception:
         try:
-            page.screenshot(path=str(ARTIFACTS / f"{notebook.stem}-FAILED.png"))
+            page.screenshot(path=str(ARTIFACTS / f"{stem}-FAILED.png"))
         except Exception:  # noqa: BLE001
             pass
         raise
@@ -431,3 +465,65 @@ def test_notebook_in_jupyterlab(notebook, lab, browser):
                 _request(f"{lab['base']}/api/sessions/{s['id']}", "DELETE")
             except OSError:
                 pass
+
+
+@pytest.mark.parametrize("notebook", lecture_notebooks() or [None], ids=lambda p: p.stem if p else "none")
+def test_notebook_in_jupyterlab(notebook, lab, browser):
+    if notebook is None:
+        pytest.skip("no lecture notebooks in notebooks/ yet")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    problems, report = exercise_notebook(lab, browser, notebook.name, notebook.stem)
+    print("; ".join(report))
+    assert not problems, f"{notebook.name} in JupyterLab:\n" + "\n".join(problems)
+
+
+SELFTEST_CELLS = [
+    ("selftest-widgets", """import ipywidgets as w
+
+
+class Lying:  # its view says n + 1 while render() says n
+    def __init__(self):
+        self.controls = {"n": w.IntSlider(value=1, min=0, max=10, description="n")}
+        self.output = w.HTML(self.render())
+        self.controls["n"].observe(lambda ch: setattr(self.output, "value", f"<b>n is {ch['new'] + 1}</b>"),
+                                   names="value")
+        self.widget = w.VBox([self.controls["n"], self.output])
+
+    def render(self):
+        return f"<b>n is {self.controls['n'].value}</b>"
+
+
+class Frozen(Lying):  # its controls change nothing on the page
+    def __init__(self):
+        self.controls = {"m": w.IntSlider(value=1, min=0, max=10, description="m")}
+        self.output = w.HTML(self.render())
+        self.widget = w.VBox([self.controls["m"], self.output])
+
+    def render(self):
+        return f"<b>m is {self.controls['m'].value}</b>"
+
+
+Lying.__module__ = Frozen.__module__ = "course_utils.widgets.selftest"   # the probe looks there
+lying, frozen = Lying(), Frozen()
+display(lying.widget, frozen.widget)"""),
+    ("selftest-error", "1 / 0"),
+]
+
+
+def test_the_browser_test_catches_broken_notebooks(lab, browser):
+    """A notebook with a widget that lies, a widget that ignores its slider and a cell that raises."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for cell_id, source in SELFTEST_CELLS:
+        cell = nbformat.v4.new_code_cell(source)
+        cell["id"] = cell_id
+        nb.cells.append(cell)
+    nbformat.write(nb, lab["work"] / "notebooks" / "00_selftest.ipynb")
+    problems, report = exercise_notebook(lab, browser, "00_selftest.ipynb", "00_selftest", move_timeout=4)
+    text = "\n".join(problems)
+    assert "ZeroDivisionError" in text, text
+    assert "widget 0 (Lying): its output is not its render()" in text, text
+    assert "but its render() says 'n is" in text, text
+    assert "widget 1: no control changed its view (it shows 'm is 1')" in text, text
+    assert len(problems) == 4, text
