@@ -5,9 +5,10 @@ machine with no GPU.
     python -m course_utils.aot                 # all three targets, a table; exit 1 on any failure
     python -m course_utils.aot --arch 75 --json matrix.json
 
-How, in one process where ``TRITON_INTERPRET`` is unset (so ``@triton.jit`` makes real
-``JITFunction`` objects; ``import course_utils`` switches the interpreter on when there is no GPU,
-so :func:`main` switches it off again before any kernel module is imported):
+How, in a fresh process that imports Triton with ``TRITON_INTERPRET`` unset, so that ``@triton.jit``
+(Triton's own ``tl.max``, ``tl.cdiv`` included) makes real ``JITFunction`` objects (:func:`main`
+starts it; ``import course_utils`` switches the interpreter on when there is no GPU, so it is
+switched off again before any kernel module is imported):
 
 1. *Pretend*: ``hardware.device_info()`` returns ``DeviceInfo.for_arch(arch)`` and ``env.on_gpu()``
    returns True, so launchers choose tiles, warps, stages and dtypes as they would on that GPU.
@@ -380,10 +381,12 @@ def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
     JITFunction, _ = _jit_classes()
     modules = [m for m in kernel_modules() if not module_filter or module_filter in m.__name__]
     kernels = launched_kernels(modules)
+    from triton.language import standard
     interpreted = [k for k, f in jit_functions(modules).items() if type(f).__name__ == "InterpretedFunction"]
-    if interpreted or any(not isinstance(f, JITFunction) for f in kernels.values()):
-        raise RuntimeError("kernels were decorated under TRITON_INTERPRET=1: run the compile matrix in a "
-                           "process where it is unset (python -m course_utils.aot)")
+    if interpreted or not isinstance(standard.cdiv, JITFunction) or \
+            any(not isinstance(f, JITFunction) for f in kernels.values()):
+        raise RuntimeError("Triton or the kernels were imported under TRITON_INTERPRET=1: run the compile "
+                           "matrix through course_utils.aot.main() (python -m course_utils.aot)")
     out = {"archs": list(archs), "kernels": sorted(kernels), "results": [], "case_errors": [],
            "uncovered": {}, "versions": env.versions()}
     for arch in archs:
@@ -440,18 +443,35 @@ def table(matrix: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Compile every course kernel for sm_75/80/90 without a GPU.")
+# Triton's own library (tl.max, tl.cdiv, ...) is decorated when triton.language is first imported, and
+# `import course_utils` imports Triton's interpreter after switching it on. So the matrix runs in a
+# fresh process that imports Triton first, with the interpreter off, then course_utils; no GPU is
+# used even where there is one (the tensors the cases pass are CPU tensors, nothing runs).
+_BOOT = ("import triton, triton.language, sys\n"
+         "from course_utils import aot\n"
+         "sys.exit(aot.main(sys.argv[1:], _booted=True))")
+
+
+def subprocess_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "COURSE_MODE")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def main(argv: list[str] | None = None, _booted: bool = False) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not _booted:
+        import subprocess
+        return subprocess.call([sys.executable, "-c", _BOOT, *argv], env=subprocess_env())
+    ap = argparse.ArgumentParser(prog="python -m course_utils.aot",
+                                 description="Compile every course kernel for sm_75/80/90 without a GPU.")
     ap.add_argument("--arch", type=int, nargs="*", default=list(ARCHS), help="targets (default 75 80 90)")
     ap.add_argument("--module", help="only kernel modules whose name contains this")
     ap.add_argument("--json", help="write the whole matrix here")
     ap.add_argument("--quiet", action="store_true", help="no table, only problems")
     args = ap.parse_args(argv)
-    loaded = [m for m in sys.modules if m.startswith(KERNEL_PACKAGE + ".")]
-    if os.environ.get("TRITON_INTERPRET") == "1" and loaded:
-        print(f"compile matrix: {loaded} were already imported under TRITON_INTERPRET=1; "
-              "run `python -m course_utils.aot` in a fresh process", file=sys.stderr)
-        return 2
     os.environ.pop("TRITON_INTERPRET", None)  # import course_utils set it (no GPU): kernels must be real
     t0 = time.perf_counter()
     matrix = run_matrix(args.arch, args.module, progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -24,10 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _compile_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "COURSE_MODE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the same answer on a GPU box: compile, never run
-    return env
+    return aot.subprocess_env()  # no TRITON_INTERPRET, no GPU (compile, never run), the repo on the path
 
 
 def _ptxas_available() -> bool:
@@ -134,6 +131,7 @@ def transpose(x):
 
 DRIVER = '''
 import json, os, sys
+import triton.language                                # Triton's own library first, not interpreted
 import course_utils                                   # switches the interpreter on (no GPU) ...
 os.environ.pop("TRITON_INTERPRET", None)              # ... and off again before kernels exist
 import torch
@@ -222,3 +220,9 @@ def test_course_kernels_compile(arch, tmp_path):
     assert not problems, f"{len(problems)} problems on sm_{arch}:\n" + "\n".join(problems[:40])
     assert p.returncode == 0, p.stdout[-2000:]
     assert all(r["shared_bytes"] <= r["smem_limit"] for r in matrix["results"])
+
+
+def test_matrix_refuses_interpreted_kernels():
+    """In this (interpreter) process the kernels are InterpretedFunctions: a clear error, not a crash."""
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        aot.run_matrix([80])
