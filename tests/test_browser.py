@@ -103,6 +103,8 @@ def _course_probe():
         if not (isinstance(module, str) and module.startswith("course_utils.widgets")):
             continue
         controls = getattr(o, "controls", None)
+        if isinstance(controls, (list, tuple)):
+            controls = {str(i): c for i, c in enumerate(controls)}
         if not isinstance(controls, dict):
             continue
         entry = {"cls": t.__name__, "id": id(o),
@@ -113,7 +115,8 @@ def _course_probe():
             entry["render_error"] = repr(e)
             r = None
         entry["render"] = r if isinstance(r, str) else None
-        shown = getattr(getattr(o, "output", None), "value", None)
+        view = getattr(o, "output", None) or getattr(o, "view", None)  # the HTML it shows render() in
+        shown = getattr(view, "value", None)
         entry["shown_matches"] = (shown == r) if isinstance(shown, str) and isinstance(r, str) else None
         out.append(entry)
     print("PROBE" + json.dumps(out))
