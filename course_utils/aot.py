@@ -460,11 +460,39 @@ def subprocess_env() -> dict:
     return env
 
 
+def _run_per_arch(args, argv: list[str]) -> int:
+    """One fresh process per target: a launcher that caches its DeviceInfo sees only that target."""
+    import subprocess
+    import tempfile
+    rest, skip = [], False
+    for a in argv:  # the arguments other than --arch/--json, passed on to every child
+        if skip and not a.startswith("--"):
+            continue
+        skip = a in ("--arch", "--json")
+        if not skip and not a.startswith(("--arch=", "--json=")):
+            rest.append(a)
+    codes, parts = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in args.arch:
+            part = os.path.join(tmp, f"sm_{arch}.json")
+            codes.append(subprocess.call([sys.executable, "-c", _BOOT, "--arch", str(arch), "--json", part, *rest],
+                                         env=subprocess_env()))
+            if os.path.exists(part):
+                with open(part) as f:
+                    parts.append(json.load(f))
+    if args.json and parts:
+        merged = {"archs": [a for p in parts for a in p["archs"]], "kernels": parts[0]["kernels"],
+                  "results": [r for p in parts for r in p["results"]],
+                  "case_errors": [c for p in parts for c in p["case_errors"]],
+                  "uncovered": {k: v for p in parts for k, v in p["uncovered"].items()},
+                  "versions": parts[0]["versions"], "seconds": sum(p.get("seconds", 0) for p in parts)}
+        with open(args.json, "w") as f:
+            json.dump(merged, f, indent=1, default=str)
+    return max(codes) if len(parts) == len(args.arch) else max(max(codes), 2)
+
+
 def main(argv: list[str] | None = None, _booted: bool = False) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not _booted:
-        import subprocess
-        return subprocess.call([sys.executable, "-c", _BOOT, *argv], env=subprocess_env())
     ap = argparse.ArgumentParser(prog="python -m course_utils.aot",
                                  description="Compile every course kernel for sm_75/80/90 without a GPU.")
     ap.add_argument("--arch", type=int, nargs="*", default=list(ARCHS), help="targets (default 75 80 90)")
@@ -472,6 +500,8 @@ def main(argv: list[str] | None = None, _booted: bool = False) -> int:
     ap.add_argument("--json", help="write the whole matrix here")
     ap.add_argument("--quiet", action="store_true", help="no table, only problems")
     args = ap.parse_args(argv)
+    if not _booted:
+        return _run_per_arch(args, argv)
     os.environ.pop("TRITON_INTERPRET", None)  # import course_utils set it (no GPU): kernels must be real
     t0 = time.perf_counter()
     matrix = run_matrix(args.arch, args.module, progress=lambda s: print(s, file=sys.stderr, flush=True))
