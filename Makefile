@@ -16,6 +16,7 @@ PORT ?= 8888
 NB ?= exercises
 JUNIT ?=
 WORKERS ?= 2
+GPU_WORKERS ?= 6
 CPU_ENV := TRITON_INTERPRET=1 COURSE_MODE=interpreter
 GPU_ENV := COURSE_MODE=cuda
 
@@ -37,7 +38,7 @@ test-unit: $(SETUP)
 	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests -m "not slow and not browser"
 
 test-gpu: $(SETUP)
-	$(GPU_ENV) $(PY) -m pytest -n 1 --nbval-lax --nbval-current-env tests notebooks -m "not browser" $(PYTEST_ARGS)
+	$(GPU_ENV) $(PY) -m pytest -n $(GPU_WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks -m "not browser" $(PYTEST_ARGS)
 
 test-browser: $(SETUP)
 	$(CPU_ENV) $(PY) -m pytest tests -m browser
