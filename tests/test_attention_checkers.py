@@ -14,7 +14,9 @@ from course_utils import check
 from course_utils.checkers import attention as ca
 from course_utils.kernels import attention as A
 
-OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE = range(8)
+# tl.constexpr, so the compiled (GPU) kernel may read them as globals
+OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE = (
+    tl.constexpr(i) for i in range(8))
 
 
 @triton.jit
@@ -72,7 +74,7 @@ def buggy(q, k, v, causal=False, out=None, bug=OK):
     out = torch.empty_like(q) if out is None else out
     kn = 1 if bug == WRONG_STRIDE else d
     _buggy_attn[(triton.cdiv(n, 16), b * h)](q, k, v, out, n * d, d, kn, n, d ** -0.5,
-                                             HEAD_DIM=d, BLOCK_M=16, BLOCK_N=16, CAUSAL=causal, BUG=bug)
+                                             HEAD_DIM=d, BLOCK_M=16, BLOCK_N=16, CAUSAL=causal, BUG=getattr(bug, "value", bug))
     return out
 
 

@@ -63,9 +63,9 @@ def test_strided_rows_are_read_in_place():
 
 
 def test_edge_rows_follow_torch():
-    x = torch.full((3, 5000), -math.inf)
+    x = torch.full((3, 5000), -math.inf, device=env.DEVICE)
     x[1, 4321] = 2.0
-    x[2] = torch.randn(5000) * 1e4 + 3e4
+    x[2] = torch.randn(5000, device=env.DEVICE) * 1e4 + 3e4
     for version in ("persistent", "online"):
         y, ref = sm.softmax(x, version=version), torch.softmax(x, -1)
         assert y[0].isnan().all() and ref[0].isnan().all()
@@ -100,11 +100,11 @@ def test_split_kernel_on_gpu(dtype, n_cols):
 
 
 def test_empty_input_returns_empty_without_launch():
-    x = torch.empty(0, 17)
+    x = torch.empty(0, 17, device=env.DEVICE)
     y = sm.softmax(x)
     assert y.shape == (0, 17)
     assert count_launches(sm.softmax, x).total == 0
-    assert sm.softmax(torch.empty(4, 0)).shape == (4, 0)
+    assert sm.softmax(torch.empty(4, 0, device=env.DEVICE)).shape == (4, 0)
 
 
 def test_one_launch_and_reference_five():
