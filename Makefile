@@ -21,7 +21,7 @@ CPU_ENV := TRITON_INTERPRET=1 COURSE_MODE=interpreter
 GPU_ENV := COURSE_MODE=cuda
 
 .PHONY: setup lab test test-unit test-notebooks test-gpu test-browser grade exercises solutions \
-        check-exercises bench lint clean
+        check-exercises bench bench-recorded lint clean
 
 setup: $(VENV)/.installed
 
@@ -29,7 +29,8 @@ $(VENV)/.installed: pyproject.toml tools/setup_env.sh
 	VENV=$(VENV) bash tools/setup_env.sh
 
 lab: $(SETUP)
-	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) notebooks/
+	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/
 
 test: $(SETUP) lint check-exercises
 	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
@@ -55,6 +56,10 @@ check-exercises: $(SETUP)
 # Re-run the solutions (interpreter mode) and save only their check cells' outputs.
 solutions: $(SETUP)
 	$(CPU_ENV) $(PY) -m course_utils.exercises refresh-solutions
+
+# Judge the speed targets from the recorded results (no GPU needed).
+bench-recorded: $(SETUP)
+	$(PY) -m benchmarks.run --recorded
 
 bench: $(SETUP)
 	$(GPU_ENV) $(PY) -m benchmarks.run $(BENCH_ARGS)

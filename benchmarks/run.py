@@ -229,7 +229,8 @@ def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir:
     keeps the rows of topics this run did not redo (``--only``)."""
     import pandas as pd
 
-    path = out_dir / "targets.csv"
+    stem = "targets_recorded" if recorded else "targets"  # a re-judgement never overwrites a run's summary
+    path = out_dir / f"{stem}.csv"
     summary = summary_frame(results, out_dir.name)
     rerun = [r.name for r in results if r.status != "skipped"]
     if before is not None and "topic" in before.columns:
@@ -251,7 +252,7 @@ def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir:
     text += (f"\nCeilings: copy {ceilings.copy_gbps:.0f} GB/s, {ceilings.matmul_dtype} matmul "
              f"{ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note}).\n\n")
     text += to_markdown(runs, f"Topics run ({sum(r.seconds for r in results):.0f} s)").replace("# Topics", "## Topics")
-    (out_dir / "targets.md").write_text(text)
+    (out_dir / f"{stem}.md").write_text(text)
 
 
 def judge_recorded(topics, *, slug: str, out_root: Path = bench.RESULTS, plots: bool = False) -> list[TopicResult]:

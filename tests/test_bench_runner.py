@@ -162,13 +162,14 @@ def test_markdown_table():
 def test_recorded_mode_judges_targets_without_a_gpu(pkg, tmp_path, capsys):
     _main(pkg, tmp_path, "--only", "good")  # leaves good.csv and ceilings.csv as a GPU run would
     d = tmp_path / "results" / "fake-gpu"
-    (d / "targets.csv").unlink()
+    run_summary = (d / "targets.md").read_text()
     rc = runner.main(["--no-progress", "--recorded", "fake-gpu"], package=pkg, out_root=tmp_path / "results")
     out = capsys.readouterr().out
     assert rc == 0 and "no recorded results" in out  # the other topics have no CSV: skipped, not errors
-    summary = pd.read_csv(d / "targets.csv")
+    summary = pd.read_csv(d / "targets_recorded.csv")
     assert set(summary.topic) == {"good"} and set(summary.status) == {"pass", "short"}
-    assert "judged on" in (d / "targets.md").read_text()
+    assert "judged on" in (d / "targets_recorded.md").read_text()
+    assert (d / "targets.md").read_text() == run_summary  # the run's own summary is left alone
     (d / "ceilings.csv").unlink()
     with pytest.raises(SystemExit, match="ceilings"):
         runner.main(["--recorded", "fake-gpu"], package=pkg, out_root=tmp_path / "results")
