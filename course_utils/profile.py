@@ -66,18 +66,23 @@ def _triton_run_classes():
 
 
 @contextlib.contextmanager
-def _counting_triton(counts: LaunchCount, mode: _TorchOps):
+def triton_launch_hook(on_launch, observer):
+    """Call ``on_launch(original_run, kernel, args, kwargs)`` at every Triton launch (not warm-ups).
+
+    ``observer.paused`` (a dispatch mode watching torch ops) is raised during the launch: the
+    interpreter moves tensors with torch ops of its own, which are not the program's.
+    """
     originals = {cls: cls.run for cls in _triton_run_classes()}
 
     def wrap(original):
         def run(self, *args, **kwargs):
             if not kwargs.get("warmup", False):
-                counts.triton[getattr(self, "__name__", "triton_kernel")] += 1
-            mode.paused += 1  # the interpreter moves tensors with torch ops of its own
+                on_launch(original, self, args, kwargs)
+            observer.paused += 1
             try:
                 return original(self, *args, **kwargs)
             finally:
-                mode.paused -= 1
+                observer.paused -= 1
         return run
 
     for cls, original in originals.items():
@@ -97,7 +102,10 @@ def count_launches(fn, *args, **kwargs) -> LaunchCount:
     """
     counts = LaunchCount()
     mode = _TorchOps(counts)
-    with _counting_triton(counts, mode), mode:
+    def count(original, kernel, args, kwargs):
+        counts.triton[getattr(kernel, "__name__", "triton_kernel")] += 1
+
+    with triton_launch_hook(count, mode), mode:
         fn(*args, **kwargs)
     return counts
 

@@ -216,30 +216,11 @@ def _no_dispatch_modes():
     return _disable_current_modes()
 
 
-@contextlib.contextmanager
 def _recording_triton(tape: list, recorder: _Recorder):
-    from ..profile import _triton_run_classes
+    from ..profile import triton_launch_hook
 
-    originals = {cls: cls.run for cls in _triton_run_classes()}
-
-    def wrap(original):
-        def run(self, *args, **kwargs):
-            if not kwargs.get("warmup", False):
-                tape.append(("triton", original, self, args, kwargs))
-            recorder.paused += 1  # the interpreter moves data with torch ops of its own
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                recorder.paused -= 1
-        return run
-
-    for cls, original in originals.items():
-        cls.run = wrap(original)
-    try:
-        yield
-    finally:
-        for cls, original in originals.items():
-            cls.run = original
+    return triton_launch_hook(
+        lambda original, kernel, args, kwargs: tape.append(("triton", original, kernel, args, kwargs)), recorder)
 
 
 CUDAGraph = torch.cuda.CUDAGraph if env.on_gpu() else SimulatedGraph
