@@ -16,12 +16,13 @@ PORT ?= 8888
 NB ?= exercises
 JUNIT ?=
 WORKERS ?= 2
+BROWSER_NB ?=
 GPU_WORKERS ?= 6
 CPU_ENV := TRITON_INTERPRET=1 COURSE_MODE=interpreter
 GPU_ENV := COURSE_MODE=cuda
 
 .PHONY: setup lab test test-unit test-notebooks test-gpu test-browser grade exercises solutions \
-        check-exercises bench bench-recorded lint clean
+        check-exercises bench bench-recorded lint clean chromium compile-matrix
 
 setup: $(VENV)/.installed
 
@@ -32,7 +33,7 @@ lab: $(SETUP)
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --port=$(PORT) \
 	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/
 
-test: $(SETUP) lint check-exercises
+test: $(SETUP) lint check-exercises chromium
 	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
 
 test-unit: $(SETUP)
@@ -41,8 +42,16 @@ test-unit: $(SETUP)
 test-gpu: $(SETUP)
 	$(GPU_ENV) $(PY) -m pytest -n $(GPU_WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks -m "not browser" $(PYTEST_ARGS)
 
-test-browser: $(SETUP)
-	$(CPU_ENV) $(PY) -m pytest tests -m browser
+test-browser: $(SETUP) chromium
+	$(CPU_ENV) COURSE_BROWSER_NB=$(BROWSER_NB) $(PY) -m pytest tests/test_browser.py -m browser -p no:xdist -s
+
+# Debian's Chromium for the browser test (apt-get, only where /usr/bin/chromium is missing)
+chromium:
+	bash tools/install_chromium.sh
+
+# Every course kernel compiled ahead of time for sm_75 (T4), sm_80 (A100) and sm_90 (H100), no GPU needed
+compile-matrix: $(SETUP)
+	$(PY) -m course_utils.aot
 
 grade: $(SETUP)
 	$(PY) -m course_utils.grade $(NB) $(if $(JUNIT),--junit $(JUNIT))
@@ -68,5 +77,5 @@ lint: $(SETUP)
 	$(PY) -m ruff check course_utils tests benchmarks tools
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build test-artifacts *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
