@@ -74,7 +74,8 @@ def buggy(q, k, v, causal=False, out=None, bug=OK):
     out = torch.empty_like(q) if out is None else out
     kn = 1 if bug == WRONG_STRIDE else d
     _buggy_attn[(triton.cdiv(n, 16), b * h)](q, k, v, out, n * d, d, kn, n, d ** -0.5,
-                                             HEAD_DIM=d, BLOCK_M=16, BLOCK_N=16, CAUSAL=causal, BUG=getattr(bug, "value", bug))
+                                             HEAD_DIM=d, BLOCK_M=16, BLOCK_N=16, CAUSAL=causal,
+                                             BUG=getattr(bug, "value", bug))
     return out
 
 
