@@ -165,9 +165,10 @@ def gpu_check(full: bool = True) -> list[str]:
     return problems
 
 
-TUNE_CONFIGS = [A.TileConfig(128, 64, 4, 3), A.TileConfig(128, 64, 4, 3, 2), A.TileConfig(128, 64, 4, 4, 2),
+TUNE_CONFIGS = [A.TileConfig(64, 64, 4, 3, 2), A.TileConfig(64, 64, 4, 3), A.TileConfig(64, 128, 4, 3, 2),
+                A.TileConfig(64, 32, 4, 3, 2), A.TileConfig(128, 64, 4, 3), A.TileConfig(128, 64, 4, 3, 2),
                 A.TileConfig(128, 128, 4, 3, 2), A.TileConfig(128, 128, 8, 3), A.TileConfig(128, 128, 8, 3, 2),
-                A.TileConfig(128, 64, 8, 3), A.TileConfig(128, 64, 8, 4, 2), A.TileConfig(128, 128, 8, 2, 2)]
+                A.TileConfig(128, 64, 8, 3)]
 
 
 def config_sweep(n: int = 4096, dtype=torch.bfloat16, budget_s: float = 130.0):

@@ -274,7 +274,7 @@ def ptx_facts():
             continue
         x = torch.randn(2**20, device="cuda", dtype=dtype)
         y = torch.empty_like(x)
-        cfg = ew.launch_config(x.numel(), dtype, ew._device_info(x.device))
+        cfg = ew.launch_config(x.numel(), dtype, ew._device_info(x))
         for name, launch in (
                 ("add", lambda: ew._add_kernel[cfg.grid](x, x, y, x.numel(), BLOCK_SIZE=cfg.BLOCK_SIZE,  # noqa: B023
                                                          INT64=False, num_warps=cfg.num_warps)),  # noqa: B023
@@ -324,15 +324,26 @@ def launch_overhead():
              "triton chain (lean launch)": lambda: ew.bias_gelu_scale(x.view(1, -1), b, SCALE,
                                                                       out=y.view(1, -1))}
     ew.gelu(x, out=y)
-    compiled = [c for k, c in ew._COMPILED.items() if k[0] is ew._gelu_kernel]
-    if compiled:
-        c = compiled[-1]
+    runs = [r for k, r in ew._COMPILED.items() if k[0] is ew._gelu_kernel]
+    if runs:
+        run = runs[-1]
         from triton.runtime import driver
         stream = driver.active.get_current_stream(0)
-        cfg = ew.launch_config(x.numel(), x.dtype, ew._device_info(x.device))
-        cases["triton gelu: CompiledKernel.run alone"] = lambda: c.run(
-            cfg.grid[0], 1, 1, stream, c.function, c.packed_metadata, None, None, None, x, y, x.numel(),
-            cfg.BLOCK_SIZE, True, False)
+        cfg = ew.launch_config(x.numel(), x.dtype, ew._device_info(x))
+        xp, yp, n = x.data_ptr(), y.data_ptr(), x.numel()
+        cases["triton gelu: C launcher alone"] = lambda: run(cfg.grid[0], stream, xp, yp, n, cfg.BLOCK_SIZE,
+                                                             True, False)
+
+    def no_launch(fn):
+        def run():
+            launch, ew._launch = ew._launch, lambda *a: None
+            try:
+                fn()
+            finally:
+                ew._launch = launch
+        return run
+    cases["triton chain: Python around the launch"] = no_launch(cases["triton chain (lean launch)"])
+    cases["torch.empty_like (4096 fp32)"] = lambda: torch.empty_like(x)
     before = dict(ew.LAUNCHES)
     for name, fn in cases.items():
         rows.append({"case": "launch", "impl": name, "us_per_call": _wall_ms(fn, 2000) * 1e3})

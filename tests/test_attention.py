@@ -71,6 +71,18 @@ def test_large_magnitude_scores_are_stable(kernel):
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_growing_along_the_keys(kernel, causal):
+    """Each key tile raises the row max past the last one: the rescaling of the running sum and
+    accumulator runs on every tile, in the unmasked and the masked stage."""
+    dtype = torch.float16 if cu.on_gpu() else torch.float32
+    q, k, v = _qkv(1, 2, 150, 16, dtype)
+    ramp = torch.linspace(0.2, 8.0, 150, device=DEV).to(dtype)[None, None, :, None]
+    o = KERNELS[kernel](q.abs(), k.abs() * ramp, v, causal=causal)
+    _close(o, A.attention_ref(q.abs().double(), (k.abs() * ramp).double(), v.double(), causal=causal), dtype)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 def test_cross_attention_lengths_and_scale(kernel):
     q, k, v = _qkv(1, 2, 9, 32, torch.float32, n_kv=41)
     o = KERNELS[kernel](q, k, v, sm_scale=0.3)

@@ -242,7 +242,13 @@ def test_lean_launch_cache_key_separates_what_triton_specializes_on():
     """A compiled kernel is reused only for arguments Triton would compile the same way."""
     a32 = torch.zeros(64, device=cu.DEVICE)
     a16 = torch.zeros(64, device=cu.DEVICE, dtype=torch.float16)
-    assert ew._spec(a32) != ew._spec(a16)                      # dtype
-    assert ew._spec(a32) != ew._spec(a32[1:])                  # 16-byte alignment
-    assert ew._spec(16) != ew._spec(17) != ew._spec(1)        # divisibility by 16, == 1
-    assert ew._spec(2**31) != ew._spec(2**31 - 16)             # int32 vs int64
+
+    def key(tensors, scalars=(64,), meta=(1024, False)):
+        return ew._cache_key(ew._gelu_kernel, 4, meta, 0, tensors, [t.data_ptr() for t in tensors], scalars)
+    assert key((a32, a32)) == key((a32, a32.clone()))          # the same compilation: reused
+    assert key((a32, a32)) != key((a16, a16))                  # dtype
+    assert key((a32, a32)) != key((a32, a32[1:]))              # 16-byte alignment of any pointer
+    assert key((a32,), (16,)) != key((a32,), (17,)) != key((a32,), (1,))  # divisibility by 16, == 1
+    assert key((a32,), (2**31,)) != key((a32,), (2**31 - 16,))  # int32 vs int64
+    assert key((a32,), (16, 0.5)) == key((a32,), (16, 0.25))   # floats are not specialized
+    assert key((a32,), meta=(1024, True)) != key((a32,))       # constexprs

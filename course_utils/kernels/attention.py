@@ -247,14 +247,18 @@ class TileConfig:
         return (self.block_m + 2 * max(self.num_stages - 1, 1) * self.block_n) * head_dim * itemsize
 
 
-# Candidates in order of preference, per architecture family. The Hopper lists are the fastest of
-# results/h200/attention_configs.csv (an H200, bf16, N = 4096); the others follow from the shared
-# memory of an A100 (163 KiB) and of a T4 or a consumer GPU (64-99 KiB), not from measurements.
+# Candidates in order of preference, per architecture family. The Hopper lists come from tile
+# sweeps on an H100 and an H200 (bf16, N = 4096; results/*/attention_tiles_explore.csv and
+# results/h200/attention_configs.csv): 64-row query tiles with one warpgroup (4 warps) and three
+# stages fit two programs on an SM, and one program's softmax then runs while the other's matrix
+# products do (H100, d=128: 526-530 against 506-516 TFLOP/s for 128 x 128 tiles with 8 warps). The others follow
+# from the shared memory of an A100 (163 KiB) and of a T4 or a consumer GPU (64-99 KiB), not from
+# measurements.
 _HOPPER = {
-    64: [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 4, 3, 2), TileConfig(128, 128, 4, 3),
-         TileConfig(128, 128, 4, 3, 2)],
-    128: [TileConfig(128, 128, 8, 3), TileConfig(128, 128, 8, 3, 2), TileConfig(128, 64, 8, 3),
-          TileConfig(128, 64, 8, 3, 2)],
+    64: [TileConfig(64, 128, 4, 3, 2), TileConfig(64, 64, 4, 3, 2), TileConfig(128, 128, 4, 3, 2),
+         TileConfig(64, 64, 4, 3)],
+    128: [TileConfig(64, 64, 4, 3, 2), TileConfig(128, 128, 8, 3, 2), TileConfig(64, 64, 4, 3),
+          TileConfig(128, 64, 8, 3)],
 }
 _AMPERE = [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 32, 4, 3),
            TileConfig(64, 64, 4, 3), TileConfig(64, 32, 4, 2)]

@@ -197,9 +197,11 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
 # ----------------------------------------------------------------------------------------------
 # ``kernel[grid](...)`` re-binds the arguments, recomputes the specialization key and looks up the
 # compiled kernel on every call: microseconds of Python per launch, as long as a 1 MiB tensor
-# takes on the GPU. After the first call we keep the CompiledKernel per specialization and call
-# its launcher directly. Anything unusual (a launch hook, count_launches wrapping the JIT, the
-# interpreter) takes the ordinary path. LAUNCHES counts which path each launch took.
+# takes on the GPU. After the first call we keep, per specialization, the compiled kernel's C
+# launcher and call it directly, with raw device addresses instead of tensors (the launcher would
+# otherwise call data_ptr() and ask the driver about every pointer). Anything unusual (a launch
+# hook, count_launches wrapping the JIT, the interpreter, a kernel that needs scratch memory)
+# takes the ordinary path. LAUNCHES counts which path each launch took.
 
 try:  # pragma: no cover - the attribute paths are stable across Triton 3.x
     from triton import knobs as _knobs
@@ -214,12 +216,9 @@ FAST_LAUNCH = True  # set False to compare with Triton's ordinary launch path
 LAUNCHES = {"lean": 0, "ordinary": 0}
 
 
-def _spec(a):
-    """What Triton specializes a kernel argument on: 16-byte alignment of pointers, ints == 1,
-    divisible by 16, and their width."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() & 15 == 0)
-    if isinstance(a, int) and not isinstance(a, bool):
+def _int_spec(a):
+    """What Triton specializes an int argument on: == 1, divisible by 16, and its width."""
+    if type(a) is int:
         return (a == 1, a & 15 == 0, -(2**31) <= a < 2**31)
     return None
 
@@ -234,45 +233,90 @@ def _fast_ok() -> bool:
             and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook))
 
 
-def _launch(kernel, cfg: LaunchConfig, args: tuple, meta: tuple, meta_names: tuple, device) -> None:
-    """Launch ``kernel[cfg.grid](*args, **dict(zip(meta_names, meta)), num_warps=cfg.num_warps)``.
+def _direct(compiled):
+    """A function f(grid0, stream, *args) that launches ``compiled`` through its C launcher.
 
-    ``meta`` are the constexpr values, which come last in every kernel signature of this module.
+    Triton 3.6's launcher takes (grid x, y, z, stream, function, cooperative, pdl, global scratch,
+    profile scratch, packed metadata, launch metadata, enter hook, exit hook, *args); kernels that
+    need scratch memory or a launcher of another shape go through ``compiled.run`` instead.
+    """
+    launcher = compiled.run
+    c_launch = getattr(launcher, "launch", None)
+    plain = (c_launch is not None and getattr(launcher, "global_scratch_size", 1) == 0
+             and getattr(launcher, "profile_scratch_size", 1) == 0 and hasattr(launcher, "launch_pdl"))
+    function, packed = compiled.function, compiled.packed_metadata
+    if plain:
+        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        return lambda grid0, stream, *args: c_launch(grid0, 1, 1, stream, function, coop, pdl, None, None,
+                                                     packed, None, None, None, *args)
+    return lambda grid0, stream, *args: launcher(grid0, 1, 1, stream, function, packed, None, None, None, *args)
+
+
+def _cache_key(kernel, num_warps: int, meta: tuple, index: int, tensors: tuple, ptrs: list, scalars: tuple):
+    """What tells two compilations of ``kernel`` apart: the tensors' dtypes and 16-byte alignment,
+    for each int whether it is 1, divisible by 16 and fits in 32 bits (floats are not specialized).
+
+    The launchers give every tensor of a call one dtype, so the first one's stands for all.
+    """
+    any_bits = 0
+    for p in ptrs:
+        any_bits |= p
+    aligned = any_bits & 15 == 0 or tuple(p & 15 == 0 for p in ptrs)  # True: all 16-byte aligned
+    return (kernel, num_warps, meta, index, tensors[0].dtype, aligned, *map(_int_spec, scalars))
+
+
+def _launch(kernel, cfg: LaunchConfig, tensors: tuple, scalars: tuple, meta: tuple, meta_names: tuple) -> None:
+    """Launch ``kernel[cfg.grid](*tensors, *scalars, **dict(zip(meta_names, meta)), num_warps=...)``.
+
+    Every kernel of this module takes its tensors first, then its scalars, then its constexprs, and
+    every launcher has checked that its tensors share one dtype and one device.
     """
     global _STREAM
     fast = _fast_ok()
     if fast:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (kernel, cfg.num_warps, meta, index, *[_spec(a) for a in args])
-        compiled = _COMPILED.get(key)
-        if compiled is not None:
-            stream = _STREAM(index)
-            compiled.run(cfg.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
-                         None, None, *args, *meta)
+        index = tensors[0].get_device()
+        ptrs = [t.data_ptr() for t in tensors]
+        key = _cache_key(kernel, cfg.num_warps, meta, index, tensors, ptrs, scalars)
+        run = _COMPILED.get(key)
+        if run is not None:
+            run(cfg.grid[0], _STREAM(index), *ptrs, *scalars, *meta)
             LAUNCHES["lean"] += 1
             return
-    compiled = kernel[cfg.grid](*args, **dict(zip(meta_names, meta, strict=True)), num_warps=cfg.num_warps)
+    compiled = kernel[cfg.grid](*tensors, *scalars, **dict(zip(meta_names, meta, strict=True)),
+                                num_warps=cfg.num_warps)
     LAUNCHES["ordinary"] += 1
     if fast and compiled is not None and hasattr(compiled, "packed_metadata"):
         from triton.runtime import driver
         _STREAM = driver.active.get_current_stream
-        _COMPILED[key] = compiled
+        _COMPILED[key] = _direct(compiled)
 
 
 _INFO: dict = {}
 
 
-def _device_info(device: torch.device) -> hardware.DeviceInfo:
-    """hardware.device_info() of ``device``, asked once per device (launchers call this per launch)."""
-    info = _INFO.get(device)
+def _device_info(x) -> hardware.DeviceInfo:
+    """hardware.device_info() of the device ``x`` lives on, asked once per device (launchers call
+    this per launch); for anything that is not a tensor, of the current device."""
+    if type(x) is not torch.Tensor or not x.is_cuda:
+        return hardware.device_info()
+    index = x.get_device()
+    info = _INFO.get(index)
     if info is None:
-        if device.type == "cuda":
-            with torch.cuda.device(device):
-                info = hardware.device_info()
-        else:
-            info = hardware.device_info()
-        _INFO[device] = info
+        with torch.cuda.device(index):
+            info = _INFO[index] = hardware.device_info()
     return info
+
+
+_CONFIGS: dict = {}
+
+
+def _config(n: int, dtype: torch.dtype, info: hardware.DeviceInfo, max_block: int = MAX_BLOCK_SIZE) -> LaunchConfig:
+    """launch_config(), remembered per (n, dtype, device): the per-launch lookup skips hashing a DeviceInfo."""
+    key = (n, dtype, id(info), max_block)  # the DeviceInfo objects live in _INFO for good: ids stay unique
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cfg = _CONFIGS[key] = launch_config(n, dtype, info, max_block)
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,7 +327,7 @@ _CHECKED: set = set()  # (dtype, device) pairs already validated: the per-call c
 
 
 def _check_tensor(name: str, t, info: hardware.DeviceInfo) -> None:
-    if isinstance(t, torch.Tensor) and (t.dtype, t.device) in _CHECKED and t.is_contiguous():
+    if type(t) is torch.Tensor and t.is_contiguous() and (t.dtype, t.device) in _CHECKED:
         return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -302,6 +346,9 @@ def _check_tensor(name: str, t, info: hardware.DeviceInfo) -> None:
 def _output(x: torch.Tensor, out, info) -> torch.Tensor:
     if out is None:
         return torch.empty_like(x)
+    if (type(out) is torch.Tensor and out.dtype is x.dtype and out.is_contiguous()
+            and out.device == x.device and out.shape == x.shape):  # x passed _check_tensor: so does out
+        return out
     _check_tensor("out", out, info)
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(f"out must have the input's shape {tuple(x.shape)}, dtype {x.dtype} and device "
@@ -318,6 +365,9 @@ def _approximate_flag(approximate: str) -> bool:
 
 
 def _check_bias(x: torch.Tensor, bias, info) -> int:
+    if (type(bias) is torch.Tensor and bias.dim() == 1 and bias.dtype is x.dtype and bias.is_contiguous()
+            and bias.device == x.device and x.dim() > 0 and bias.shape[0] == x.shape[-1]):
+        return bias.shape[0]  # x passed _check_tensor: so does a bias like it
     _check_tensor("bias", bias, info)
     if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
         raise ValueError(f"bias must be 1-D with one value per column of x (x.shape[-1] = "
@@ -331,7 +381,7 @@ def _check_bias(x: torch.Tensor, bias, info) -> int:
 
 def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x + y`` for two tensors of the same shape and dtype, in one Triton kernel."""
-    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
+    info = _device_info(x)
     _check_tensor("x", x, info)
     _check_tensor("y", y, info)
     if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
@@ -341,30 +391,30 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
     n = x.numel()
     if n == 0:
         return out
-    cfg = launch_config(n, x.dtype, info)
-    _launch(_add_kernel, cfg, (x, y, out, n), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"), x.device)
+    cfg = _config(n, x.dtype, info)
+    _launch(_add_kernel, cfg, (x, y, out), (n,), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"))
     return out
 
 
 def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
     """GELU of ``x`` in one kernel: ``approximate='tanh'`` (stable tanh) or ``'none'`` (erf)."""
-    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
+    info = _device_info(x)
     flag = _approximate_flag(approximate)
     _check_tensor("x", x, info)
     out = _output(x, out, info)
     n = x.numel()
     if n == 0:
         return out
-    cfg = launch_config(n, x.dtype, info)
-    _launch(_gelu_kernel, cfg, (x, out, n), (cfg.BLOCK_SIZE, flag, cfg.int64),
-            ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
+    cfg = _config(n, x.dtype, info)
+    _launch(_gelu_kernel, cfg, (x, out), (n,), (cfg.BLOCK_SIZE, flag, cfg.int64),
+            ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
     return out
 
 
 def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
-    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
+    info = _device_info(x)
     flag = _approximate_flag(approximate)
     _check_tensor("x", x, info)
     n_cols = _check_bias(x, bias, info)
@@ -375,9 +425,9 @@ def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approxima
     n = x.numel()
     if n == 0:
         return out
-    cfg = launch_config(n, x.dtype, info)
-    _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out, n, n_cols, scale), (cfg.BLOCK_SIZE, flag, cfg.int64),
-            ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
+    cfg = _config(n, x.dtype, info)
+    _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out), (n, n_cols, scale), (cfg.BLOCK_SIZE, flag, cfg.int64),
+            ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
     return out
 
 
@@ -397,7 +447,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
     Element i is kept when Philox(seed, i) >= p and then scaled by 1 / (1 - p): the same seed gives
     the same mask on any GPU and under the interpreter, whatever BLOCK_SIZE is.
     """
-    info = _device_info(x.device) if isinstance(x, torch.Tensor) else hardware.device_info()
+    info = _device_info(x)
     flag = _approximate_flag(approximate)
     p, seed = _check_dropout(p, seed)
     _check_tensor("x", x, info)
@@ -406,9 +456,9 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
     n = x.numel()
     if n == 0:
         return out
-    cfg = launch_config(n, x.dtype, info, max_block=DROPOUT_MAX_BLOCK)
-    _launch(_bias_gelu_dropout_kernel, cfg, (x, bias, out, n, n_cols, p, 1.0 / (1.0 - p), seed),
-            (cfg.BLOCK_SIZE, flag, cfg.int64), ("BLOCK_SIZE", "APPROXIMATE", "INT64"), x.device)
+    cfg = _config(n, x.dtype, info, DROPOUT_MAX_BLOCK)
+    _launch(_bias_gelu_dropout_kernel, cfg, (x, bias, out), (n, n_cols, p, 1.0 / (1.0 - p), seed),
+            (cfg.BLOCK_SIZE, flag, cfg.int64), ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
     return out
 
 
@@ -420,9 +470,8 @@ def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
     n = keep.numel()
     if n == 0:
         return keep.bool()
-    cfg = launch_config(n, torch.float32, _device_info(keep.device), max_block=DROPOUT_MAX_BLOCK)
-    _launch(_keep_mask_kernel, cfg, (keep, n, p, seed), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"),
-            keep.device)  # keep.device has an index ('cuda:0'), unlike torch.device('cuda')
+    cfg = _config(n, torch.float32, _device_info(keep), DROPOUT_MAX_BLOCK)
+    _launch(_keep_mask_kernel, cfg, (keep,), (n, p, seed), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"))
     return keep.bool()
 
 
