@@ -84,6 +84,27 @@ def test_bias_gelu_scale(dtype, shape):
                   ew.bias_gelu_scale_ref(x.double(), b.double(), scale, approximate="none"))
 
 
+@pytest.mark.parametrize("n_cols,one_wrap", [(100, True), (64, True), (37, False), (5, False)])
+@pytest.mark.parametrize("kernel", ["scale", "dropout"])
+def test_bias_columns_when_tiles_straddle_rows(n_cols, one_wrap, kernel):
+    """Tiles of 64 elements over rows of n_cols: a tile starts mid-row and crosses into the next
+    row (once when the row is at least a tile long, many times when it is shorter)."""
+    rows, block = 23, 64
+    x = check.randn((rows, n_cols))
+    b = check.randn((n_cols,))
+    y = _poisoned(x.shape, x.dtype)
+    n = x.numel()
+    grid = (triton.cdiv(n, block),)
+    if kernel == "scale":
+        ew._bias_gelu_scale_kernel[grid](x, b, y, n, n_cols, 0.7, BLOCK_SIZE=block, APPROXIMATE=True,
+                                         INT64=False, ONE_WRAP=one_wrap)
+        check.compare("bias_gelu_scale", y, ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
+    else:
+        ew._bias_gelu_dropout_kernel[grid](x, b, y, n, n_cols, 0.0, 1.0, 11, BLOCK_SIZE=block, APPROXIMATE=True,
+                                           INT64=False, ONE_WRAP=one_wrap)
+        check.compare("bias_gelu_dropout p=0", y, ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_bias_gelu_dropout_values_rate_and_reproducibility(dtype):
     p = 0.3

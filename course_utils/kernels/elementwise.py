@@ -48,6 +48,22 @@ def tile_start(pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
+def bias_columns(start, n_cols, BLOCK_SIZE: tl.constexpr, ONE_WRAP: tl.constexpr):
+    """Column of each element of the tile that starts at flat index ``start`` (rows of n_cols).
+
+    One modulo per program, not one per element (an integer division by a value known only at run
+    time costs about twenty instructions). ONE_WRAP: the tile is no longer than a row, so its
+    columns wrap past the row's end at most once.
+    """
+    cols = start % n_cols + tl.arange(0, BLOCK_SIZE)
+    if ONE_WRAP:
+        cols = tl.where(cols >= n_cols, cols - n_cols, cols)
+    else:
+        cols = cols % n_cols
+    return cols
+
+
+@triton.jit
 def stable_tanh(a):
     """tanh(a) = sign(a) * (1 - e^(-2|a|)) / (1 + e^(-2|a|)): the exp never sees a positive argument."""
     t = tl.exp(-2.0 * tl.abs(a))          # in (0, 1]: cannot overflow
@@ -89,11 +105,12 @@ def _gelu_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, APPROXIMATE
 
 @triton.jit
 def _bias_gelu_scale_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr,
-                            APPROXIMATE: tl.constexpr, INT64: tl.constexpr):
+                            APPROXIMATE: tl.constexpr, INT64: tl.constexpr, ONE_WRAP: tl.constexpr):
     pid = tl.program_id(axis=0)
-    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    start = tile_start(pid, BLOCK_SIZE, INT64)
+    offsets = start + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    cols = offsets % n_cols                                      # the bias is one value per column
+    cols = bias_columns(start, n_cols, BLOCK_SIZE, ONE_WRAP)     # the bias is one value per column
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)      # n_cols values: they stay in L2
     y = gelu_math(x + b, APPROXIMATE) * scale
@@ -102,11 +119,13 @@ def _bias_gelu_scale_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, B
 
 @triton.jit(do_not_specialize=["seed"])
 def _bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, keep_scale, seed,
-                              BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr, INT64: tl.constexpr):
+                              BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr, INT64: tl.constexpr,
+                              ONE_WRAP: tl.constexpr):
     pid = tl.program_id(axis=0)
-    offsets = tile_start(pid, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    start = tile_start(pid, BLOCK_SIZE, INT64)
+    offsets = start + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    cols = offsets % n_cols
+    cols = bias_columns(start, n_cols, BLOCK_SIZE, ONE_WRAP)
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)
     y = gelu_math(x + b, APPROXIMATE)
@@ -411,6 +430,9 @@ def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = 
     return out
 
 
+_BIAS_META = ("BLOCK_SIZE", "APPROXIMATE", "INT64", "ONE_WRAP")
+
+
 def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
@@ -426,8 +448,8 @@ def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approxima
     if n == 0:
         return out
     cfg = _config(n, x.dtype, info)
-    _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out), (n, n_cols, scale), (cfg.BLOCK_SIZE, flag, cfg.int64),
-            ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
+    _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out), (n, n_cols, scale),
+            (cfg.BLOCK_SIZE, flag, cfg.int64, cfg.BLOCK_SIZE <= n_cols), _BIAS_META)
     return out
 
 
@@ -458,7 +480,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
         return out
     cfg = _config(n, x.dtype, info, DROPOUT_MAX_BLOCK)
     _launch(_bias_gelu_dropout_kernel, cfg, (x, bias, out), (n, n_cols, p, 1.0 / (1.0 - p), seed),
-            (cfg.BLOCK_SIZE, flag, cfg.int64), ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
+            (cfg.BLOCK_SIZE, flag, cfg.int64, cfg.BLOCK_SIZE <= n_cols), _BIAS_META)
     return out
 
 
