@@ -5,7 +5,11 @@ flush in between, the host enqueues each call while the GPU is still busy flushi
 numbers are device time: they leave the host's launch cost out. For sizes up to 16 MiB the sweep
 also records ``timing='wall'``: the host clock over back-to-back calls (no flush), which is what a
 launch-bound caller pays, and ``timing='graph'``: the same calls replayed from one CUDA graph.
+Every case is timed in interleaved rounds (each implementation once per round) and reports the
+median round, so a drift of the clocks during the run hits all implementations alike.
 GB/s count the fewest bytes each op must move (x read once, y written once, plus the bias).
+The chain's ``triton`` allocates its output as eager PyTorch and ``torch.compile`` do (what the
+targets compare); ``triton_out`` writes into a preallocated one (shown, not judged).
 
     python -m benchmarks.elementwise [--quick] [--tune]     # on a GPU; writes results/<gpu>/elementwise.csv
 """
@@ -27,6 +31,7 @@ CHAIN_SIZES_MIB = (1, 4, 16, 64, 256, 1024)
 HIDDEN = 4096          # columns of the chain's x (the bias has one value per column)
 SCALE = 0.5
 LAUNCH_BOUND_MIB = 16  # sizes up to this also get wall-clock and CUDA-graph rows
+ROUNDS = 3             # interleaved rounds per case (5 for the GELU sizes that carry targets)
 
 
 def _dtypes():
@@ -96,24 +101,31 @@ def _chain_impls(n, dtype, dropout: bool):
         impls = {"copy_": lambda: y.copy_(x),
                  "eager": lambda: ew.bias_gelu_scale_ref(x, b, SCALE),
                  "torch.compile": lambda: comp(x, b, SCALE),
-                 "triton": lambda: ew.bias_gelu_scale(x, b, SCALE, out=y)}
+                 "triton": lambda: ew.bias_gelu_scale(x, b, SCALE),
+                 "triton_out": lambda: ew.bias_gelu_scale(x, b, SCALE, out=y)}
     return nbytes, x.numel(), impls
 
 
-def _rows_for(case, dtype_name, size_mib, n, nbytes, impls: dict, launch_bound: bool):
+def _rows_for(case, dtype_name, size_mib, n, nbytes, impls: dict, launch_bound: bool, rounds: int = ROUNDS):
+    """Time every implementation in ``rounds`` interleaved rounds; one row per (impl, timing), the
+    median round's numbers."""
+    import statistics
+
+    timings = ("events", "wall", "graph") if launch_bound else ("events",)
+    runs = {(impl, timing): [] for impl in impls for timing in timings}
+    for _ in range(rounds):
+        for impl, fn in impls.items():
+            runs[impl, "events"].append(bench.time_ms(fn))
+            if launch_bound:
+                w = _wall_ms(fn)
+                runs[impl, "wall"].append(bench.Timing(w, float("nan"), float("nan"), 1))
+                runs[impl, "graph"].append(bench.time_ms(fn, cuda_graph=True))
     rows = []
-    for impl, fn in impls.items():
-        t = bench.time_ms(fn)
-        rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n,
-                         timing="events", ms=t.median, p20=t.p20, p80=t.p80, gbps=bench.gbps(nbytes, t)))
-        if launch_bound:
-            w = _wall_ms(fn)
-            rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n,
-                             timing="wall", ms=w, p20=float("nan"), p80=float("nan"),
-                             gbps=bench.gbps(nbytes, w)))
-            g = bench.time_ms(fn, cuda_graph=True)
-            rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n,
-                             timing="graph", ms=g.median, p20=g.p20, p80=g.p80, gbps=bench.gbps(nbytes, g)))
+    for (impl, timing), ts in runs.items():
+        mid = statistics.median_low(sorted(t.median for t in ts))
+        t = next(t for t in ts if t.median == mid)
+        rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n, timing=timing,
+                         ms=t.median, p20=t.p20, p80=t.p80, gbps=bench.gbps(nbytes, t.median)))
     return rows
 
 
@@ -162,7 +174,8 @@ def sweep(quick: bool = False, with_cuda: bool = True):
         else:
             nbytes, n_el, impls = _chain_impls(n, dtype, dropout=case == "dropout")
         launch_bound = size <= LAUNCH_BOUND_MIB and case != "dropout"
-        rows += _rows_for(case, dname, size, n_el, nbytes, impls, launch_bound)
+        rounds = 5 if case == "gelu" and size in (256, 1024) else ROUNDS
+        rows += _rows_for(case, dname, size, n_el, nbytes, impls, launch_bound, rounds)
         del impls
         torch.cuda.empty_cache()
         if os.environ.get("OUT"):  # keep what was measured if the run is cut short

@@ -88,7 +88,8 @@ def _gelu_variant(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.c
     elif MODE == 2:  # exact erf GELU where the tanh approximation was asked for
         t = tl.math.erf(x * 0.7071067811865476)
     else:
-        t = ew.stable_tanh(a)
+        w = tl.exp(-2.0 * tl.abs(a))  # the stable tanh a student writes: exp of a non-positive number
+        t = tl.where(a < 0, -1.0, 1.0) * (1.0 - w) / (1.0 + w)
     y = 0.5 * x * (1.0 + t)
     if MODE == 3:    # no mask on the store
         tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty))

@@ -3,7 +3,8 @@
 Version ladder:
 - v0 eager PyTorch (the ``*_ref`` functions): one kernel per operator, every intermediate through HBM.
 - v1 ``add``: one program per BLOCK_SIZE tile of a flat tensor, the partial last tile masked.
-- v2 ``gelu``: tanh approximation with a stable tanh (exp of a non-positive argument) or exact erf, fp32 math.
+- v2 ``gelu``: tanh approximation (as ``x / (1 + e^(-2a))``, the stable form of the tanh) or exact erf,
+  fp32 math.
 - v3 ``bias_gelu_scale``: ``gelu(x + bias) * scale`` (bias per column, scalar scale), one read, one write.
 - v4 ``bias_gelu_dropout``: ``dropout(gelu(x + bias), p)`` with the keep mask drawn inside the kernel
   (Philox, from the seed and the element's index): no mask tensor is ever stored or read.
@@ -64,19 +65,18 @@ def bias_columns(start, n_cols, BLOCK_SIZE: tl.constexpr, ONE_WRAP: tl.constexpr
 
 
 @triton.jit
-def stable_tanh(a):
-    """tanh(a) = sign(a) * (1 - e^(-2|a|)) / (1 + e^(-2|a|)): the exp never sees a positive argument."""
-    t = tl.exp(-2.0 * tl.abs(a))          # in (0, 1]: cannot overflow
-    r = (1.0 - t) / (1.0 + t)
-    return tl.where(a < 0, -r, r)
-
-
-@triton.jit
 def gelu_math(x, APPROXIMATE: tl.constexpr):
-    """GELU of a float32 block: tanh approximation if APPROXIMATE else exact (erf)."""
+    """GELU of a float32 block: tanh approximation if APPROXIMATE else exact (erf).
+
+    Chapter 4 builds the tanh from exp stably (sign(a) (1 - e^(-2|a|)) / (1 + e^(-2|a|))); one step
+    further, 0.5 * (1 + tanh(a)) = 1 / (1 + e^(-2a)), so the tanh form is x / (1 + e^(-2a)): one exp and one
+    division, no cancellation where tanh(a) is near -1, and e^(-2a) = inf for very negative x gives
+    x / inf = -0, the right limit. ``tl.fdiv`` is the fast division (within 2 ulp), not the
+    correctly rounded one that ``/`` compiles to (several times the instructions).
+    """
     if APPROXIMATE:
         a = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
-        y = 0.5 * x * (1.0 + stable_tanh(a))
+        y = tl.fdiv(x, 1.0 + tl.exp(-2.0 * a))
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * INV_SQRT_2))
     return y
@@ -180,11 +180,13 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
                   max_block: int = MAX_BLOCK_SIZE) -> LaunchConfig:
     """BLOCK_SIZE, num_warps, offset width and grid for ``n_elements`` of ``dtype`` on ``info``.
 
-    From sm_80 on, a program takes 1024 float32 or 4096 16-bit elements with 4 warps (8 and 32
-    elements, 32 and 64 bytes, per thread): within 0.2% of the fastest configuration of a
-    BLOCK_SIZE x num_warps sweep of GELU at 1 GiB in bf16 and fp32 on an H200
-    (``results/h200/elementwise_tune.csv``). Smaller tensors get smaller tiles so that about 4
-    programs land on each SM, never below 16 bytes per thread. Under the interpreter
+    On sm_90 a program takes 16 bytes per thread with 4 warps (512 float32 or 1024 16-bit elements):
+    one 128-bit load and one store per thread, the pattern of ``copy_``. On an H100 (GELU, 256 MiB
+    and 1 GiB, ``results/h100-80gb-hbm3/elementwise_tile_explore.csv``) that ran at copy speed in
+    every dtype, where 4096 bf16 elements per program ran 1.4% slower. sm_80-89 keep 1024 float32
+    or 4096 16-bit elements (an H200 sweep of the earlier, costlier GELU math), sm_75 (T4: a tenth
+    of the bandwidth, 64 KiB of shared memory) 1024 or 2048. Smaller tensors get smaller tiles so
+    that about 4 programs land on each SM, never below 16 bytes per thread. Under the interpreter
     (no SMs to fill) tiles are as large as allowed: fewer programs run faster in Python.
     ``max_block`` caps the tile for kernels with much arithmetic per element (the dropout's Philox).
     """
@@ -199,11 +201,13 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
         num_warps = 4
     else:
         num_warps = 4
-        if info.arch >= 80:
-            block = 1024 if itemsize >= 4 else 4096
-        else:  # sm_75 (T4): a tenth of the bandwidth, 64 KiB of shared memory
-            block = 1024 if itemsize >= 4 else 2048
         min_block = 32 * num_warps * 16 // itemsize          # 16 bytes per thread
+        if info.arch >= 90:
+            block = min_block
+        elif info.arch >= 80:
+            block = 1024 if itemsize >= 4 else 4096
+        else:
+            block = 1024 if itemsize >= 4 else 2048
         fill = triton.next_power_of_2(max(1, -(-n_elements // (4 * info.sms))))
         block = max(min_block, min(block, fill))
     block = min(block, max_block)
@@ -284,14 +288,16 @@ def _cache_key(kernel, num_warps: int, meta: tuple, index: int, tensors: tuple, 
     return (kernel, num_warps, meta, index, tensors[0].dtype, aligned, *map(_int_spec, scalars))
 
 
-def _launch(kernel, cfg: LaunchConfig, tensors: tuple, scalars: tuple, meta: tuple, meta_names: tuple) -> None:
+def _launch(kernel, cfg: LaunchConfig, tensors: tuple, scalars: tuple, meta: tuple, meta_names: tuple):
     """Launch ``kernel[cfg.grid](*tensors, *scalars, **dict(zip(meta_names, meta)), num_warps=...)``.
 
     Every kernel of this module takes its tensors first, then its scalars, then its constexprs, and
-    every launcher has checked that its tensors share one dtype and one device.
+    every launcher has checked that its tensors share one dtype and one device. Returns the direct
+    launcher when every pointer is 16-byte aligned (what :func:`_remember` keeps), else None.
     """
     global _STREAM
     fast = _fast_ok()
+    run = None
     if fast:
         index = tensors[0].get_device()
         ptrs = [t.data_ptr() for t in tensors]
@@ -300,14 +306,70 @@ def _launch(kernel, cfg: LaunchConfig, tensors: tuple, scalars: tuple, meta: tup
         if run is not None:
             run(cfg.grid[0], _STREAM(index), *ptrs, *scalars, *meta)
             LAUNCHES["lean"] += 1
-            return
-    compiled = kernel[cfg.grid](*tensors, *scalars, **dict(zip(meta_names, meta, strict=True)),
-                                num_warps=cfg.num_warps)
-    LAUNCHES["ordinary"] += 1
-    if fast and compiled is not None and hasattr(compiled, "packed_metadata"):
-        from triton.runtime import driver
-        _STREAM = driver.active.get_current_stream
-        _COMPILED[key] = _direct(compiled)
+    if run is None:
+        compiled = kernel[cfg.grid](*tensors, *scalars, **dict(zip(meta_names, meta, strict=True)),
+                                    num_warps=cfg.num_warps)
+        LAUNCHES["ordinary"] += 1
+        if fast and compiled is not None and hasattr(compiled, "packed_metadata"):
+            from triton.runtime import driver
+            _STREAM = driver.active.get_current_stream
+            run = _COMPILED[key] = _direct(compiled)
+    return run if fast and key[5] is True else None
+
+
+# The shortest path: after a full call has validated and launched, a later call with tensors of the
+# same dtype and shapes needs only a few attribute reads before the C launcher. _LEAN maps
+# (kernel, flag, dtype, shape) to what that call worked out.
+
+@dataclass(frozen=True)
+class _Lean:
+    run: object        # the compiled kernel's direct launcher (16-byte aligned pointers)
+    grid0: int
+    fixed: tuple       # the int arguments the shapes fix (n_elements, n_cols)
+    meta: tuple        # the constexprs
+    index: int         # the CUDA device
+    aux_shape: tuple   # shape of the second input (y of add, the bias), () when there is none
+
+
+_LEAN: dict = {}
+
+
+def _remember(run, key: tuple, cfg: LaunchConfig, fixed: tuple, meta: tuple, x, aux) -> None:
+    if run is not None:
+        _LEAN[key] = _Lean(run, cfg.grid[0], fixed, meta, x.get_device(),
+                           () if aux is None else tuple(aux.shape))
+
+
+def _lean_launch(key: tuple, x, aux, out, free: tuple):
+    """Launch as an earlier call with these dtypes and shapes did; the output, or None when this
+    call is not like that one (the caller then takes the full path, checks and all)."""
+    lean = _LEAN.get(key)
+    if lean is None or not (x.is_contiguous() and x.get_device() == lean.index) or not _fast_ok():
+        return None
+    if out is None:
+        out = torch.empty_like(x)
+    elif not _like(out, x, x.shape, lean.index):
+        return None
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    if lean.aux_shape:
+        if not _like(aux, x, lean.aux_shape, lean.index):
+            return None
+        aux_ptr = aux.data_ptr()
+        if (x_ptr | aux_ptr | out_ptr) & 15:  # the kernel was compiled for 16-byte aligned pointers
+            return None
+        lean.run(lean.grid0, _STREAM(lean.index), x_ptr, aux_ptr, out_ptr, *lean.fixed, *free, *lean.meta)
+    else:
+        if (x_ptr | out_ptr) & 15:
+            return None
+        lean.run(lean.grid0, _STREAM(lean.index), x_ptr, out_ptr, *lean.fixed, *free, *lean.meta)
+    LAUNCHES["lean"] += 1
+    return out
+
+
+def _like(t, x, shape, index: int) -> bool:
+    """t is a contiguous tensor of x's dtype with this shape on CUDA device ``index``."""
+    return (type(t) is torch.Tensor and t.dtype is x.dtype and t.shape == shape and t.is_contiguous()
+            and t.get_device() == index)
 
 
 _INFO: dict = {}
@@ -400,6 +462,10 @@ def _check_bias(x: torch.Tensor, bias, info) -> int:
 
 def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x + y`` for two tensors of the same shape and dtype, in one Triton kernel."""
+    if type(x) is torch.Tensor:
+        done = _lean_launch((_add_kernel, None, x.dtype, x.shape), x, y, out, ())
+        if done is not None:
+            return done
     info = _device_info(x)
     _check_tensor("x", x, info)
     _check_tensor("y", y, info)
@@ -411,12 +477,18 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
     if n == 0:
         return out
     cfg = _config(n, x.dtype, info)
-    _launch(_add_kernel, cfg, (x, y, out), (n,), (cfg.BLOCK_SIZE, cfg.int64), ("BLOCK_SIZE", "INT64"))
+    meta = (cfg.BLOCK_SIZE, cfg.int64)
+    run = _launch(_add_kernel, cfg, (x, y, out), (n,), meta, ("BLOCK_SIZE", "INT64"))
+    _remember(run, (_add_kernel, None, x.dtype, x.shape), cfg, (n,), meta, x, y)
     return out
 
 
 def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
     """GELU of ``x`` in one kernel: ``approximate='tanh'`` (stable tanh) or ``'none'`` (erf)."""
+    if type(x) is torch.Tensor:
+        done = _lean_launch((_gelu_kernel, approximate, x.dtype, x.shape), x, None, out, ())
+        if done is not None:
+            return done
     info = _device_info(x)
     flag = _approximate_flag(approximate)
     _check_tensor("x", x, info)
@@ -425,8 +497,9 @@ def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = 
     if n == 0:
         return out
     cfg = _config(n, x.dtype, info)
-    _launch(_gelu_kernel, cfg, (x, out), (n,), (cfg.BLOCK_SIZE, flag, cfg.int64),
-            ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
+    meta = (cfg.BLOCK_SIZE, flag, cfg.int64)
+    run = _launch(_gelu_kernel, cfg, (x, out), (n,), meta, ("BLOCK_SIZE", "APPROXIMATE", "INT64"))
+    _remember(run, (_gelu_kernel, approximate, x.dtype, x.shape), cfg, (n,), meta, x, None)
     return out
 
 
@@ -436,6 +509,10 @@ _BIAS_META = ("BLOCK_SIZE", "APPROXIMATE", "INT64", "ONE_WRAP")
 def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
+    if type(x) is torch.Tensor and type(scale) is float and -math.inf < scale < math.inf:
+        done = _lean_launch((_bias_gelu_scale_kernel, approximate, x.dtype, x.shape), x, bias, out, (scale,))
+        if done is not None:
+            return done
     info = _device_info(x)
     flag = _approximate_flag(approximate)
     _check_tensor("x", x, info)
@@ -448,8 +525,9 @@ def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approxima
     if n == 0:
         return out
     cfg = _config(n, x.dtype, info)
-    _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out), (n, n_cols, scale),
-            (cfg.BLOCK_SIZE, flag, cfg.int64, cfg.BLOCK_SIZE <= n_cols), _BIAS_META)
+    meta = (cfg.BLOCK_SIZE, flag, cfg.int64, cfg.BLOCK_SIZE <= n_cols)
+    run = _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out), (n, n_cols, scale), meta, _BIAS_META)
+    _remember(run, (_bias_gelu_scale_kernel, approximate, x.dtype, x.shape), cfg, (n, n_cols), meta, x, bias)
     return out
 
 
