@@ -393,8 +393,8 @@ def _tune_one(x, b, y, n, itemsize, dname, size, block, warps):
         "gelu": lambda: ew._gelu_kernel[grid](x, y, n, BLOCK_SIZE=block, APPROXIMATE=True, INT64=int64,
                                               num_warps=warps),
         "chain": lambda: ew._bias_gelu_scale_kernel[grid](x, b, y, n, HIDDEN, SCALE, BLOCK_SIZE=block,
-                                                          APPROXIMATE=True, INT64=int64, ONE_WRAP=block <= HIDDEN,
-                                                          num_warps=warps)}
+                                                          APPROXIMATE=True, INT64=int64,
+                                                          WRAPS=ew.bias_wraps(block, HIDDEN), num_warps=warps)}
     rows = []
     for case, fn in kernels.items():
         t = bench.time_ms(fn, rep=30)

@@ -164,7 +164,7 @@ def _cases_elementwise(m, info) -> Iterator[Case]:
                        lambda s=shape, b=bias, dt=dt, a=approx:
                        m.bias_gelu_dropout(_e(*s, dtype=dt), _e(b, dtype=dt), 0.1, 1234, a))
     yield "dropout_keep_mask", lambda: m.dropout_keep_mask((4096, 4096), 0.1, 1234)
-    # rows shorter than a tile: the bias columns wrap several times per tile (ONE_WRAP=False)
+    # rows shorter than a tile: the bias columns wrap several times per tile (WRAPS=ANY_WRAP)
     narrow = (4096, 100)
     yield "bias_gelu_scale narrow rows", lambda: m.bias_gelu_scale(_e(*narrow), _e(100), 0.5)
     yield "bias_gelu_dropout narrow rows", lambda: m.bias_gelu_dropout(_e(*narrow), _e(100), 0.1, 7)

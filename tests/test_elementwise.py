@@ -84,9 +84,10 @@ def test_bias_gelu_scale(dtype, shape):
                   ew.bias_gelu_scale_ref(x.double(), b.double(), scale, approximate="none"))
 
 
-@pytest.mark.parametrize("n_cols,one_wrap", [(100, True), (64, True), (37, False), (5, False)])
+@pytest.mark.parametrize("n_cols,wraps", [(128, ew.IN_ROW), (64, ew.IN_ROW), (100, ew.ONE_WRAP), (64, ew.ONE_WRAP),
+                                          (37, ew.ANY_WRAP), (5, ew.ANY_WRAP)])
 @pytest.mark.parametrize("kernel", ["scale", "dropout"])
-def test_bias_columns_when_tiles_straddle_rows(n_cols, one_wrap, kernel):
+def test_bias_columns_when_tiles_straddle_rows(n_cols, wraps, kernel):
     """Tiles of 64 elements over rows of n_cols: a tile starts mid-row and crosses into the next
     row (once when the row is at least a tile long, many times when it is shorter)."""
     rows, block = 23, 64
@@ -97,11 +98,11 @@ def test_bias_columns_when_tiles_straddle_rows(n_cols, one_wrap, kernel):
     grid = (triton.cdiv(n, block),)
     if kernel == "scale":
         ew._bias_gelu_scale_kernel[grid](x, b, y, n, n_cols, 0.7, BLOCK_SIZE=block, APPROXIMATE=True,
-                                         INT64=False, ONE_WRAP=one_wrap)
+                                         INT64=False, WRAPS=wraps)
         check.compare("bias_gelu_scale", y, ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
     else:
         ew._bias_gelu_dropout_kernel[grid](x, b, y, n, n_cols, 0.0, 1.0, 11, BLOCK_SIZE=block, APPROXIMATE=True,
-                                           INT64=False, ONE_WRAP=one_wrap)
+                                           INT64=False, WRAPS=wraps)
         check.compare("bias_gelu_dropout p=0", y, ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
 
 

@@ -153,6 +153,14 @@ def test_plan_is_a_pure_function_of_the_device(arch):
     long = sm.plan(64, 100_000, info, 4, interpreter=False)
     assert long.version == "split" and long.ROWS == -(-100_000 // sm.SPLIT_BLOCK) <= info.sms
     assert long.grid == 64 * long.ROWS
+    row16 = sm.plan(64, 30_000, info, 2, interpreter=False)  # 16-bit rows filling 32768 lanes: one program each
+    assert row16.version == "fused" and row16.BLOCK_SIZE == 32768 and row16.num_warps == sm.MAX_WARPS
+    assert row16.grid == 64 and sm.plan(64, 40_000, info, 2, interpreter=False).version == "split"
+    assert sm.plan(64, 20_000, info, 2, interpreter=False).version == "split"  # 61% of the lanes: split
+    for itemsize in (2, 4):  # chunks halved until at least 3/4 of their lanes hold columns
+        for n in (16_385, 17_000, 26_000, 100_000):
+            block, _ = sm.split_chunk(n, itemsize)
+            assert n >= sm.MIN_LANES_USED * -(-n // block) * block or block == sm.MIN_SPLIT_BLOCK
     huge = sm.plan(4, 50_000_000, info, 2, interpreter=False)
     assert huge.version == "online"   # chunks of one row would not all fit on the GPU at once
     assert sm.plan(64, 100_000, info, interpreter=True).version == "online"

@@ -259,14 +259,13 @@ class TileConfig:
 # With q_regs, Q K^T reads q from registers instead of shared memory (the compiled kernel's
 # wgmma turns from SS to RS, 98 instead of 116 KB of shared memory): 1.4-4.1% faster in 7 of 8
 # comparisons at d=128 on an H100 and even in the eighth, 1.7% slower at d=64
-# (results/h100-80gb-hbm3/attention_qregs_explore.csv).
+# (results/h100-80gb-hbm3/attention_qregs_explore.csv). Only the two best stay candidates: timing
+# four of them once per shape picked a slower one in a full run (noise of a few %, no gain).
 # The others follow from the shared memory of an A100 (163 KiB) and of a T4 or a consumer GPU
 # (64-99 KiB), not from measurements.
 _HOPPER = {
-    64: [TileConfig(64, 128, 4, 3, 2), TileConfig(64, 64, 4, 3, 2), TileConfig(128, 128, 4, 3, 2),
-         TileConfig(64, 64, 4, 3)],
-    128: [TileConfig(64, 64, 4, 3, 2, True), TileConfig(64, 64, 4, 3, 2), TileConfig(128, 128, 8, 3, 2),
-          TileConfig(64, 64, 4, 3)],
+    64: [TileConfig(64, 128, 4, 3, 2), TileConfig(64, 64, 4, 3, 2)],
+    128: [TileConfig(64, 64, 4, 3, 2, True), TileConfig(64, 64, 4, 3, 2)],
 }
 _AMPERE = [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 32, 4, 3),
            TileConfig(64, 64, 4, 3), TileConfig(64, 32, 4, 2)]

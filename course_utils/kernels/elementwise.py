@@ -48,16 +48,31 @@ def tile_start(pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
     return pid * BLOCK_SIZE
 
 
+# How a tile of BLOCK_SIZE flat indices meets rows of n_cols (the WRAPS constexpr of the bias kernels)
+IN_ROW, ONE_WRAP, ANY_WRAP = 0, 1, 2
+
+
+def bias_wraps(block_size: int, n_cols: int) -> int:
+    """IN_ROW when every tile lies inside one row, ONE_WRAP when a tile crosses at most one row
+    end, ANY_WRAP otherwise (rows shorter than a tile)."""
+    if n_cols % block_size == 0:
+        return IN_ROW
+    return ONE_WRAP if block_size <= n_cols else ANY_WRAP
+
+
 @triton.jit
-def bias_columns(start, n_cols, BLOCK_SIZE: tl.constexpr, ONE_WRAP: tl.constexpr):
+def bias_columns(start, n_cols, BLOCK_SIZE: tl.constexpr, WRAPS: tl.constexpr):
     """Column of each element of the tile that starts at flat index ``start`` (rows of n_cols).
 
     One modulo per program, not one per element (an integer division by a value known only at run
-    time costs about twenty instructions). ONE_WRAP: the tile is no longer than a row, so its
-    columns wrap past the row's end at most once.
+    time costs about twenty instructions). WRAPS (see :func:`bias_wraps`): inside one row the
+    columns are consecutive and the tile's first one is a multiple of BLOCK_SIZE, which the hints
+    tell the compiler so the bias loads are as wide as the loads of x.
     """
     cols = start % n_cols + tl.arange(0, BLOCK_SIZE)
-    if ONE_WRAP:
+    if WRAPS == 0:
+        cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_SIZE), BLOCK_SIZE)
+    elif WRAPS == 1:
         cols = tl.where(cols >= n_cols, cols - n_cols, cols)
     else:
         cols = cols % n_cols
@@ -105,12 +120,12 @@ def _gelu_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, APPROXIMATE
 
 @triton.jit
 def _bias_gelu_scale_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr,
-                            APPROXIMATE: tl.constexpr, INT64: tl.constexpr, ONE_WRAP: tl.constexpr):
+                            APPROXIMATE: tl.constexpr, INT64: tl.constexpr, WRAPS: tl.constexpr):
     pid = tl.program_id(axis=0)
     start = tile_start(pid, BLOCK_SIZE, INT64)
     offsets = start + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    cols = bias_columns(start, n_cols, BLOCK_SIZE, ONE_WRAP)     # the bias is one value per column
+    cols = bias_columns(start, n_cols, BLOCK_SIZE, WRAPS)     # the bias is one value per column
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)      # n_cols values: they stay in L2
     y = gelu_math(x + b, APPROXIMATE) * scale
@@ -120,12 +135,12 @@ def _bias_gelu_scale_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, B
 @triton.jit(do_not_specialize=["seed"])
 def _bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, keep_scale, seed,
                               BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr, INT64: tl.constexpr,
-                              ONE_WRAP: tl.constexpr):
+                              WRAPS: tl.constexpr):
     pid = tl.program_id(axis=0)
     start = tile_start(pid, BLOCK_SIZE, INT64)
     offsets = start + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    cols = bias_columns(start, n_cols, BLOCK_SIZE, ONE_WRAP)
+    cols = bias_columns(start, n_cols, BLOCK_SIZE, WRAPS)
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)
     y = gelu_math(x + b, APPROXIMATE)
@@ -503,7 +518,7 @@ def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = 
     return out
 
 
-_BIAS_META = ("BLOCK_SIZE", "APPROXIMATE", "INT64", "ONE_WRAP")
+_BIAS_META = ("BLOCK_SIZE", "APPROXIMATE", "INT64", "WRAPS")
 
 
 def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
@@ -525,7 +540,7 @@ def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approxima
     if n == 0:
         return out
     cfg = _config(n, x.dtype, info)
-    meta = (cfg.BLOCK_SIZE, flag, cfg.int64, cfg.BLOCK_SIZE <= n_cols)
+    meta = (cfg.BLOCK_SIZE, flag, cfg.int64, bias_wraps(cfg.BLOCK_SIZE, n_cols))
     run = _launch(_bias_gelu_scale_kernel, cfg, (x, bias, out), (n, n_cols, scale), meta, _BIAS_META)
     _remember(run, (_bias_gelu_scale_kernel, approximate, x.dtype, x.shape), cfg, (n, n_cols), meta, x, bias)
     return out
@@ -558,7 +573,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
         return out
     cfg = _config(n, x.dtype, info, DROPOUT_MAX_BLOCK)
     _launch(_bias_gelu_dropout_kernel, cfg, (x, bias, out), (n, n_cols, p, 1.0 / (1.0 - p), seed),
-            (cfg.BLOCK_SIZE, flag, cfg.int64, cfg.BLOCK_SIZE <= n_cols), _BIAS_META)
+            (cfg.BLOCK_SIZE, flag, cfg.int64, bias_wraps(cfg.BLOCK_SIZE, n_cols)), _BIAS_META)
     return out
 
 

@@ -1,7 +1,8 @@
 """Softmax along the last dimension (chapters 5 and 6): the version ladder.
 
 v1  ``softmax_ref``: five eager PyTorch ops (max, subtract, exp, sum, divide), five launches.
-v2  ``_softmax_row_kernel``: fused, one row per program, ``BLOCK_SIZE = next_power_of_2(N)``.
+v2  ``_softmax_row_kernel``: fused, one row per program, ``BLOCK_SIZE = next_power_of_2(N)`` (on a GPU,
+    16-bit rows up to 32768 with 32 warps).
 v3  ``_softmax_persistent_kernel``: fused, a grid of SMs x occupancy looping over tiles of rows.
 v4  ``_softmax_online_kernel``: rows of any length, one program per row, online max/sum over tiles
     then a normalizing pass (the recurrence of chapter 6; three passes over HBM when rows are long).
@@ -144,6 +145,8 @@ def _softmax_split_kernel(y_ptr, x_ptr, stats_ptr, sync_ptr, n_cols, x_row_strid
 
 # Tunables (chosen from measurements on an H100/H200, see benchmarks/softmax.py and results/).
 MAX_FUSED_BLOCK = 16384      # longest row (next power of two) that one program keeps in registers
+MAX_FUSED_BLOCK_16BIT = 32768  # the same for 16-bit rows on a GPU, with MAX_WARPS warps
+MAX_WARPS = 32               # 1024 threads: the most one program can have
 TILE_ELEMENTS = 4096         # persistent kernel: rows per tile = TILE_ELEMENTS // BLOCK_SIZE
 ELEMENTS_PER_THREAD = 32     # num_warps = tile / (32 threads x 32 elements), between 4 and 16
 SPLIT_BLOCK = 8192           # chunk length of the split long-row kernel (fp32)
@@ -151,6 +154,8 @@ SPLIT_WARPS = 8
 SPLIT_BLOCK_16BIT = 8192     # the same for fp16/bf16 inputs
 SPLIT_WARPS_16BIT = 4
 ONLINE_BLOCK = 4096          # tile length of the online kernel
+MIN_LANES_USED = 0.75        # a 32-warp row or a row's split chunks: this share of lanes on real columns
+MIN_SPLIT_BLOCK = 2048
 REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64        # sm_80/sm_90 (48 on sm_86/89, 32 on sm_75)
 
@@ -210,11 +215,30 @@ def plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo, itemsize: int = 4,
         return Plan("persistent", block, rows, num_warps, n_tiles)
     if interpreter:
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
-    split_block, split_warps = (SPLIT_BLOCK, SPLIT_WARPS) if itemsize >= 4 else (SPLIT_BLOCK_16BIT, SPLIT_WARPS_16BIT)
+    if itemsize == 2 and block <= MAX_FUSED_BLOCK_16BIT and n_cols >= MIN_LANES_USED * block:
+        # A 16-bit row of 32768 in one program of 32 warps (32 values a thread): on an H100 (bf16,
+        # 256 MiB) 94% of the copy bandwidth against 84% for the split kernel, whose 16-bit chunks
+        # hold twice their bytes in float32 registers (results/h100-80gb-hbm3/softmax_split_explore.csv).
+        return Plan("fused", block, 1, MAX_WARPS, n_rows)
+    split_block, split_warps = split_chunk(n_cols, itemsize)
     chunks = triton.cdiv(n_cols, split_block)
     if chunks > info.sms:  # every chunk of a row must fit on the GPU at once
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
     return Plan("split", split_block, chunks, split_warps, n_rows * chunks)
+
+
+def split_chunk(n_cols: int, itemsize: int) -> tuple[int, int]:
+    """BLOCK_SIZE and num_warps of the split kernel's chunks for rows of ``n_cols``: the tuned chunk,
+    halved (and its warps, down to 4) while less than MIN_LANES_USED of the lanes would hold columns.
+
+    A row of 17000 in chunks of 8192 leaves a third of the lanes empty; in chunks of 4096, 17%. On
+    an H100 (256 MiB) that took float32 from 0.82x to 1.02x torch.softmax, bfloat16 from 0.79x to
+    0.90x (results/h100-80gb-hbm3/softmax_split_explore.csv).
+    """
+    block, warps = (SPLIT_BLOCK, SPLIT_WARPS) if itemsize >= 4 else (SPLIT_BLOCK_16BIT, SPLIT_WARPS_16BIT)
+    while block > MIN_SPLIT_BLOCK and n_cols < MIN_LANES_USED * triton.cdiv(n_cols, block) * block:
+        block, warps = block // 2, max(4, warps // 2)
+    return block, warps
 
 
 def occupancy(compiled, num_warps: int, info: hardware.DeviceInfo, smem_per_sm: int | None = None) -> dict:
