@@ -274,3 +274,32 @@ def test_lean_launch_cache_key_separates_what_triton_specializes_on():
     assert key((a32,), (2**31,)) != key((a32,), (2**31 - 16,))  # int32 vs int64
     assert key((a32,), (16, 0.5)) == key((a32,), (16, 0.25))   # floats are not specialized
     assert key((a32,), meta=(1024, True)) != key((a32,))       # constexprs
+
+
+def test_repeated_calls_keep_every_check():
+    """A call like an earlier one takes the lean path on a GPU (no checks beyond dtype, shape,
+    contiguity, device and alignment); anything unlike it must still meet the full path's errors."""
+    x = check.randn((33, 64))
+    b = check.randn((64,))
+    y = _poisoned(x.shape, x.dtype)
+    first = ew.bias_gelu_scale(x, b, 0.5)
+    assert torch.equal(ew.bias_gelu_scale(x, b, 0.5, out=y), first)
+    assert torch.equal(ew.bias_gelu_scale(x, b, 0.5), first)
+    with pytest.raises(ValueError, match="bias"):
+        ew.bias_gelu_scale(x, check.randn((63,)), 0.5)
+    with pytest.raises(ValueError, match="out"):
+        ew.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 63, device=cu.DEVICE))
+    with pytest.raises((TypeError, ValueError)):
+        ew.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 64, device=cu.DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match="finite"):
+        ew.bias_gelu_scale(x, b, float("nan"))
+    with pytest.raises(ValueError, match="contiguous"):
+        ew.bias_gelu_scale(check.randn((33, 128))[:, ::2], b, 0.5)  # same shape and dtype, strided
+    shifted = check.randn((33 * 64 + 1,))[1:].view(33, 64)   # misaligned by one element: full path
+    check.compare("chain, misaligned", ew.bias_gelu_scale(shifted, b, 0.5),
+                  ew.bias_gelu_scale_ref(shifted.double(), b.double(), 0.5))
+    for _ in range(2):
+        check.compare("gelu, repeated", ew.gelu(x), ew.gelu_ref(x.double()))
+        check.compare("add, repeated", ew.add(x, x), 2 * x.double())
+    with pytest.raises(ValueError, match="same shape"):
+        ew.add(x, check.randn((33, 63)))
