@@ -156,7 +156,12 @@ def test_plan_is_a_pure_function_of_the_device(arch):
     row16 = sm.plan(64, 30_000, info, 2, interpreter=False)  # 16-bit rows filling 32768 lanes: one program each
     assert row16.version == "fused" and row16.BLOCK_SIZE == 32768 and row16.num_warps == sm.MAX_WARPS
     assert row16.grid == 64 and sm.plan(64, 40_000, info, 2, interpreter=False).version == "split"
-    assert sm.plan(64, 20_000, info, 2, interpreter=False).version == "split"  # 61% of the lanes: split
+    for n, itemsize, version in ((16_385, 4, "two_block"), (24_576, 4, "two_block"), (24_577, 4, "split"),
+                                 (20_480, 2, "two_block"), (20_481, 2, "split"), (24_000, 2, "split")):
+        p = sm.plan(64, n, info, itemsize, interpreter=False)
+        assert p.version == version, (n, itemsize, p)
+        if version == "two_block":  # 16384 lanes and the rest's next power of two: few lanes idle
+            assert p.BLOCK_SIZE == sm.MAX_FUSED_BLOCK and p.BLOCK_SIZE < n <= p.BLOCK_SIZE + p.tail < 2 * n
     for itemsize in (2, 4):  # chunks halved until at least 3/4 of their lanes hold columns
         for n in (16_385, 17_000, 26_000, 100_000):
             block, _ = sm.split_chunk(n, itemsize)
@@ -190,3 +195,20 @@ def test_benchmark_targets_from_a_synthetic_sweep():
     assert by["softmax float32 N=32768 (long rows) vs torch.softmax"].passed      # 1.5 >= 1.3
     assert by["softmax float32 N=1000 (in between) vs torch.softmax"].required == 0.95
     assert bs.rows_for(256, torch.bfloat16) * 256 * 2 == 256 * 2**20
+
+
+@pytest.mark.parametrize("n", [16_385, 17_000, 20_480])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_two_block_rows(n, dtype):
+    """Rows just over 16K columns as 16384 lanes plus a tail block: signed, offset values, a row of
+    -inf (NaN, as torch), strided rows, the output poisoned first."""
+    x = (check.randn((4, n + 5), torch.float32, scale=4.0) + 30).to(dtype)[:, :n]
+    x[1] = float("-inf")
+    out = torch.full((4, n), float("nan"), dtype=dtype, device=x.device)
+    y = sm.softmax(x, version="two_block", out=None)
+    out.copy_(y)
+    ref = torch.softmax(x.double(), -1)
+    assert out[1].isnan().all() and not out[[0, 2, 3]].isnan().any()
+    check.compare("two_block softmax", out[[0, 2, 3]], ref[[0, 2, 3]])
+    with pytest.raises(ValueError, match="two_block"):
+        sm.softmax(check.randn((2, 100)), version="two_block")

@@ -3,6 +3,8 @@
 v1  ``softmax_ref``: five eager PyTorch ops (max, subtract, exp, sum, divide), five launches.
 v2  ``_softmax_row_kernel``: fused, one row per program, ``BLOCK_SIZE = next_power_of_2(N)`` (on a GPU,
     16-bit rows up to 32768 with 32 warps).
+v2b ``_softmax_two_block_kernel``: v2 for a row of two blocks, BLOCK_SIZE + TAIL (on a GPU, rows just
+    over 16K columns: 16384 lanes plus the next power of two of the rest, one program of 32 warps).
 v3  ``_softmax_persistent_kernel``: fused, a grid of SMs x occupancy looping over tiles of rows.
 v4  ``_softmax_online_kernel``: rows of any length, one program per row, online max/sum over tiles
     then a normalizing pass (the recurrence of chapter 6; three passes over HBM when rows are long).
@@ -40,6 +42,27 @@ def _softmax_row_kernel(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_
     numerator = tl.exp(x)
     y = numerator / tl.sum(numerator, axis=0)
     tl.store(y_ptr + pid.to(tl.int64) * y_row_stride + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_two_block_kernel(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr,
+                              TAIL: tl.constexpr):
+    """v2b: v2 with the row held as two blocks, columns [0, BLOCK_SIZE) and then TAIL more, so a row
+    just past a power of two fills its lanes (17000 columns: 16384 + 1024 lanes, not 32768)."""
+    pid = tl.program_id(0)
+    x_row = x_ptr + pid.to(tl.int64) * x_row_stride
+    y_row = y_ptr + pid.to(tl.int64) * y_row_stride
+    head = tl.arange(0, BLOCK_SIZE)  # all inside the row: n_cols > BLOCK_SIZE
+    tail = BLOCK_SIZE + tl.arange(0, TAIL)
+    tail_mask = tail < n_cols
+    a = tl.load(x_row + head).to(tl.float32)
+    b = tl.load(x_row + tail, mask=tail_mask, other=-float("inf")).to(tl.float32)
+    row_max = tl.maximum(tl.max(a, axis=0), tl.max(b, axis=0))
+    ea = tl.exp(a - row_max)
+    eb = tl.exp(b - row_max)
+    inv_sum = 1.0 / (tl.sum(ea, axis=0) + tl.sum(eb, axis=0))
+    tl.store(y_row + head, (ea * inv_sum).to(y_ptr.dtype.element_ty))
+    tl.store(y_row + tail, (eb * inv_sum).to(y_ptr.dtype.element_ty), mask=tail_mask)
 
 
 @triton.jit
@@ -147,6 +170,8 @@ def _softmax_split_kernel(y_ptr, x_ptr, stats_ptr, sync_ptr, n_cols, x_row_strid
 MAX_FUSED_BLOCK = 16384      # longest row (next power of two) that one program keeps in registers
 MAX_FUSED_BLOCK_16BIT = 32768  # the same for 16-bit rows on a GPU, with MAX_WARPS warps
 MAX_WARPS = 32               # 1024 threads: the most one program can have
+MAX_TAIL = 8192              # two_block: the longest second block (float32)
+MAX_TAIL_16BIT = 4096        # the same for 16-bit rows
 TILE_ELEMENTS = 4096         # persistent kernel: rows per tile = TILE_ELEMENTS // BLOCK_SIZE
 ELEMENTS_PER_THREAD = 32     # num_warps = tile / (32 threads x 32 elements), between 4 and 16
 SPLIT_BLOCK = 8192           # chunk length of the split long-row kernel (fp32)
@@ -168,11 +193,12 @@ def max_warps_per_sm(info: hardware.DeviceInfo) -> int:
 class Plan:
     """What :func:`softmax` launches: the version and its meta-parameters."""
 
-    version: str      # "fused" | "persistent" | "online" | "split"
+    version: str      # "fused" | "two_block" | "persistent" | "online" | "split"
     BLOCK_SIZE: int
     ROWS: int = 1     # rows per tile (persistent) ; chunks per row (split)
     num_warps: int = 4
     grid: int = 1
+    tail: int = 0     # two_block: the second block's lanes
 
 
 def warps_for(tile_elements: int) -> int:
@@ -215,6 +241,8 @@ def plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo, itemsize: int = 4,
         return Plan("persistent", block, rows, num_warps, n_tiles)
     if interpreter:
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
+    if n_cols <= MAX_FUSED_BLOCK + (MAX_TAIL if itemsize >= 4 else MAX_TAIL_16BIT):
+        return _two_block_plan(n_rows, n_cols)
     if itemsize == 2 and block <= MAX_FUSED_BLOCK_16BIT and n_cols >= MIN_LANES_USED * block:
         # A 16-bit row of 32768 in one program of 32 warps (32 values a thread): on an H100 (bf16,
         # 256 MiB) 94% of the copy bandwidth against 84% for the split kernel, whose 16-bit chunks
@@ -225,6 +253,18 @@ def plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo, itemsize: int = 4,
     if chunks > info.sms:  # every chunk of a row must fit on the GPU at once
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
     return Plan("split", split_block, chunks, split_warps, n_rows * chunks)
+
+
+def _two_block_plan(n_rows: int, n_cols: int) -> Plan:
+    """One program of 32 warps per row of 16K-24K columns, held as 16384 lanes plus the next power
+    of two of the rest: at least 83% of the lanes hold columns.
+
+    On an H100 (256 MiB, results/h100-80gb-hbm3/softmax_split_explore.csv) float32 rows of
+    16500-24576 ran at 98-99% of the copy bandwidth (the split kernel: 83-97%); bfloat16 rows up to
+    20000 (tails up to 4096) at 80-100%, but with a tail of 8192 only at 66-68%, less than split.
+    """
+    tail = triton.next_power_of_2(n_cols - MAX_FUSED_BLOCK)
+    return Plan("two_block", MAX_FUSED_BLOCK, 1, MAX_WARPS, n_rows, tail)
 
 
 def split_chunk(n_cols: int, itemsize: int) -> tuple[int, int]:
@@ -291,7 +331,7 @@ def _as_rows(x: torch.Tensor, dim: int, what: str):
 def softmax(x: torch.Tensor, dim: int = -1, *, version: str | None = None, out: torch.Tensor | None = None):
     """Softmax of ``x`` along ``dim`` (any number of leading dims; strided rows are read in place).
 
-    ``version`` forces one rung of the ladder ("fused", "persistent", "online", "split");
+    ``version`` forces one rung of the ladder ("fused", "two_block", "persistent", "online", "split");
     by default :func:`plan` picks it. Statistics are kept in float32 for every input dtype.
     """
     xm, x2, dim = _as_rows(x, dim, "softmax")
@@ -330,6 +370,11 @@ def _forced(version: str, n_rows: int, n_cols: int, info) -> Plan:
         n_warps = warps_for(rows * block)
         grid = min(triton.cdiv(n_rows, rows), info.sms * estimate_programs_per_sm(rows * block, n_warps, info))
         return Plan("persistent", block, rows, n_warps, grid)
+    if version == "two_block":
+        if not MAX_FUSED_BLOCK < n_cols <= 2 * MAX_FUSED_BLOCK:
+            raise ValueError(f"softmax version='two_block' holds rows of {MAX_FUSED_BLOCK + 1} to "
+                             f"{2 * MAX_FUSED_BLOCK} columns, got {n_cols}")
+        return _two_block_plan(n_rows, n_cols)
     if version == "online":
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
     if version == "split":
@@ -340,7 +385,7 @@ def _forced(version: str, n_rows: int, n_cols: int, info) -> Plan:
         if chunks > info.sms:
             raise ValueError(f"softmax version='split': {chunks} chunks per row exceed the {info.sms} SMs")
         return Plan("split", SPLIT_BLOCK, chunks, SPLIT_WARPS, n_rows * chunks)
-    raise ValueError(f"unknown softmax version {version!r}: expected fused, persistent, online or split")
+    raise ValueError(f"unknown softmax version {version!r}: expected fused, two_block, persistent, online or split")
 
 
 def _launch(p: Plan, y2: torch.Tensor, x2: torch.Tensor) -> None:
@@ -348,6 +393,9 @@ def _launch(p: Plan, y2: torch.Tensor, x2: torch.Tensor) -> None:
     xs, ys = x2.stride(0), y2.stride(0)
     if p.version == "fused":
         _softmax_row_kernel[(n_rows,)](y2, x2, n_cols, xs, ys, BLOCK_SIZE=p.BLOCK_SIZE, num_warps=p.num_warps)
+    elif p.version == "two_block":
+        _softmax_two_block_kernel[(n_rows,)](y2, x2, n_cols, xs, ys, BLOCK_SIZE=p.BLOCK_SIZE, TAIL=p.tail,
+                                             num_warps=p.num_warps)
     elif p.version == "persistent":
         tiles_per_program = triton.cdiv(triton.cdiv(n_rows, p.ROWS), p.grid)
         _softmax_persistent_kernel[(p.grid,)](y2, x2, n_rows, n_cols, xs, ys, tiles_per_program,
