@@ -180,9 +180,10 @@ def _cases_elementwise(m, info) -> Iterator[Case]:
 
 
 def _cases_softmax(m, info) -> Iterator[Case]:
-    shapes = [(64, 1000), (16, 4096), (4, 16384), (2, 65536), (1, 2**19)]  # persistent -> split/online
+    # persistent, two_block (just over 16K), 32-warp rows (16-bit) or split, split, online
+    shapes = [(64, 1000), (16, 4096), (4, 16384), (4, 17000), (4, 30000), (2, 65536), (1, 2**19)]
     forced = [("fused", (64, 1000)), ("fused", (4, 16384)), ("persistent", (64, 4096)),
-              ("online", (2, 65536))]
+              ("two_block", (4, 24576)), ("online", (2, 65536))]
     for dt in dtypes_for(info):
         for shape in shapes:
             yield f"softmax {_name(dt)} {shape}", lambda s=shape, dt=dt: m.softmax(_e(*s, dtype=dt))
