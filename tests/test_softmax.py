@@ -162,10 +162,6 @@ def test_plan_is_a_pure_function_of_the_device(arch):
         assert p.version == version, (n, itemsize, p)
         if version == "two_block":  # 16384 lanes and the rest's next power of two: few lanes idle
             assert p.BLOCK_SIZE == sm.MAX_FUSED_BLOCK and p.BLOCK_SIZE < n <= p.BLOCK_SIZE + p.tail < 2 * n
-    for itemsize in (2, 4):  # chunks halved until at least 3/4 of their lanes hold columns
-        for n in (16_385, 17_000, 26_000, 100_000):
-            block, _ = sm.split_chunk(n, itemsize)
-            assert n >= sm.MIN_LANES_USED * -(-n // block) * block or block == sm.MIN_SPLIT_BLOCK
     huge = sm.plan(4, 50_000_000, info, 2, interpreter=False)
     assert huge.version == "online"   # chunks of one row would not all fit on the GPU at once
     assert sm.plan(64, 100_000, info, interpreter=True).version == "online"
@@ -201,12 +197,11 @@ def test_benchmark_targets_from_a_synthetic_sweep():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_two_block_rows(n, dtype):
     """Rows just over 16K columns as 16384 lanes plus a tail block: signed, offset values, a row of
-    -inf (NaN, as torch), strided rows, the output poisoned first."""
+    -inf (NaN, as torch), strided rows, written into an output poisoned with NaN."""
     x = (check.randn((4, n + 5), torch.float32, scale=4.0) + 30).to(dtype)[:, :n]
     x[1] = float("-inf")
     out = torch.full((4, n), float("nan"), dtype=dtype, device=x.device)
-    y = sm.softmax(x, version="two_block", out=None)
-    out.copy_(y)
+    sm.softmax(x, version="two_block", out=out)
     ref = torch.softmax(x.double(), -1)
     assert out[1].isnan().all() and not out[[0, 2, 3]].isnan().any()
     check.compare("two_block softmax", out[[0, 2, 3]], ref[[0, 2, 3]])

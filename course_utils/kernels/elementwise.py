@@ -70,9 +70,9 @@ def bias_columns(start, n_cols, BLOCK_SIZE: tl.constexpr, WRAPS: tl.constexpr):
     tell the compiler so the bias loads are as wide as the loads of x.
     """
     cols = start % n_cols + tl.arange(0, BLOCK_SIZE)
-    if WRAPS == 0:
+    if WRAPS == 0:    # IN_ROW (a jit function reads module globals only as constexprs: plain ints here)
         cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_SIZE), BLOCK_SIZE)
-    elif WRAPS == 1:
+    elif WRAPS == 1:  # ONE_WRAP
         cols = tl.where(cols >= n_cols, cols - n_cols, cols)
     else:
         cols = cols % n_cols
@@ -198,10 +198,12 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
     On sm_90 a program takes 16 bytes per thread with 4 warps (512 float32 or 1024 16-bit elements):
     one 128-bit load and one store per thread, the pattern of ``copy_``. On an H100 (GELU, 256 MiB
     and 1 GiB, ``results/h100-80gb-hbm3/elementwise_tile_explore.csv``) that ran at copy speed in
-    every dtype, where 4096 bf16 elements per program ran 1.4% slower. sm_80-89 keep 1024 float32
-    or 4096 16-bit elements (an H200 sweep of the earlier, costlier GELU math), sm_75 (T4: a tenth
-    of the bandwidth, 64 KiB of shared memory) 1024 or 2048. Smaller tensors get smaller tiles so
-    that about 4 programs land on each SM, never below 16 bytes per thread. Under the interpreter
+    every dtype, where 4096 bf16 elements per program ran 1.4% slower; an H200 with the same tiles
+    ran it at 98.9-100.8% of copy speed (``results/h200/elementwise.csv``). sm_80-89 keep the
+    earlier choice, 1024 float32 or 4096 16-bit elements (an H200 sweep with the earlier, costlier
+    GELU math; not measured on those GPUs), sm_75 (T4: a tenth of the bandwidth, 64 KiB of shared
+    memory) 1024 or 2048. Smaller tensors get smaller tiles so that about 4 programs land on each
+    SM, never below 16 bytes per thread. Under the interpreter
     (no SMs to fill) tiles are as large as allowed: fewer programs run faster in Python.
     ``max_block`` caps the tile for kernels with much arithmetic per element (the dropout's Philox).
     """
@@ -499,7 +501,7 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
 
 
 def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
-    """GELU of ``x`` in one kernel: ``approximate='tanh'`` (stable tanh) or ``'none'`` (erf)."""
+    """GELU of ``x`` in one kernel: ``approximate='tanh'`` (the tanh approximation) or ``'none'`` (erf)."""
     if type(x) is torch.Tensor:
         done = _lean_launch((_gelu_kernel, approximate, x.dtype, x.shape), x, None, out, ())
         if done is not None:

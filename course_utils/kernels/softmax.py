@@ -179,8 +179,7 @@ SPLIT_WARPS = 8
 SPLIT_BLOCK_16BIT = 8192     # the same for fp16/bf16 inputs
 SPLIT_WARPS_16BIT = 4
 ONLINE_BLOCK = 4096          # tile length of the online kernel
-MIN_LANES_USED = 0.75        # a 32-warp row or a row's split chunks: this share of lanes on real columns
-MIN_SPLIT_BLOCK = 2048
+MIN_LANES_USED = 0.75        # a 16-bit row in 32 warps: at least this share of its lanes on real columns
 REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64        # sm_80/sm_90 (48 on sm_86/89, 32 on sm_75)
 
@@ -248,7 +247,7 @@ def plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo, itemsize: int = 4,
         # 256 MiB) 94% of the copy bandwidth against 84% for the split kernel, whose 16-bit chunks
         # hold twice their bytes in float32 registers (results/h100-80gb-hbm3/softmax_split_explore.csv).
         return Plan("fused", block, 1, MAX_WARPS, n_rows)
-    split_block, split_warps = split_chunk(n_cols, itemsize)
+    split_block, split_warps = (SPLIT_BLOCK, SPLIT_WARPS) if itemsize >= 4 else (SPLIT_BLOCK_16BIT, SPLIT_WARPS_16BIT)
     chunks = triton.cdiv(n_cols, split_block)
     if chunks > info.sms:  # every chunk of a row must fit on the GPU at once
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
@@ -265,20 +264,6 @@ def _two_block_plan(n_rows: int, n_cols: int) -> Plan:
     """
     tail = triton.next_power_of_2(n_cols - MAX_FUSED_BLOCK)
     return Plan("two_block", MAX_FUSED_BLOCK, 1, MAX_WARPS, n_rows, tail)
-
-
-def split_chunk(n_cols: int, itemsize: int) -> tuple[int, int]:
-    """BLOCK_SIZE and num_warps of the split kernel's chunks for rows of ``n_cols``: the tuned chunk,
-    halved (and its warps, down to 4) while less than MIN_LANES_USED of the lanes would hold columns.
-
-    A row of 17000 in chunks of 8192 leaves a third of the lanes empty; in chunks of 4096, 17%. On
-    an H100 (256 MiB) that took float32 from 0.82x to 1.02x torch.softmax, bfloat16 from 0.79x to
-    0.90x (results/h100-80gb-hbm3/softmax_split_explore.csv).
-    """
-    block, warps = (SPLIT_BLOCK, SPLIT_WARPS) if itemsize >= 4 else (SPLIT_BLOCK_16BIT, SPLIT_WARPS_16BIT)
-    while block > MIN_SPLIT_BLOCK and n_cols < MIN_LANES_USED * triton.cdiv(n_cols, block) * block:
-        block, warps = block // 2, max(4, warps // 2)
-    return block, warps
 
 
 def occupancy(compiled, num_warps: int, info: hardware.DeviceInfo, smem_per_sm: int | None = None) -> dict:
