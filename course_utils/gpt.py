@@ -1,0 +1,204 @@
+"""A GPT-2-style decoder that trains on the course's kernels (chapter 11).
+
+One module, two sets of ops (:mod:`course_utils.autograd.registry`): the same parameters and the
+same batches run through eager PyTorch (SDPA for attention) or through the course's Triton kernels.
+Text: the course's own markdown and notebook prose, as bytes (a vocabulary of 256): nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .autograd.registry import Ops
+from .autograd.registry import ops as make_ops
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 256  # byte-level tokens
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 2
+    n_head: int = 2
+    d_model: int = 32
+    seq_len: int = 32
+    vocab: int = VOCAB
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+TINY = GPTConfig()                                                       # the CPU interpreter: seconds
+GPU = GPTConfig(n_layer=6, n_head=12, d_model=768, seq_len=1024)         # GPT-2 small's width, 6 layers
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.cfg = cfg
+        self.ln1, self.ln2 = nn.LayerNorm(d, eps=cfg.eps), nn.LayerNorm(d, eps=cfg.eps)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        B, N, d = x.shape
+        h = ops.layer_norm(x, self.ln1.weight, self.ln1.bias, self.cfg.eps)
+        q, k, v = self.qkv(h).view(B, N, 3, self.cfg.n_head, self.cfg.head_dim).permute(2, 0, 3, 1, 4)
+        a = ops.attention(q.contiguous(), k.contiguous(), v.contiguous())          # (B, H, N, hd)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, N, d))
+        h = ops.layer_norm(x, self.ln2.weight, self.ln2.bias, self.cfg.eps)
+        return x + self.out(ops.linear_gelu(h, self.fc.weight, self.fc.bias))
+
+
+class GPT(nn.Module):
+    """Token and position embeddings, ``n_layer`` pre-norm blocks, a final LayerNorm, tied output head."""
+
+    def __init__(self, cfg: GPTConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        g = torch.Generator().manual_seed(seed)
+        self.wte = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.eps)
+        # GPT-2's initialization, from a fixed generator: both versions start from the same weights.
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias") or ".ln" in name or name.startswith("ln_f"):
+                    continue
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "out.weight")) else 0.02
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        self.ops = make_ops("torch")
+
+    def use(self, ops: Ops | str) -> GPT:
+        self.ops = make_ops(ops) if isinstance(ops, str) else ops
+        return self
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, N = idx.shape
+        if N > self.cfg.seq_len:
+            raise ValueError(f"sequence of {N} tokens is longer than the model's seq_len={self.cfg.seq_len}")
+        x = self.wte(idx) + self.wpe(torch.arange(N, device=idx.device))
+        for block in self.blocks:
+            x = block(x, self.ops)
+        x = self.ops.layer_norm(x, self.ln_f.weight, self.ln_f.bias, self.cfg.eps)
+        logits = F.linear(x, self.wte.weight)
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def twins(cfg: GPTConfig, device, seed: int = 0) -> tuple[GPT, GPT]:
+    """The torch version and the course version of one model: identical parameters."""
+    base = GPT(cfg, seed).to(device)
+    twin = copy.deepcopy(base)
+    return base.use("torch"), twin.use("course")
+
+
+# ------------------------------------------------------------------------------------------------
+# Data: the course's own text, byte-level
+# ------------------------------------------------------------------------------------------------
+
+def corpus_text(root: Path = ROOT) -> str:
+    """README, docs and the markdown cells of the lectures, concatenated (shipped with the repository)."""
+    parts = [p.read_text(encoding="utf-8") for p in sorted([root / "README.md", *root.glob("docs/*.md")]) if p.exists()]
+    for nb in sorted(root.glob("notebooks/*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        parts += ["".join(c["source"]) for c in cells if c.get("cell_type") == "markdown"]
+    text = "\n\n".join(parts)
+    if not text:
+        raise FileNotFoundError(f"no course text found under {root}")
+    return text
+
+
+def tokens(text: str | None = None) -> torch.Tensor:
+    """The text's UTF-8 bytes as int64 token ids in [0, 256)."""
+    data = (text if text is not None else corpus_text()).encode("utf-8")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+
+
+def batches(data: torch.Tensor, batch: int, seq_len: int, steps: int, seed: int = 0):
+    """``steps`` batches of random windows (inputs, next-token targets), the same for every run with ``seed``."""
+    if data.numel() <= seq_len + 1:
+        raise ValueError(f"{data.numel()} tokens are too few for windows of {seq_len + 1}")
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, data.numel() - seq_len - 1, (batch,), generator=g)
+        window = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()])
+        yield window[:, :-1], window[:, 1:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One step: forward under bf16 autocast on a GPU (float32 master weights), backward, AdamW."""
+    with _autocast(x.device):
+        _, loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def optimizer(model: nn.Module, lr: float = 3e-4) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def train(model: nn.Module, data: torch.Tensor, *, steps: int, batch: int, seed: int = 0, lr: float = 3e-4,
+          progress: bool = True, step_fn=None) -> list[float]:
+    """Train for ``steps`` steps on the batches of ``seed``; the loss of each step."""
+    from tqdm.auto import tqdm
+
+    device = next(model.parameters()).device
+    opt = optimizer(model, lr)
+    step_fn = step_fn or train_step
+    losses = []
+    it = batches(data, batch, model.cfg.seq_len, steps, seed)
+    for x, y in tqdm(it, total=steps, disable=not progress, desc=f"training ({model.ops.name} ops)"):
+        losses.append(float(step_fn(model, opt, x.to(device), y.to(device))))
+    return losses
+
+
+def step_time_ms(model: nn.Module, data: torch.Tensor, *, batch: int, steps: int = 10, warmup: int = 3,
+                 step_fn=None) -> dict:
+    """Median time of one training step (CUDA events) and the peak memory allocated, on a GPU."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("step_time_ms needs a CUDA GPU: on the CPU, read the recorded results instead")
+    device = next(model.parameters()).device
+    opt = optimizer(model)
+    step_fn = step_fn or train_step
+    times = []
+    it = batches(data, batch, model.cfg.seq_len, warmup + steps, seed=123)
+    torch.cuda.reset_peak_memory_stats(device)
+    for i, (x, y) in enumerate(it):
+        x, y = x.to(device), y.to(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step_fn(model, opt, x, y)
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    times.sort()
+    return {"ms": times[len(times) // 2], "min_ms": times[0],
+            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
