@@ -22,9 +22,19 @@ switched off again before any kernel module is imported):
    Triton wheel. The shared memory the kernel needs is checked against the device's limit (a GPU
    would refuse the launch); a kernel that no case reaches is reported as uncovered.
 
-Which launcher calls to make for a kernel module comes from ``aot_cases(info)`` in the module when
-it defines one (an iterable of ``(label, zero-argument callable)``), otherwise from the cases
-written below for the course's modules.
+Which launcher calls to make comes from the modules themselves: every module of
+``course_utils.kernels`` and ``course_utils.tuned`` may define ``compile_cases(info)``, yielding
+``(label, zero-argument callable)`` pairs; each callable calls a launcher on small CPU tensors
+(:func:`empty`) in the dtypes :func:`dtypes_for` gives for ``info``. A module whose shelf (its
+``kernels/<op>.py`` or ``tuned/<op>.py`` sibling) defines none falls back on :data:`DEFAULT_CASES`
+below (kept here only until those modules' owners move them). Example (a module's own cases)::
+
+    def compile_cases(info):                       # in course_utils/kernels/<op>.py or tuned/<op>.py
+        from ..aot import dtypes_for, dtype_name, empty
+        for dt in dtypes_for(info):                # no bfloat16 before sm_80
+            yield f"gelu {dtype_name(dt)}", lambda dt=dt: gelu(empty(4096, 4096, dtype=dt))
+
+Triton's internals used here all live in :mod:`course_utils.triton_internals`.
 """
 
 from __future__ import annotations
@@ -46,9 +56,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import env, hardware
+from . import triton_internals as internals
 
 ARCHS = (75, 80, 90)
 KERNEL_PACKAGE = "course_utils.kernels"
+PACKAGES = (KERNEL_PACKAGE, "course_utils.tuned")  # the two shelves: what a student reads, what make bench times
 
 
 # --------------------------------------------------------------------------------------------------
@@ -72,9 +84,7 @@ class Launch:
 
 
 def _jit_classes():
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.jit import JITFunction
-    return JITFunction, Autotuner
+    return internals.jit_classes()
 
 
 @contextlib.contextmanager
@@ -85,19 +95,7 @@ def pretend(info: hardware.DeviceInfo, modules: Iterable = ()) -> Iterator[list[
     ``device_info``/``on_gpu``/``supported_dtypes`` (``from ..hardware import device_info``) must be
     redirected too.
     """
-    JITFunction, Autotuner = _jit_classes()
     launches: list[Launch] = []
-
-    def record(self, *args, grid=None, warmup=False, **kwargs):
-        launches.append(Launch(self, args, dict(kwargs)))
-        return None
-
-    def record_all_configs(self, *args, **kwargs):
-        kwargs.pop("warmup", None)
-        for config in self.configs:
-            self.fn.run(*args, **kwargs, **config.all_kwargs())
-        return None
-
     fakes = {
         "device_info": (hardware.device_info, lambda: info),
         "on_gpu": (env.on_gpu, lambda: True),
@@ -118,27 +116,30 @@ def pretend(info: hardware.DeviceInfo, modules: Iterable = ()) -> Iterator[list[
                 for attr, value in list(vars(module).items()):
                     if value is original:
                         patch(module, attr, fake)
-        patch(JITFunction, "run", record)
-        patch(Autotuner, "run", record_all_configs)
-        yield launches
+        with internals.record_launches(lambda kernel, args, kwargs: launches.append(Launch(kernel, args, kwargs))):
+            yield launches
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
 
 
 # --------------------------------------------------------------------------------------------------
-# Which launcher calls to make: the course's cases (a module's own aot_cases(info) wins)
+# Which launcher calls to make: each module's compile_cases(info); DEFAULT_CASES for the others
 # --------------------------------------------------------------------------------------------------
 
 Case = tuple[str, Callable[[], object]]
 
 
-def _e(*shape, dtype=torch.float32):
+def empty(*shape, dtype=torch.float32) -> torch.Tensor:
+    """A CPU tensor for a case: launchers read its shape, dtype and strides; nothing touches it."""
     return torch.empty(*shape, dtype=dtype)
 
 
-def _name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+_e, _name = empty, dtype_name
 
 
 def _cases_launch(m, info) -> Iterator[Case]:
@@ -179,19 +180,6 @@ def _cases_elementwise(m, info) -> Iterator[Case]:
     yield "dropout_keep_mask int64", lambda: m.dropout_keep_mask(big, 0.1, 7)
 
 
-def _cases_softmax(m, info) -> Iterator[Case]:
-    # persistent, two_block (just over 16K), 32-warp rows (16-bit) or split, split, online
-    shapes = [(64, 1000), (16, 4096), (4, 16384), (4, 17000), (4, 30000), (2, 65536), (1, 2**19)]
-    forced = [("fused", (64, 1000)), ("fused", (4, 16384)), ("persistent", (64, 4096)),
-              ("two_block", (4, 24576)), ("online", (2, 65536))]
-    for dt in dtypes_for(info):
-        for shape in shapes:
-            yield f"softmax {_name(dt)} {shape}", lambda s=shape, dt=dt: m.softmax(_e(*s, dtype=dt))
-        for version, shape in forced:
-            yield (f"softmax {version} {_name(dt)} {shape}",
-                   lambda s=shape, dt=dt, v=version: m.softmax(_e(*s, dtype=dt), version=v))
-
-
 def _cases_attention(m, info) -> Iterator[Case]:
     """Every tile configuration the tuned launcher may try, at the largest head_dim (the most shared
     memory); causal, the smaller head_dim and the log-sum-exp output with the preferred one."""
@@ -222,27 +210,51 @@ def _cases_attention(m, info) -> Iterator[Case]:
                lambda dt=dt: m.flash_attention_teaching(*qkv(d_min, dt), True, return_lse=True))
 
 
+# The cases of modules owned by other helpers, until each module defines its own compile_cases(info).
 DEFAULT_CASES: dict[str, Callable] = {
-    "launch": _cases_launch,
-    "elementwise": _cases_elementwise,
-    "softmax": _cases_softmax,
-    "attention": _cases_attention,
+    f"{KERNEL_PACKAGE}.launch": _cases_launch,
+    f"{KERNEL_PACKAGE}.elementwise": _cases_elementwise,
+    f"{KERNEL_PACKAGE}.attention": _cases_attention,
 }
 
 
 def kernel_modules() -> list:
-    """Every module of ``course_utils.kernels`` (imported: call this with TRITON_INTERPRET unset)."""
-    package = importlib.import_module(KERNEL_PACKAGE)
-    names = sorted(i.name for i in pkgutil.iter_modules(package.__path__) if not i.name.startswith("_"))
-    return [importlib.import_module(f"{KERNEL_PACKAGE}.{n}") for n in names]
+    """Every module of ``course_utils.kernels`` and ``course_utils.tuned`` (imported: call this with
+    TRITON_INTERPRET unset). A package that does not exist yet is skipped."""
+    modules = []
+    for package_name in PACKAGES:
+        try:
+            package = importlib.import_module(package_name)
+        except ModuleNotFoundError:
+            continue
+        names = sorted(i.name for i in pkgutil.iter_modules(package.__path__) if not i.name.startswith("_"))
+        for n in names:
+            try:
+                modules.append(importlib.import_module(f"{package_name}.{n}"))
+            except Exception as e:  # noqa: BLE001 - one broken module must not hide the others' results
+                IMPORT_ERRORS[f"{package_name}.{n}"] = "".join(traceback.format_exception_only(e)).strip()
+    return modules
+
+
+IMPORT_ERRORS: dict[str, str] = {}  # module -> why kernel_modules() could not import it
+
+
+def _shelf_siblings(module) -> list[str]:
+    """``course_utils.kernels.softmax`` -> both shelves' names for the op (kernels/ and tuned/)."""
+    short = module.__name__.rsplit(".", 1)[-1]
+    return [f"{p}.{short}" for p in PACKAGES]
 
 
 def cases_for(module, info: hardware.DeviceInfo) -> list[Case]:
-    short = module.__name__.rsplit(".", 1)[-1]
-    if callable(getattr(module, "aot_cases", None)):
-        return list(module.aot_cases(info))
-    if short in DEFAULT_CASES:
-        return list(DEFAULT_CASES[short](module, info))
+    """The module's own ``compile_cases(info)``; else, when neither shelf of its op defines one,
+    the cases :data:`DEFAULT_CASES` keeps for it."""
+    if callable(getattr(module, "compile_cases", None)):
+        return list(module.compile_cases(info))
+    siblings = [sys.modules.get(n) for n in _shelf_siblings(module)]
+    if any(callable(getattr(m, "compile_cases", None)) for m in siblings if m is not None):
+        return []
+    if module.__name__ in DEFAULT_CASES:
+        return list(DEFAULT_CASES[module.__name__](module, info))
     return []
 
 
@@ -293,6 +305,8 @@ class Result:
     smem_limit: int = 0
     ptx_bytes: int = 0
     cubin_bytes: int = 0
+    cp_async: int = 0       # async copies in the PTX (see async_copies): > 0 where a loop is pipelined
+    cp_async_bulk: int = 0
     seconds: float = 0.0
     ok: bool = False
     error: str = ""
@@ -305,18 +319,19 @@ def _key_name(fn) -> str:
 
 def _bind(launch: Launch, target):
     """What JITFunction.run would compile for this launch on ``target``: (src, options)."""
-    from triton import knobs
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-    fn = launch.kernel
-    backend = make_backend(target)
-    kwargs = dict(launch.kwargs)
-    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound_args, specialization, options = binder(*launch.args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
-    return ASTSource(fn, signature, constexprs, attrs), options
+    return internals.bind(launch.kernel, launch.args, launch.kwargs, target)
+
+
+# Async copies in the PTX: what Triton's software pipeliner (num_stages > 1) emits for the loads of a
+# pipelined loop on sm_80+ (cp.async) and with TMA on sm_90 (cp.async.bulk); a loop it does not
+# pipeline has none.
+_CP_ASYNC = re.compile(r"^\s*(?:@%p\d+\s+)?cp\.async\.(?!bulk)(?:ca|cg)\b", re.M)
+_CP_ASYNC_BULK = re.compile(r"^\s*(?:@%p\d+\s+)?cp\.async\.bulk\.(?!commit|wait)", re.M)
+
+
+def async_copies(ptx: str) -> dict:
+    """Counts of ``cp.async`` (per-thread async copy) and ``cp.async.bulk`` (TMA) instructions."""
+    return {"cp_async": len(_CP_ASYNC.findall(ptx)), "cp_async_bulk": len(_CP_ASYNC_BULK.findall(ptx))}
 
 
 def _short(v) -> str:
@@ -340,9 +355,7 @@ def describe(e: BaseException, limit: int = 800) -> str:
 
 def compile_launches(launches: list[Launch], info: hardware.DeviceInfo) -> list[Result]:
     """Compile each distinct launch for ``info.arch``; one Result per distinct compilation."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    target = GPUTarget("cuda", info.arch, 32)
+    target = internals.gpu_target(info.arch)
     results: dict[str, Result] = {}
     for launch in launches:
         name = _key_name(launch.kernel)
@@ -362,9 +375,11 @@ def compile_launches(launches: list[Launch], info: hardware.DeviceInfo) -> list[
                    smem_limit=info.smem_per_block_bytes, cases=[launch.case])
         t0 = time.perf_counter()
         try:
-            k = triton.compile(src, target=target, options=options.__dict__)
+            k = internals.compile_for(src, target, options)
             r.shared_bytes = int(k.metadata.shared)
             r.ptx_bytes = len(k.asm.get("ptx", ""))
+            counts = async_copies(k.asm.get("ptx", ""))
+            r.cp_async, r.cp_async_bulk = counts["cp_async"], counts["cp_async_bulk"]
             r.cubin_bytes = len(k.asm.get("cubin", b""))
             if not r.cubin_bytes:
                 r.error = "no cubin was produced"
@@ -387,12 +402,15 @@ def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
     modules = [m for m in kernel_modules() if not module_filter or module_filter in m.__name__]
     kernels = launched_kernels(modules)
     from triton.language import standard
-    interpreted = [k for k, f in jit_functions(modules).items() if type(f).__name__ == "InterpretedFunction"]
+    interpreted = [k for k, f in jit_functions(modules).items() if internals.is_interpreted(f)]
     if interpreted or not isinstance(standard.cdiv, JITFunction) or \
             any(not isinstance(f, JITFunction) for f in kernels.values()):
         raise RuntimeError("Triton or the kernels were imported under TRITON_INTERPRET=1: run the compile "
                            "matrix through course_utils.aot.main() (python -m course_utils.aot)")
-    out = {"archs": list(archs), "kernels": sorted(kernels), "results": [], "case_errors": [],
+    out = {"archs": list(archs), "kernels": sorted(kernels), "results": [],
+           "case_errors": [{"arch": a, "case": f"{name}: importing the module", "error": error}
+                           for name, error in IMPORT_ERRORS.items() if not module_filter or module_filter in name
+                           for a in archs],
            "uncovered": {}, "versions": env.versions()}
     for arch in archs:
         info = hardware.DeviceInfo.for_arch(arch)
@@ -433,17 +451,18 @@ def failures(matrix: dict) -> list[str]:
     lines = [f"sm_{r['arch']} {r['kernel']} [{r['case']}]: {r['error']}" for r in matrix["results"] if not r["ok"]]
     lines += [f"sm_{c['arch']} {c['case']}: the launcher raised {c['error']}" for c in matrix["case_errors"]]
     for arch, names in matrix["uncovered"].items():
-        lines += [f"sm_{arch} {n}: no case launches this kernel (add it to aot_cases in its module, or to "
-                  f"course_utils/aot.py)" for n in names]
+        lines += [f"sm_{arch} {n}: no case launches this kernel (add it to compile_cases(info) in its module)"
+                  for n in names]
     return lines
 
 
 def table(matrix: dict) -> str:
     rows = sorted(matrix["results"], key=lambda r: (r["kernel"], r["arch"], r["constexprs"]))
-    lines = [f"{'kernel':<42} {'sm':>3} {'warps':>5} {'stages':>6} {'smem KiB':>8} {'ok':>3}  constexprs"]
+    lines = [f"{'kernel':<42} {'sm':>3} {'warps':>5} {'stages':>6} {'smem KiB':>8} {'async':>5} {'ok':>3}  constexprs"]
     for r in rows:
         lines.append(f"{r['kernel'].removeprefix(KERNEL_PACKAGE + '.'):<42} {r['arch']:>3} {r['num_warps']:>5} "
-                     f"{r['num_stages']:>6} {r['shared_bytes'] / 1024:>8.1f} {'yes' if r['ok'] else 'NO':>3}  "
+                     f"{r['num_stages']:>6} {r['shared_bytes'] / 1024:>8.1f} {r['cp_async'] + r['cp_async_bulk']:>5} "
+                     f"{'yes' if r['ok'] else 'NO':>3}  "
                      f"{r['constexprs'][:70]}")
     return "\n".join(lines)
 

@@ -65,6 +65,31 @@ def test_failures_lists_every_problem():
     assert "too big" in lines[0] and "TypeError" in lines[1] and "_lost_kernel" in lines[2]
 
 
+def test_cases_come_from_the_modules_and_defaults_only_for_shelves_without_any(monkeypatch):
+    import types
+    info = hardware.DeviceInfo.for_arch(90)
+
+    def module(name, cases=None):
+        m = types.ModuleType(name)
+        if cases is not None:
+            m.compile_cases = cases
+        monkeypatch.setitem(sys.modules, name, m)
+        return m
+
+    own = module("course_utils.tuned.fakeop", lambda info: [("tuned case", lambda: None)])
+    teaching = module("course_utils.kernels.fakeop")
+    lonely = module("course_utils.kernels.lonelyop")
+    monkeypatch.setitem(aot.DEFAULT_CASES, "course_utils.kernels.fakeop", lambda m, info: [("default", None)])
+    monkeypatch.setitem(aot.DEFAULT_CASES, "course_utils.kernels.lonelyop", lambda m, info: [("default", None)])
+    assert [c[0] for c in aot.cases_for(own, info)] == ["tuned case"]
+    assert aot.cases_for(teaching, info) == []      # its tuned shelf has cases: no defaults on top of them
+    assert [c[0] for c in aot.cases_for(lonely, info)] == ["default"]
+    assert aot.async_copies("  cp.async.cg.shared.global [%r1], [%rd2], 16;\n@%p3 cp.async.ca.shared.global "
+                            "[%r4], [%rd5], 4;\n cp.async.commit_group;\n cp.async.wait_group 0;\n"
+                            " cp.async.bulk.tensor.2d.shared::cluster.global [%r1], [%rd2, {%r3, %r4}];\n"
+                            " cp.async.bulk.commit_group;") == {"cp_async": 2, "cp_async_bulk": 1}
+
+
 # ------------------------------------------------------------------------- the machinery, on kernels of this file
 
 FIXTURE_KERNELS = '''

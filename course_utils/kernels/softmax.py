@@ -406,3 +406,18 @@ def softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     numerator = torch.exp(shifted)
     denominator = numerator.sum(dim=dim, keepdim=True)
     return numerator / denominator
+
+
+def compile_cases(info):
+    """The launches the compile matrix (``python -m course_utils.aot``) compiles for ``info``."""
+    from ..aot import dtype_name, dtypes_for, empty
+    # persistent, two_block (just over 16K), 32-warp rows (16-bit) or split, split, online
+    shapes = [(64, 1000), (16, 4096), (4, 16384), (4, 17000), (4, 30000), (2, 65536), (1, 2**19)]
+    forced = [("fused", (64, 1000)), ("fused", (4, 16384)), ("persistent", (64, 4096)),
+              ("two_block", (4, 24576)), ("online", (2, 65536))]
+    for dt in dtypes_for(info):
+        for shape in shapes:
+            yield f"softmax {dtype_name(dt)} {shape}", lambda s=shape, dt=dt: softmax(empty(*s, dtype=dt))
+        for version, shape in forced:
+            yield (f"softmax {version} {dtype_name(dt)} {shape}",
+                   lambda s=shape, dt=dt, v=version: softmax(empty(*s, dtype=dt), version=v))

@@ -1,0 +1,283 @@
+"""The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
+
+A student's call never comes here: kernels launch through ``kernel[grid](...)`` only. What needs
+internals is tooling:
+
+- the compile matrix (``course_utils.aot``) records launches instead of running them (it replaces
+  ``JITFunction.run`` and ``Autotuner.run``) and binds a recorded launch the way ``JITFunction.run``
+  would, for a target GPU that is not there (``create_function_from_signature``, ``_pack_args``,
+  ``ASTSource``, ``make_backend``, ``GPUTarget``);
+- launch counting (``course_utils.profile``) wraps ``run`` of the classes ``kernel[grid]`` calls;
+- the interpreter on NumPy >= 2.4 needs :func:`patch_interpreter_index`.
+
+Every internal is listed in :data:`INTERNALS` with the Triton version it was written for and the
+assumption it makes. :func:`problems` checks those assumptions against the installed Triton (without
+compiling anything); a helper here that needs one calls :func:`require` first, which raises
+:class:`TritonInternalsError` naming the broken assumption when the installed Triton differs from
+the version it was written for AND the assumption no longer holds. ``tests/test_triton_internals.py``
+runs :func:`problems` on every CI run, so a Triton upgrade that breaks one fails loudly there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+WRITTEN_FOR = (3, 6)  # the Triton (major, minor) every internal below was read from and tested on
+
+
+@dataclass(frozen=True)
+class Internal:
+    name: str
+    written_for: tuple[int, int]
+    assumption: str
+    used_by: str
+
+
+INTERNALS = {i.name: i for i in (
+    Internal("JITFunction.run", WRITTEN_FOR,
+             "triton.runtime.jit.JITFunction.run(self, *args, grid, warmup, **kwargs) is what kernel[grid](...) "
+             "calls; a JITFunction has .fn, .params, .signature, .arg_names and .debug",
+             "aot.pretend (records launches), profile.triton_launch_hook (counts them)"),
+    Internal("Autotuner.run", WRITTEN_FOR,
+             "triton.runtime.autotuner.Autotuner has .run(*args, **kwargs), .configs (triton.Config with "
+             ".all_kwargs()) and .fn, the wrapped kernel", "aot.pretend (records every config)"),
+    Internal("InterpretedFunction", WRITTEN_FOR,
+             "under TRITON_INTERPRET=1 @triton.jit makes triton.runtime.interpreter.InterpretedFunction, "
+             "whose .run(*args, grid, warmup, **kwargs) runs the kernel", "profile, aot (refuses them)"),
+    Internal("create_function_from_signature", WRITTEN_FOR,
+             "triton.runtime.jit.create_function_from_signature(sig, kparams, backend) returns the binder "
+             "JITFunction.run uses: binder(*args, **kwargs) -> (bound_args, specialization, options)",
+             "aot (binding a recorded launch for a target GPU)"),
+    Internal("JITFunction._pack_args", WRITTEN_FOR,
+             "JITFunction._pack_args(backend, kwargs, bound_args, specialization, options) -> "
+             "(options, signature, constexprs, attrs), as JITFunction.run calls it before compiling",
+             "aot (binding a recorded launch for a target GPU)"),
+    Internal("knobs", WRITTEN_FOR,
+             "triton.knobs.runtime.debug and triton.knobs.compilation.instrumentation_mode exist: "
+             "JITFunction.run adds them to the launch's keyword arguments", "aot"),
+    Internal("compiler", WRITTEN_FOR,
+             "triton.compiler exports ASTSource(fn, signature, constexprs, attrs) and make_backend(target); "
+             "triton.backends.compiler exports GPUTarget(backend, arch, warp_size); triton.compile(src, "
+             "target=, options=) returns a kernel with .asm['ptx'/'cubin'] and .metadata.shared",
+             "aot (compiling for sm_75/80/90 on a machine without a GPU)"),
+    Internal("interpreter._patch_lang_tensor", WRITTEN_FOR,
+             "triton.runtime.interpreter._patch_lang_tensor(tensor, scope) installs the methods of "
+             "tl.tensor under the interpreter (scope.set_attr(tensor, name, fn)); its __index__ calls "
+             "int(array), which NumPy >= 2.4 refuses for 1-element arrays of rank 1",
+             "patch_interpreter_index (env.py, interpreter mode: `for i in range(0, n, BLOCK)`)"),
+)}
+
+
+class TritonInternalsError(RuntimeError):
+    """An internal the course relies on is missing or changed in the installed Triton."""
+
+
+def triton_version() -> tuple[int, int] | None:
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - Triton ships Linux wheels only
+        return None
+    major, minor = (int("".join(c for c in p if c.isdigit()) or 0) for p in triton.__version__.split(".")[:2])
+    return major, minor
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _check(name: str) -> str:
+    """'' when the assumption of ``INTERNALS[name]`` holds in the installed Triton, else what broke."""
+    try:
+        if name == "JITFunction.run":
+            from triton.runtime.jit import JITFunction
+            sig = inspect.signature(JITFunction.run).parameters
+            if not {"grid", "warmup"} <= set(sig) or sig["grid"].kind != inspect.Parameter.KEYWORD_ONLY:
+                return f"JITFunction.run's parameters are now {list(sig)}"
+            sets = JITFunction.__init__.__code__.co_names
+            missing = [a for a in ("params", "signature", "arg_names", "debug") if a not in sets]
+            return f"JITFunction no longer sets {missing}" if missing else ""
+        if name == "Autotuner.run":
+            import triton
+            from triton.runtime.autotuner import Autotuner
+            if not callable(getattr(Autotuner, "run", None)) or not hasattr(triton.Config, "all_kwargs"):
+                return "Autotuner.run or triton.Config.all_kwargs is gone"
+            names = Autotuner.__init__.__code__.co_names
+            return "" if {"configs", "fn"} <= set(names) else "Autotuner no longer sets .configs and .fn"
+        if name == "InterpretedFunction":
+            from triton.runtime.interpreter import InterpretedFunction
+            sig = inspect.signature(InterpretedFunction.run).parameters
+            return "" if {"grid", "warmup"} <= set(sig) else f"InterpretedFunction.run's parameters: {list(sig)}"
+        if name == "create_function_from_signature":
+            from triton.runtime.jit import create_function_from_signature
+            got = _params(create_function_from_signature)
+            return "" if got[:3] == ["sig", "kparams", "backend"] else f"its parameters are now {got}"
+        if name == "JITFunction._pack_args":
+            from triton.runtime.jit import JITFunction
+            if not hasattr(JITFunction, "_pack_args"):
+                return "JITFunction._pack_args is gone"
+            got = _params(JITFunction._pack_args)
+            want = ["self", "backend", "kwargs", "bound_args", "specialization", "options"]
+            return "" if got == want else f"its parameters are now {got}, expected {want}"
+        if name == "knobs":
+            from triton import knobs
+            knobs.runtime.debug, knobs.compilation.instrumentation_mode  # noqa: B018 - attribute check
+            return ""
+        if name == "compiler":
+            import triton
+            from triton.backends.compiler import GPUTarget
+            from triton.compiler import ASTSource, make_backend
+            got = _params(ASTSource.__init__)
+            if got[:5] != ["self", "fn", "signature", "constexprs", "attrs"]:
+                return f"ASTSource's parameters are now {got}"
+            GPUTarget("cuda", 90, 32), make_backend  # noqa: B018 - constructible, importable
+            return "" if callable(getattr(triton, "compile", None)) else "triton.compile is gone"
+        if name == "interpreter._patch_lang_tensor":
+            from triton.runtime import interpreter
+            original = getattr(interpreter, "_patch_lang_tensor", None)
+            if original is None:
+                return "triton.runtime.interpreter._patch_lang_tensor is gone"
+            original = getattr(original, "_course_original", original)
+            got = _params(original)
+            return "" if got == ["tensor", "scope"] else f"its parameters are now {got}"
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    raise KeyError(f"unknown Triton internal {name!r}: one of {sorted(INTERNALS)}")
+
+
+def problems() -> list[str]:
+    """One line per internal whose assumption does not hold in the installed Triton (empty: all hold)."""
+    version = triton_version()
+    if version is None:
+        return []
+    lines = []
+    for name, internal in INTERNALS.items():
+        broken = _check(name)
+        if broken:
+            lines.append(f"{name} (written for Triton {'.'.join(map(str, internal.written_for))}, installed "
+                         f"{'.'.join(map(str, version))}; used by {internal.used_by}): {broken}. "
+                         f"Assumed: {internal.assumption}")
+    return lines
+
+
+def require(*names: str) -> None:
+    """Raise :class:`TritonInternalsError` when a named internal's assumption fails (the gate: on the
+    version it was written for, nothing is checked at run time; on any other, its assumption is)."""
+    if triton_version() == WRITTEN_FOR:
+        return
+    broken = [line for line in problems() if line.split(" ", 1)[0] in names]
+    if broken:
+        raise TritonInternalsError("the installed Triton differs from what course_utils/triton_internals.py "
+                                   "was written for:\n" + "\n".join(broken))
+
+
+# --------------------------------------------------------------------------- the internals themselves
+
+def jit_classes():
+    """(JITFunction, Autotuner): what ``@triton.jit`` and ``@triton.autotune`` make (compiled mode)."""
+    require("JITFunction.run", "Autotuner.run")
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+    return JITFunction, Autotuner
+
+
+def launch_classes() -> list[type]:
+    """The classes whose ``run`` a ``kernel[grid](...)`` call goes through (compiled and interpreted)."""
+    classes = []
+    with contextlib.suppress(ImportError):
+        from triton.runtime.jit import JITFunction
+        classes.append(JITFunction)
+    with contextlib.suppress(ImportError):
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    return classes
+
+
+def is_interpreted(fn) -> bool:
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+@contextlib.contextmanager
+def record_launches(on_launch: Callable[[object, tuple, dict], None]) -> Iterator[None]:
+    """Within the block ``kernel[grid](*args, **kwargs)`` calls ``on_launch(kernel, args, kwargs)``
+    instead of compiling and running; an autotuned kernel reports every config (all may run)."""
+    JITFunction, Autotuner = jit_classes()
+
+    def record(self, *args, grid=None, warmup=False, **kwargs):
+        on_launch(self, args, dict(kwargs))
+
+    def record_all_configs(self, *args, **kwargs):
+        kwargs.pop("warmup", None)
+        for config in self.configs:
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+    saved = (JITFunction.run, Autotuner.run)
+    JITFunction.run, Autotuner.run = record, record_all_configs
+    try:
+        yield
+    finally:
+        JITFunction.run, Autotuner.run = saved
+
+
+def gpu_target(arch: int):
+    """Triton's target for an NVIDIA GPU of compute capability ``arch`` (75, 80, 90...)."""
+    require("compiler")
+    from triton.backends.compiler import GPUTarget
+    return GPUTarget("cuda", arch, 32)
+
+
+def bind(kernel, args: tuple, kwargs: dict, target):
+    """What ``JITFunction.run`` would compile for ``kernel[grid](*args, **kwargs)`` on ``target``:
+    ``(src, options)``, ``src`` having ``.signature``, ``.constants`` and ``.attrs``."""
+    require("create_function_from_signature", "JITFunction._pack_args", "knobs", "compiler")
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(target)
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
+    return ASTSource(kernel, signature, constexprs, attrs), options
+
+
+def compile_for(src, target, options):
+    """``triton.compile`` for a target that need not be present: PTX and cubin in ``.asm``."""
+    import triton
+    return triton.compile(src, target=target, options=options.__dict__)
+
+
+def patch_interpreter_index() -> bool:
+    """Let loops like ``for i in range(0, n, BLOCK)`` run under the interpreter with NumPy >= 2.4.
+
+    Triton 3.6's interpreter turns a scalar into an index with ``int(array)``, which NumPy 2.4
+    refuses for 1-element arrays of rank 1 ("only 0-dimensional arrays can be converted to Python
+    scalars"). ``.item()`` accepts them; the patch changes nothing else. Returns True when the
+    patch is (now or already) in place; False where it cannot apply (no Triton, or the internal
+    changed: then :func:`problems` says how).
+    """
+    try:
+        interpreter = importlib.import_module("triton.runtime.interpreter")
+    except ImportError:  # pragma: no cover - no triton (macOS)
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return False
+    if getattr(original, "_course_patched", False):
+        return True
+    if _check("interpreter._patch_lang_tensor"):
+        return False
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched._course_patched = True
+    patched._course_original = original
+    interpreter._patch_lang_tensor = patched
+    return True
