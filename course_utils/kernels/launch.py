@@ -12,36 +12,36 @@ Version ladder:
        static addresses, outputs overwritten by every replay)
 
 ``CUDAGraph`` and ``graph`` are torch's own on a GPU and the simulation under the interpreter, so the
-same code captures and replays on both.
+same code captures and replays on both; they live in :mod:`course_utils.graphs` (with
+:func:`~course_utils.graphs.capture`, the helper the benchmarks use) and are importable from here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
 import triton
 import triton.language as tl
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import env
+from ..graphs import CUDAGraph, SimulatedGraph, graph  # noqa: F401  (chapter 1 imports them from here)
 
 
 @triton.jit
-def _empty_kernel(x_ptr):
+def empty_kernel(x_ptr):
     # No body: what this kernel costs is the launch itself.
     pass
 
 
 @triton.jit
-def _empty_kernel_10(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
+def empty10_kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
     # Ten arguments, no body: each argument is one more thing the launcher packs per call.
     pass
 
 
 @triton.jit
-def _add_one_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+def add_one_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
     pid = tl.program_id(axis=0)
     offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
@@ -63,7 +63,7 @@ def _check_tensor(name: str, x, *, floating: bool = True) -> None:
 def empty(x: torch.Tensor) -> None:
     """Launch the empty kernel once (one program), passing ``x`` as its one argument."""
     _check_tensor("x", x, floating=False)
-    _empty_kernel[(1,)](x)
+    empty_kernel[(1,)](x)
 
 
 def empty10(*tensors: torch.Tensor) -> None:
@@ -72,7 +72,7 @@ def empty10(*tensors: torch.Tensor) -> None:
         raise ValueError(f"empty10 takes exactly 10 tensors, got {len(tensors)}")
     for i, t in enumerate(tensors):
         _check_tensor(f"tensor {i}", t, floating=False)
-    _empty_kernel_10[(1,)](*tensors)
+    empty10_kernel[(1,)](*tensors)
 
 
 def add_one(x: torch.Tensor, out: torch.Tensor | None = None, BLOCK_SIZE: int = 1024) -> torch.Tensor:
@@ -89,7 +89,7 @@ def add_one(x: torch.Tensor, out: torch.Tensor | None = None, BLOCK_SIZE: int = 
     if n == 0:
         return out
     grid = (triton.cdiv(n, BLOCK_SIZE),)
-    _add_one_kernel[grid](x, out, n, BLOCK_SIZE=BLOCK_SIZE)
+    add_one_kernel[grid](x, out, n, BLOCK_SIZE=BLOCK_SIZE)
     return out
 
 
@@ -126,110 +126,3 @@ def host_us_per_call(fn, calls: int = 1000, warmup: int = 20) -> float:
         fn()
     sync()
     return (time.perf_counter() - t0) / calls * 1e6
-
-
-# --- CUDA graphs, and their simulation on the CPU -------------------------------------------------
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    return []
-
-
-class _Recorder(TorchDispatchMode):
-    def __init__(self, tape: list):
-        super().__init__()
-        self.tape = tape
-        self.paused = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if not self.paused:
-            self.tape.append(("aten", func, args, kwargs, out))
-        return out
-
-
-class SimulatedGraph:
-    """A CPU stand-in for ``torch.cuda.CUDAGraph`` that keeps its rules.
-
-    Capturing records every torch operator and Triton launch with the tensors it used (the same
-    objects, so the same addresses); the recorded outputs are then poisoned with NaN, because a real
-    capture runs nothing. ``replay()`` re-runs the tape on those same tensors and writes each result
-    into the tensor recorded at capture. So, as on a GPU: new values copied *into* a captured input
-    are seen, a new tensor (new address) or a new shape is not, and every replay overwrites the same
-    output tensor. (Unlike a capture on a GPU, the ops do run once while they are recorded.)
-    """
-
-    def __init__(self):
-        self._tape: list | None = None
-        self._capturing = False
-
-    @contextlib.contextmanager
-    def _capture(self):
-        if self._capturing or self._tape is not None:
-            raise RuntimeError("this graph is already captured: make a new CUDAGraph() to capture again")
-        tape: list = []
-        recorder = _Recorder(tape)
-        self._capturing = True
-        try:
-            with _recording_triton(tape, recorder), recorder:
-                yield self
-        finally:
-            self._capturing = False
-        self._tape = tape
-        for entry in tape:  # tensors made inside the capture hold garbage until the first replay
-            if entry[0] == "aten":
-                args = {id(a) for a in _tensors(entry[2]) + _tensors(list(entry[3].values()))}
-                for t in _tensors(entry[4]):
-                    if id(t) not in args and t.is_floating_point():
-                        t.fill_(float("nan"))
-
-    def replay(self) -> None:
-        if self._tape is None:
-            raise RuntimeError("replay() before capture: capture the graph first (with graph(g): ...)")
-        # One replay is one call from the host, as on a GPU: profilers and launch counters see none
-        # of the recorded ops one by one.
-        with _no_dispatch_modes():
-            self._run_tape()
-
-    def _run_tape(self) -> None:
-        for entry in self._tape:
-            if entry[0] == "triton":
-                _, run, kernel, args, kwargs = entry
-                run(kernel, *args, **kwargs)
-                continue
-            _, func, args, kwargs, out = entry
-            fresh = func(*args, **kwargs)
-            for old, new in zip(_tensors(out), _tensors(fresh), strict=True):
-                if old is not new:
-                    old.copy_(new)
-
-
-def _no_dispatch_modes():
-    try:
-        from torch.utils._python_dispatch import _disable_current_modes
-    except ImportError:  # pragma: no cover - older torch
-        return contextlib.nullcontext()
-    return _disable_current_modes()
-
-
-def _recording_triton(tape: list, recorder: _Recorder):
-    from ..profile import triton_launch_hook
-
-    return triton_launch_hook(
-        lambda original, kernel, args, kwargs: tape.append(("triton", original, kernel, args, kwargs)), recorder)
-
-
-CUDAGraph = torch.cuda.CUDAGraph if env.on_gpu() else SimulatedGraph
-
-
-def graph(g):
-    """``with graph(g): ...`` captures into ``g``: ``torch.cuda.graph`` on a GPU, simulated on the CPU."""
-    if isinstance(g, SimulatedGraph):
-        return g._capture()
-    if isinstance(g, torch.cuda.CUDAGraph):
-        return torch.cuda.graph(g)
-    raise TypeError(f"graph() takes a CUDAGraph() made by this module, got {type(g).__name__}")

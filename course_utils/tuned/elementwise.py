@@ -1,0 +1,284 @@
+"""The tuned elementwise path (what ``make bench`` times): ``add``, ``gelu``, ``bias_gelu_scale``,
+``bias_gelu_dropout`` and ``dropout_keep_mask``.
+
+The kernels compute what the teaching kernels of :mod:`course_utils.kernels.elementwise` compute,
+with the same :func:`~course_utils.kernels.elementwise.gelu_math` and the same dropout mask, and
+differ in three ways:
+
+- tiles per GPU: BLOCK_SIZE, num_warps and the grid come from :func:`launch_config`, a pure
+  function of the element count, the dtype and a :class:`~course_utils.hardware.DeviceInfo`, so
+  what a launcher would pick on a T4, an A100 or an H100 can be asked on a machine with no GPU;
+- offsets are int32 (cheaper) unless a tensor comes within reach of 2^31 elements (``INT64``);
+- the bias column is one modulo per program, not one per element (``WRAPS``, :func:`bias_columns`).
+
+Inputs are float32, float16 or bfloat16 (bfloat16 from sm_80 on); the math is float32 and the
+output has the input's dtype. Every call goes through Triton's ordinary ``kernel[grid](...)``;
+the Python around it is kept small by remembering the device, the launch configuration and the
+(dtype, device) pairs already validated. Small calls are launch-bound: replay them from a CUDA
+graph (:mod:`course_utils.graphs`) when that matters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import env
+from ..kernels.elementwise import gelu_math
+from .elementwise_config import (  # noqa: F401  (names users import from here)
+    DROPOUT_MAX_BLOCK,
+    FLOAT_DTYPES,
+    INT64_THRESHOLD,
+    MAX_BLOCK_SIZE,
+    LaunchConfig,
+    config_for,
+    device_of,
+    input_dtypes,
+    launch_config,
+    needs_int64,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def tile_start(pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    """First element of program ``pid``'s tile; int64 when pid * BLOCK_SIZE could pass 2^31 - 1."""
+    if INT64:
+        pid = pid.to(tl.int64)
+    return pid * BLOCK_SIZE
+
+
+# How a tile of BLOCK_SIZE flat indices meets rows of n_cols (the WRAPS constexpr of the bias kernels)
+IN_ROW, ONE_WRAP, ANY_WRAP = 0, 1, 2
+
+
+def bias_wraps(block_size: int, n_cols: int) -> int:
+    """IN_ROW when every tile lies inside one row, ONE_WRAP when a tile crosses at most one row
+    end, ANY_WRAP otherwise (rows shorter than a tile)."""
+    if n_cols % block_size == 0:
+        return IN_ROW
+    return ONE_WRAP if block_size <= n_cols else ANY_WRAP
+
+
+@triton.jit
+def bias_columns(start, n_cols, BLOCK_SIZE: tl.constexpr, WRAPS: tl.constexpr):
+    """Column of each element of the tile that starts at flat index ``start`` (rows of n_cols).
+
+    One modulo per program, not one per element (an integer division by a value known only at run
+    time costs about twenty instructions). Inside one row the columns are consecutive and the
+    tile's first one is a multiple of BLOCK_SIZE, which the hints tell the compiler so the bias
+    loads are as wide as the loads of x.
+    """
+    cols = start % n_cols + tl.arange(0, BLOCK_SIZE)
+    if WRAPS == 0:    # IN_ROW (a jit function reads module globals only as constexprs: plain ints here)
+        cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_SIZE), BLOCK_SIZE)
+    elif WRAPS == 1:  # ONE_WRAP
+        cols = tl.where(cols >= n_cols, cols - n_cols, cols)
+    else:
+        cols = cols % n_cols
+    return cols
+
+
+@triton.jit
+def add_tuned_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    offsets = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gelu_tuned_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr,
+                      INT64: tl.constexpr):
+    offsets = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offsets, gelu_math(x, APPROXIMATE).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def bias_gelu_scale_tuned_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr,
+                                 APPROXIMATE: tl.constexpr, INT64: tl.constexpr, WRAPS: tl.constexpr):
+    start = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64)
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(bias_ptr + bias_columns(start, n_cols, BLOCK_SIZE, WRAPS), mask=mask).to(tl.float32)
+    y = gelu_math(x + b, APPROXIMATE) * scale
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def bias_gelu_dropout_tuned_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, keep_scale, seed,
+                                   BLOCK_SIZE: tl.constexpr, APPROXIMATE: tl.constexpr, INT64: tl.constexpr,
+                                   WRAPS: tl.constexpr):
+    start = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64)
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(bias_ptr + bias_columns(start, n_cols, BLOCK_SIZE, WRAPS), mask=mask).to(tl.float32)
+    y = gelu_math(x + b, APPROXIMATE)
+    r = tl.rand(seed, offsets)            # the teaching kernel's numbers: Philox of (seed, index)
+    y = tl.where(r >= p, y * keep_scale, 0.0)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    offsets = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    tl.store(keep_ptr + offsets, (tl.rand(seed, offsets) >= p).to(tl.int8), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Input checks: the full check once per (dtype, device), then only what can change per call
+# ----------------------------------------------------------------------------------------------
+
+_CHECKED: set = set()
+
+
+def _check_tensor(name: str, t) -> None:
+    if type(t) is torch.Tensor and t.is_contiguous() and (t.dtype, t.device) in _CHECKED:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != env.DEVICE.type:
+        raise ValueError(f"{name} is on {t.device}, but in {env.MODE} mode the kernels run on "
+                         f"{env.DEVICE.type}: move it with {name}.to(cu.DEVICE)")
+    allowed = input_dtypes(device_of(t))
+    if t.dtype not in allowed:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected one of "
+                        f"{[str(d).removeprefix('torch.') for d in allowed]} on this device")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}): these kernels index it as "
+                         f"one flat array; pass {name}.contiguous() (a copy: one more read and write of it)")
+    _CHECKED.add((t.dtype, t.device))
+
+
+def _same(name: str, t, x: torch.Tensor, shape, what: str) -> None:
+    """``t`` passes the tensor checks and has x's dtype and device and this shape."""
+    _check_tensor(name, t)
+    if t.shape != shape or t.dtype != x.dtype or t.device != x.device:
+        raise ValueError(f"{name} must {what}: shape {tuple(shape)}, dtype {x.dtype}, device {x.device}; "
+                         f"got {tuple(t.shape)} {t.dtype} {t.device}")
+
+
+def _output(x: torch.Tensor, out) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(x)
+    _same("out", out, x, x.shape, "match the input (same shape, dtype and device)")
+    return out
+
+
+def _approximate_flag(approximate: str) -> bool:
+    if approximate == "tanh":
+        return True
+    if approximate == "none":
+        return False
+    raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
+
+
+def _check_bias(x: torch.Tensor, bias) -> int:
+    _check_tensor("bias", bias)
+    if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
+        raise ValueError(f"bias must be 1-D with one value per column of x (x.shape[-1] = "
+                         f"{x.shape[-1] if x.dim() else 'none: x is 0-D'}), got shape {tuple(bias.shape)}")
+    if bias.dtype != x.dtype:
+        raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}: pass them in the same dtype")
+    if bias.device != x.device:
+        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+    return bias.shape[0]
+
+
+def _check_dropout(p, seed) -> tuple[float, int]:
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
+    return p, seed
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x + y`` for two tensors of the same shape and dtype, in one Triton kernel."""
+    _check_tensor("x", x)
+    _same("y", y, x, x.shape, "match x (same shape, dtype and device)")
+    out = _output(x, out)
+    if x.numel() > 0:  # empty in, empty out, no launch
+        cfg = config_for(x, x.dtype)
+        add_tuned_kernel[cfg.grid](x, y, out, x.numel(), BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=cfg.int64,
+                                   num_warps=cfg.num_warps)
+    return out
+
+
+def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
+    """GELU of ``x`` in one kernel: ``approximate='tanh'`` (the tanh approximation) or ``'none'`` (erf)."""
+    flag = _approximate_flag(approximate)
+    _check_tensor("x", x)
+    out = _output(x, out)
+    if x.numel() > 0:
+        cfg = config_for(x, x.dtype)
+        gelu_tuned_kernel[cfg.grid](x, out, x.numel(), BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=flag,
+                                    INT64=cfg.int64, num_warps=cfg.num_warps)
+    return out
+
+
+def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
+    flag = _approximate_flag(approximate)
+    _check_tensor("x", x)
+    n_cols = _check_bias(x, bias)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}")
+    out = _output(x, out)
+    if x.numel() > 0:
+        cfg = config_for(x, x.dtype)
+        bias_gelu_scale_tuned_kernel[cfg.grid](x, bias, out, x.numel(), n_cols, scale, BLOCK_SIZE=cfg.BLOCK_SIZE,
+                                               APPROXIMATE=flag, INT64=cfg.int64,
+                                               WRAPS=bias_wraps(cfg.BLOCK_SIZE, n_cols), num_warps=cfg.num_warps)
+    return out
+
+
+def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, approximate: str = "tanh",
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """``dropout(gelu(x + bias), p)`` in one kernel, the mask drawn in the kernel from ``seed``.
+
+    Element i is kept when Philox(seed, i) >= p and then scaled by 1 / (1 - p): the same seed gives
+    the same mask on any GPU and under the interpreter, whatever BLOCK_SIZE is. Use a new seed for
+    every call, layer and training step.
+    """
+    flag = _approximate_flag(approximate)
+    p, seed = _check_dropout(p, seed)
+    _check_tensor("x", x)
+    n_cols = _check_bias(x, bias)
+    out = _output(x, out)
+    if x.numel() > 0:
+        cfg = config_for(x, x.dtype, DROPOUT_MAX_BLOCK)
+        bias_gelu_dropout_tuned_kernel[cfg.grid](x, bias, out, x.numel(), n_cols, p, 1.0 / (1.0 - p), seed,
+                                                 BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=flag, INT64=cfg.int64,
+                                                 WRAPS=bias_wraps(cfg.BLOCK_SIZE, n_cols), num_warps=cfg.num_warps)
+    return out
+
+
+def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
+    """The boolean keep mask :func:`bias_gelu_dropout` uses for ``shape``, ``p`` and ``seed``."""
+    p, seed = _check_dropout(p, seed)
+    keep = torch.empty(tuple(shape), dtype=torch.int8, device=torch.device(device) if device else env.DEVICE)
+    if keep.numel() > 0:
+        cfg = config_for(keep, torch.float32, DROPOUT_MAX_BLOCK)  # the tiles of a float32 dropout: the same mask
+        keep_mask_kernel[cfg.grid](keep, keep.numel(), p, seed, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=cfg.int64,
+                                   num_warps=cfg.num_warps)
+    return keep.bool()
