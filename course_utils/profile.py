@@ -54,17 +54,6 @@ class _TorchOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _triton_run_classes():
-    classes = []
-    with contextlib.suppress(ImportError):
-        from triton.runtime.jit import JITFunction
-        classes.append(JITFunction)
-    with contextlib.suppress(ImportError):
-        from triton.runtime.interpreter import InterpretedFunction
-        classes.append(InterpretedFunction)
-    return classes
-
-
 @contextlib.contextmanager
 def triton_launch_hook(on_launch, observer):
     """Call ``on_launch(original_run, kernel, args, kwargs)`` at every Triton launch (not warm-ups).
@@ -72,7 +61,9 @@ def triton_launch_hook(on_launch, observer):
     ``observer.paused`` (a dispatch mode watching torch ops) is raised during the launch: the
     interpreter moves tensors with torch ops of its own, which are not the program's.
     """
-    originals = {cls: cls.run for cls in _triton_run_classes()}
+    from .triton_internals import launch_classes  # the one module that touches Triton's internals
+
+    originals = {cls: cls.run for cls in launch_classes()}
 
     def wrap(original):
         def run(self, *args, **kwargs):
