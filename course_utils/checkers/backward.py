@@ -1,0 +1,133 @@
+"""Checks for chapter 11 (the backward pass).
+
+- :func:`check_delta_kernel` launches a student's FlashAttention-backward preprocessing kernel
+  ``kernel[(n_rows,)](o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D=...)``
+  that writes ``delta[i] = sum_j O[i, j] * dO[i, j]`` (float32).
+- :func:`check_gelu_backward_kernel` launches a student's bias + GELU + dropout backward kernel
+  ``kernel[grid](dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE=...)``
+  over a flat contiguous (rows x n_cols) tensor, writing ``dx = dy * gelu'(x + b) * keep / (1 - p)``
+  with the keep mask of chapter 4 (``tl.rand(seed, offsets) >= p``) regenerated, not stored.
+
+Fresh inputs every call: odd head dims and row lengths, rows read through strides wider than the
+row (the gap holds huge values), outputs poisoned with NaN inside guard zones, float64 references.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import check, env
+from ..kernels import elementwise
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _launch(kernel, grid, args, kwargs, case: str, signature: str) -> None:
+    try:
+        kernel[grid](*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except check.CheckFailure:
+        raise
+    except Exception as e:  # a crash in the student's kernel: say where
+        raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n"
+                                 f"It is launched as {signature}.") from e
+
+
+def _strided(n_rows: int, n_cols: int, dtype, gap: int):
+    """(n_rows, n_cols) inside a guarded (n_rows, n_cols + gap) buffer whose gap holds +-3e4."""
+    full = check.randn((n_rows, n_cols + gap), dtype, scale=2.0)
+    full[:, n_cols:] = torch.where(torch.rand(n_rows, gap, device=full.device) < 0.5, 3e4, -3e4).to(dtype)
+    g = check.guarded_copy(full)
+    return g, g.tensor[:, :n_cols]
+
+
+def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = rowsum(dO * O)") -> None:
+    shapes = env.pick(gpu=((1, 1), (7, 40), (333, 80), (1000, 96), (129, 128)),
+                      cpu=((1, 1), (7, 40), (33, 80), (65, 96)))
+    hint = ("program pid owns row pid: load O and dO with mask=offsets < head_dim (other=0), each through "
+            "its own row stride, multiply in float32 and tl.sum the row.")
+    signature = "kernel[(n_rows,)](o, do, delta, head_dim, o.stride(0), do.stride(0), BLOCK_D=...)"
+    for dtype in env.supported_dtypes():
+        for n_rows, head_dim in shapes:
+            case = f"{name} ({_name(dtype)}, {n_rows} rows, head_dim={head_dim})"
+            og, o = _strided(n_rows, head_dim, dtype, gap=3)
+            dg, do = _strided(n_rows, head_dim, dtype, gap=7)   # another stride than O's
+            delta = check.Guarded((n_rows,), torch.float32)
+            _launch(kernel, (n_rows,), (o, do, delta.tensor, head_dim, o.stride(0), do.stride(0)),
+                    {"BLOCK_D": triton.next_power_of_2(head_dim)}, case, signature)
+            delta.check(case, hint)
+            expected = (o.double() * do.double()).sum(-1)
+            # float32 products summed over head_dim terms: a few float32 ulps of the largest term each
+            atol = 1e-5 * head_dim * float((o.double() * do.double()).abs().max())
+            check.compare(case, delta.tensor, expected, dtype=torch.float32, atol=max(atol, 1e-6), hint=hint)
+            og.check(f"{case}, O's buffer")
+            dg.check(f"{case}, dO's buffer")
+    check.verdict(name, "matches the float64 reference on every shape and dtype tried, strided rows, "
+                        "no writes outside the output")
+
+
+def _gelu_tanh(z):
+    return torch.nn.functional.gelu(z, approximate="tanh")
+
+
+def _gelu_grad64(z: torch.Tensor) -> torch.Tensor:
+    z64 = z.detach().double().requires_grad_(True)
+    (grad,) = torch.autograd.grad(_gelu_tanh(z64), z64, torch.ones_like(z64))
+    return grad
+
+
+def _diagnose(got, dy, z, keep, p) -> str:
+    """What a wrong dx most likely did, from the float64 pieces of the right one."""
+    g, grad, kept = got.double(), _gelu_grad64(z), keep.double()
+
+    def matches(candidate) -> bool:
+        return bool(torch.isclose(g, candidate, rtol=2e-2, atol=2e-2).double().mean() > 0.99)
+
+    if matches(dy * _gelu_tanh(z.double()) * kept / (1 - p)):
+        return "dx looks like dy * gelu(z): the backward multiplies by the derivative gelu'(z), not gelu(z)."
+    if p > 0 and matches(dy * grad * kept):
+        return "dx is right on kept elements up to a factor 1 - p: multiply kept elements by 1 / (1 - p)."
+    if p > 0 and (matches(dy * grad / (1 - p)) or matches(dy * grad)):
+        return "no element of dx is dropped: regenerate the forward's mask, keep = tl.rand(seed, offsets) >= p."
+    dropped = ~keep.bool()
+    if p > 0 and bool(dropped.any()) and float((g[dropped] != 0).double().mean()) > 0.05:
+        return ("dx is non-zero where the forward dropped the element: the mask must come from the same "
+                "(seed, flat offset) pairs as the forward's, tl.rand(seed, offsets) with the global offsets.")
+    return "compare your gelu'(z) with the formula above the exercise, with z = x + bias[column]."
+
+
+def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backward", block_size: int = 256) -> None:
+    sizes = env.pick(gpu=((1, 1), (7, 13), (333, 1000), (129, 4097)), cpu=((1, 1), (7, 13), (33, 300), (9, 1001)))
+    p_values = (0.0, 0.2, 0.5)
+    signature = "kernel[(triton.cdiv(n, BLOCK_SIZE),)](dy, x, bias, dx, n, n_cols, p, seed, BLOCK_SIZE=...)"
+    for dtype in env.supported_dtypes():
+        for (n_rows, n_cols) in sizes:
+            for p in p_values:
+                seed = int(torch.randint(0, 2**31 - 1, ()).item())
+                case = f"{name} ({_name(dtype)}, {n_rows} x {n_cols}, p={p})"
+                x = check.guarded_copy(check.randn((n_rows, n_cols), dtype, scale=2.0, outliers=0.01,
+                                                   outlier_scale=50.0))
+                b = check.guarded_copy(check.randn((n_cols,), dtype))
+                dy = check.guarded_copy(check.randn((n_rows, n_cols), dtype))
+                dx = check.Guarded((n_rows, n_cols), dtype)
+                n = n_rows * n_cols
+                _launch(kernel, (triton.cdiv(n, block_size),),
+                        (dy.tensor, x.tensor, b.tensor, dx.tensor, n, n_cols, p, seed),
+                        {"BLOCK_SIZE": block_size}, case, signature)
+                dx.check(case)
+                keep = elementwise.dropout_keep_mask((n_rows, n_cols), p, seed, device=x.tensor.device)
+                z = x.tensor.double() + b.tensor.double()
+                expected = dy.tensor.double() * _gelu_grad64(z) * keep.double() / (1 - p)
+                try:
+                    check.compare(case, dx.tensor, expected, dtype=dtype)
+                except check.CheckFailure as e:
+                    cause = _diagnose(dx.tensor, dy.tensor.double(), z, keep, p)
+                    raise check.CheckFailure(f"{e}\nLikely cause: {cause}") from None
+                for t, what in ((x, "x"), (b, "bias"), (dy, "dy")):
+                    t.check(f"{case}, the {what} buffer")
+    check.verdict(name, "matches the float64 reference with the forward's own dropout mask on every size, "
+                        "dtype and p tried, no writes outside dx")
