@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import env, timing
+from .ceilings import Ceilings, ridge_point
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -38,7 +41,13 @@ class GPUSpec:
 
     def ridge_flops_per_byte(self, dtype: str) -> float:
         """Arithmetic intensity at which the roofline turns from memory- to compute-bound."""
-        return self.peak_tflops(dtype) * 1e12 / (self.hbm_gbps * 1e9)
+        return ridge_point(self.peak_tflops(dtype), self.hbm_gbps)
+
+    def ceilings(self, dtype: str = "bfloat16") -> Ceilings:
+        """The datasheet's ceilings (upper bounds: real kernels reach less; measure on the GPU)."""
+        dt = dtype if dtype in self.tflops else "float16"
+        return Ceilings(self.name, self.hbm_gbps, self.tflops[dt], dt, "datasheet",
+                        "datasheet peaks (nothing measured)", self.l2_bytes)
 
 
 def _spec(key, name, arch, gbps, sms, smem_sm, smem_block, l2, fp32, fp16, bf16, tf32, aliases):
@@ -122,22 +131,20 @@ def _need_gpu(what: str) -> None:
 
 def measure_copy_gbps(nbytes: int = 2**30) -> float:
     """Device-to-device copy bandwidth of the GPU in hand, GB/s, counting bytes read + written."""
-    from . import bench
     _need_gpu("measure_copy_gbps")
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
-    t = bench.time_ms(lambda: dst.copy_(src), flush_l2=False)
-    return bench.gbps(2 * src.numel() * 4, t)
+    t = timing.time_ms(lambda: dst.copy_(src), flush_l2=False)
+    return timing.gbps(2 * src.numel() * 4, t)
 
 
 def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
     """Dense matmul rate of the GPU in hand on random data, TFLOP/s."""
-    from . import bench
     _need_gpu("measure_matmul_tflops")
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
-    t = bench.time_ms(lambda: a @ b, flush_l2=False)
-    return bench.tflops(2 * n**3, t)
+    t = timing.time_ms(lambda: a @ b, flush_l2=False)
+    return timing.tflops(2 * n**3, t)
 
 
 @dataclass(frozen=True)
@@ -174,11 +181,29 @@ class DeviceInfo:
 INTERPRETER_DEVICE = DeviceInfo(80, 108, 163 * 1024, "Triton interpreter (CPU)")
 
 
-def device_info() -> DeviceInfo:
-    """The DeviceInfo of the GPU in hand, or :data:`INTERPRETER_DEVICE` without one."""
-    from . import env
+_DEVICE_INFO: dict[int, DeviceInfo] = {}
+
+
+def device_info(device=None) -> DeviceInfo:
+    """The DeviceInfo of a GPU (``device``: a tensor, a ``torch.device``, an index, or None for the
+    current one), or :data:`INTERPRETER_DEVICE` without a GPU.
+
+    Asked of the driver once per device and cached, so launchers may call it on every launch;
+    ``device_info.cache_clear()`` forgets what was asked (tests).
+    """
     if not env.on_gpu():
         return INTERPRETER_DEVICE
-    p = torch.cuda.get_device_properties(env.DEVICE)
-    smem = getattr(p, "shared_memory_per_block_optin", 0) or 48 * 1024
-    return DeviceInfo(p.major * 10 + p.minor, p.multi_processor_count, smem, p.name)
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    if isinstance(device, torch.device):
+        device = device.index if device.type == "cuda" else None
+    index = torch.cuda.current_device() if device is None else int(device)
+    info = _DEVICE_INFO.get(index)
+    if info is None:
+        p = torch.cuda.get_device_properties(index)
+        smem = getattr(p, "shared_memory_per_block_optin", 0) or 48 * 1024
+        info = _DEVICE_INFO[index] = DeviceInfo(p.major * 10 + p.minor, p.multi_processor_count, smem, p.name)
+    return info
+
+
+device_info.cache_clear = _DEVICE_INFO.clear

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import course_utils as cu
-from course_utils import bench
+from course_utils import bench, results
 
 
 def test_timing_summary_is_median_and_quantiles():
@@ -56,7 +56,7 @@ def test_gpu_slug(name, slug):
 
 
 def test_save_adds_provenance_and_recorded_reads_it_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)  # where the results module looks
     df = pd.DataFrame({"impl": ["a", "b"], "us": [1.5, 2.5]})
     path = bench.save(df, "demo", gpu="h200")
     assert path == tmp_path / "h200" / "demo.csv"
@@ -75,7 +75,7 @@ def test_save_adds_provenance_and_recorded_reads_it_back(tmp_path, monkeypatch):
 
 
 def test_recorded_gpus_without_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "RESULTS", tmp_path / "missing")
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "missing")
     assert bench.recorded_gpus() == []
     assert bench.provenance_line(pd.DataFrame({"x": [1]})).startswith("provenance unknown")
 

@@ -1,6 +1,6 @@
 """DRAM bytes measured with Nsight Compute (benchmarks/ncu_traffic.py) against the calculator.
 
-A change to a formula of course_utils/traffic.py that breaks agreement with the hardware counters
+A change to a formula of course_utils/traffic/ that breaks agreement with the hardware counters
 fails here. The recorded runs: ``--cache-control all`` (ncu flushes the L2 before every kernel)
 and ``none`` (the L2 keeps what the previous kernel left, as in a real program).
 """

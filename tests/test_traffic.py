@@ -162,27 +162,35 @@ def test_softmax_general_formula(rows, cols):
     assert c.fused.total_bytes == 2 * 2 * mn
 
 
-def test_bias_gelu_dropout_generated_and_read_mask():
+def test_bias_gelu_dropout_generated_and_saved_mask():
     # rows 2, cols 3 fp16: MN = 6, N = 3. Generated mask: unfused reads (6 + 3) + 6 + 6 = 21 el = 42 B,
-    # writes 18 el = 36 B; fused reads 9 el = 18 B, writes 12 B. A bool mask read from HBM adds
-    # 6 B (1 B per element) to the dropout kernel and to the fused kernel.
+    # writes 18 el = 36 B; fused reads 9 el = 18 B, writes 12 B. Eager native_dropout in training
+    # writes a bool keep-mask for backward: 6 B more WRITTEN by the dropout kernel (nothing more
+    # read), and the same 6 B written by a fused kernel that saves the mask.
     gen = T.bias_gelu_dropout(2, 3, "fp16", mask="generated")
     assert (gen.unfused.read_bytes, gen.unfused.write_bytes, gen.fused.read_bytes, gen.fused.write_bytes) \
         == (42, 36, 18, 12)
-    read = T.bias_gelu_dropout(2, 3, "fp16", mask="read")
-    assert (read.unfused.read_bytes, read.fused.read_bytes) == (48, 24)
-    assert read.unfused.write_bytes == 36
+    saved = T.bias_gelu_dropout(2, 3, "fp16", mask="saved")
+    assert (saved.unfused.read_bytes, saved.unfused.write_bytes) == (42, 42)
+    assert (saved.fused.read_bytes, saved.fused.write_bytes) == (18, 18)
+    assert saved.unfused.kernels[-1].write_bytes == 12 + 6 and saved.unfused.kernels[-1].read_bytes == 12
+    # the old name modelled a random tensor read back from HBM: it now warns and counts the saved mask
+    with pytest.warns(FutureWarning, match="native_dropout"):
+        old = T.bias_gelu_dropout(2, 3, "fp16", mask="read")
+    assert old.unfused.total_bytes == saved.unfused.total_bytes
+    with pytest.raises(ValueError, match="mask"):
+        T.bias_gelu_dropout(2, 3, "fp16", mask="drawn")
 
 
 def test_seed_bias_gelu_dropout_table_in_mib():
-    # The seed's table, N = 4,194,304 fp16 (8 MiB per tensor), as 1024 x 4096 with a 4096-long bias:
-    # unfused with a bool mask read: 3 x 8 MiB + 8 KiB bias + 4 MiB mask = 28 MiB + 8 KiB of reads,
-    # 24 MiB of writes; fused with the mask generated in the kernel: 8 MiB + 8 KiB read, 8 MiB written.
+    # N = 4,194,304 fp16 (8 MiB per tensor), as 1024 x 4096 with a 4096-long bias. Eager training
+    # (native_dropout saves a bool mask): 3 x 8 MiB + 8 KiB bias read, 3 x 8 MiB + 4 MiB mask written;
+    # fused with the mask generated in the kernel (backward regenerates it): 8 MiB + 8 KiB read, 8 MiB written.
     mib = 2**20
-    unfused = T.bias_gelu_dropout(1024, 4096, "fp16", mask="read").unfused
+    unfused = T.bias_gelu_dropout(1024, 4096, "fp16", mask="saved").unfused
     fused = T.bias_gelu_dropout(1024, 4096, "fp16", mask="generated").fused
-    assert unfused.read_bytes == 28 * mib + 8192
-    assert unfused.write_bytes == 24 * mib
+    assert unfused.read_bytes == 24 * mib + 8192
+    assert unfused.write_bytes == 28 * mib
     assert (fused.read_bytes, fused.write_bytes) == (8 * mib + 8192, 8 * mib)
 
 
