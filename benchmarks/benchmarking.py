@@ -16,6 +16,9 @@ One DataFrame, one row per measurement, ``demo`` says which rule it shows:
 - ``profiler``: the CUDA kernels the profiler saw for the eager five-op softmax and the fused one.
 - ``roofline``: FLOPs, minimum bytes and time of the course's kernels and their references.
 
+The ``l2`` and ``graphs`` demos compare their methods with ``bench.time_rounds`` (each method once
+per round, the median round kept; columns ``ms``, ``ms_p20``, ``ms_p80``).
+
 ``python -m benchmarks.run --only benchmarking`` writes ``results/<gpu>/benchmarking.csv``; the
 notebook shows it when no GPU is present.
 """
@@ -37,6 +40,7 @@ from course_utils import bench
 
 TITLE = "Benchmarking done right: the protocol measured (chapter 8)"
 MIB = 2**20
+ROUNDS = bench.ROUNDS  # the l2 and graphs demos compare methods in interleaved rounds (median round)
 
 # FLOP per element, counted on the formula (tanh and exp count one each): GELU-tanh
 # 0.5*x*(1+tanh(c*(x+0.044715*x^3))) is 9, softmax (max, subtract, exp, sum, divide) is 5.
@@ -146,6 +150,16 @@ def demo_quantiles(rep: int = 200) -> list[dict]:
     return rows
 
 
+def _ms_timer(measure):
+    """A timer for ``bench.time_rounds`` from a function that returns milliseconds (no percentiles)."""
+    return lambda fn: bench.Timing(measure(fn), math.nan, math.nan, 1)
+
+
+def _per_call(t: bench.Timing, calls: int) -> bench.Timing:
+    """A graph replay's Timing divided by the calls it holds."""
+    return bench.Timing(t.median / calls, t.p20 / calls, t.p80 / calls, t.reps)
+
+
 def _graph_of(calls) -> torch.cuda.CUDAGraph:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -179,15 +193,17 @@ def demo_l2(sizes_kib=None, quick: bool = False) -> list[dict]:
         warm = _graph_of([lambda: scale(srcs[0], dsts[0])] * reps)
         cold = _graph_of([(lambda i=i: scale(srcs[i], dsts[i])) for i in range(reps)])
         one = lambda: scale(srcs[0], dsts[0])  # noqa: E731
-        measured = {
-            "same buffers back to back (L2 warm), graph": bench.time_ms(warm.replay, flush_l2=False).median / reps,
-            "rotating buffers >= 4x L2 (cold), graph": bench.time_ms(cold.replay, flush_l2=False).median / reps,
-            "time_ms, L2 flushed": bench.time_ms(one).median,
-            "time_ms, no flush": bench.time_ms(one, flush_l2=False).median,
-        }
-        for method, ms in measured.items():
-            rows.append(dict(demo="l2", case="y = 2x (Triton)", size_mib=kib / 1024, method=method, ms=ms,
-                             bytes=moved, gbps=bench.gbps(moved, ms), l2_bytes=l2, footprint_bytes=moved * reps))
+        measured = bench.time_rounds({
+            "same buffers back to back (L2 warm), graph":
+                (warm.replay, lambda f: _per_call(bench.time_ms(f, flush_l2=False), reps)),  # noqa: B023
+            "rotating buffers >= 4x L2 (cold), graph":
+                (cold.replay, lambda f: _per_call(bench.time_ms(f, flush_l2=False), reps)),  # noqa: B023
+            "time_ms, L2 flushed": (one, bench.time_ms),
+            "time_ms, no flush": (one, lambda f: bench.time_ms(f, flush_l2=False)),
+        }, rounds=ROUNDS)
+        for method, t in measured.items():
+            rows.append(dict(demo="l2", case="y = 2x (Triton)", size_mib=kib / 1024, method=method, **t.columns(),
+                             bytes=moved, gbps=bench.gbps(moved, t), l2_bytes=l2, footprint_bytes=moved * reps))
         srcs = dsts = warm = cold = None
         torch.cuda.empty_cache()
     return rows
@@ -203,16 +219,16 @@ def demo_graphs(quick: bool = False) -> list[dict]:
         y = torch.empty_like(x)
         fn = lambda: scale(x, y)  # noqa: E731
         moved = 2 * n * 4
-        measured = {
-            "time_ms (events, L2 flushed)": bench.time_ms(fn).median,
-            "time_ms, CUDA graph of 20 calls": bench.time_ms(fn, cuda_graph=True).median,
-            "triton do_bench": do_bench(fn, return_mode="median"),
-            "triton do_bench_cudagraph": do_bench_cudagraph(fn, return_mode="median"),
-            "host clock, back to back": _host_ms(fn, 200),
-        }
-        for method, ms in measured.items():
-            rows.append(dict(demo="graphs", case="Triton scale kernel", elements=n, method=method, ms=ms,
-                             bytes=moved, gbps=bench.gbps(moved, ms)))
+        measured = bench.time_rounds({
+            "time_ms (events, L2 flushed)": (fn, bench.time_ms),
+            "time_ms, CUDA graph of 20 calls": (fn, lambda f: bench.time_ms(f, cuda_graph=True)),
+            "triton do_bench": (fn, _ms_timer(lambda f: do_bench(f, return_mode="median"))),
+            "triton do_bench_cudagraph": (fn, _ms_timer(lambda f: do_bench_cudagraph(f, return_mode="median"))),
+            "host clock, back to back": (fn, _ms_timer(lambda f: _host_ms(f, 200))),
+        }, rounds=ROUNDS)
+        for method, t in measured.items():
+            rows.append(dict(demo="graphs", case="Triton scale kernel", elements=n, method=method, **t.columns(),
+                             bytes=moved, gbps=bench.gbps(moved, t)))
     return rows
 
 

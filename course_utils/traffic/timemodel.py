@@ -104,13 +104,16 @@ def machine_from_ceilings(ceilings, *, l2_bytes=None, launch_us=None) -> Ceiling
     ``matmul_tflops``), e.g. ``bench.measure_ceilings()`` on the GPU in hand or
     ``bench.Ceilings.from_frame(bench.recorded("ceilings"))`` without one.
 
-    The copy bandwidth counts bytes read + written, as this package does. The L2 size is the
-    ceilings' own, else the hardware table's, unless given. The matmul rate stands for every
+    The copy bandwidth counts bytes read + written, as this package does. The L2 size and the
+    launch cost are the ceilings' own (else the hardware table's L2 and the recorded launch
+    overhead), unless given. The matmul rate stands for every
     dtype's peak: the memory-bound kernels of this chapter never reach it.
     """
     for attr in ("gpu", "copy_gbps", "matmul_tflops"):
         if not hasattr(ceilings, attr):
             raise ValueError(f"ceilings: expected a bench.Ceilings (with {attr}), got {type(ceilings).__name__}")
+    if launch_us is None:
+        launch_us = getattr(ceilings, "launch_us", None)
     if l2_bytes is None:
         l2_bytes = getattr(ceilings, "l2_bytes", 0) or None
     if l2_bytes is None:
