@@ -1,0 +1,350 @@
+"""LayerNorm, RMSNorm and softmax backward (chapter 10): ours against PyTorch, torch.compile and Liger.
+
+Every case is M x N with M chosen so that x is 256 MiB, N in NS, in fp32 and bf16. GB/s count the
+minimum traffic: forward reads x and writes y (2MN elements); forward + backward adds reading x and
+dy and writing dx (5MN in all); softmax backward reads y and dy and writes dx (3MN). The copy row is
+a device-to-device copy of x (the ceiling). Liger-Kernel's rows are skipped, with a note, when the
+``liger-kernel`` package is not installed.
+
+    python -m benchmarks.layernorm sweep  [--out DIR]   # what make bench runs: CSV + table + targets
+    python -m benchmarks.layernorm tune   [--out DIR]   # tiles/warps/grids of our kernels, CSV + table
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import course_utils as cu
+from course_utils import bench
+
+TITLE = "LayerNorm and RMSNorm, forward and backward; softmax backward"
+INPUT_BYTES = 256 * 2**20
+NS = (1024, 2048, 4096, 8192, 16384)
+DTYPES = (torch.float32, torch.bfloat16)
+ROUNDS = 3          # interleaved rounds: every implementation once per round, the median round kept
+EPS = 1e-5
+MN_FACTOR = {"ln_fwd": 2, "rms_fwd": 2, "ln_fwd_bwd": 5, "rms_fwd_bwd": 5, "softmax_bwd": 3, "copy": 2}
+NOTES: list[str] = []
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def rows_for(n_cols: int, dtype: torch.dtype) -> int:
+    return max(1, INPUT_BYTES // (n_cols * dtype.itemsize))
+
+
+def liger():
+    """(LigerLayerNormFunction, LigerRMSNormFunction), or None with a note when not installed."""
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception as e:  # noqa: BLE001 - a missing or broken peer is reported, not fatal
+        note = f"Liger-Kernel rows skipped: liger_kernel does not import ({type(e).__name__}: {str(e)[:120]})"
+        if note not in NOTES:
+            NOTES.append(note)
+            _log(note)
+        return None
+    return LigerLayerNormFunction, LigerRMSNormFunction
+
+
+def _fwd_bwd(fn, inputs, dy):
+    def run():
+        y = fn(*inputs)
+        return torch.autograd.grad(y, inputs, dy)  # returned, never accumulated into .grad
+    return run
+
+
+def implementations(op: str, x, w, b, dy, compiled: dict):
+    """{impl: callable} for one op; ``compiled`` caches torch.compile'd functions per op."""
+    from course_utils.kernels import layernorm as L
+    from course_utils.kernels import softmax_backward as S
+    lg = liger()
+    n = x.shape[-1]
+    if op == "softmax_bwd":
+        y = torch.softmax(x.float(), -1).to(x.dtype)
+        return {"ours": lambda: S.softmax_backward(y, dy),
+                "torch": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, x.dtype)}
+    rms = op.startswith("rms")
+    if rms:
+        ours, torch_fn = (lambda x, w: L.rms_norm_autograd(x, w, EPS)), (lambda x, w: F.rms_norm(x, (n,), w, EPS))
+        lig = None if lg is None else (lambda x, w: lg[1].apply(x, w, EPS, 0.0, "llama", False))
+        args = (x, w)
+    else:
+        ours, torch_fn = (lambda x, w, b: L.layer_norm_autograd(x, w, b, EPS)), \
+            (lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS))
+        lig = None if lg is None else (lambda x, w, b: lg[0].apply(x, w, b, EPS))
+        args = (x, w, b)
+    key = "rms" if rms else "ln"
+    if key not in compiled:
+        compiled[key] = torch.compile(torch_fn, dynamic=False)  # one graph per shape, as a model of fixed shape gets
+    fns = {"ours": ours, "torch": torch_fn, "torch.compile": compiled[key]}
+    if lig is not None:
+        fns["liger"] = lig
+    if op.endswith("fwd"):
+        if rms:
+            fns["ours"] = lambda x, w: L.rms_norm(x, w, EPS)
+        else:
+            fns["ours"] = lambda x, w, b: L.layer_norm(x, w, b, EPS)
+        return {k: (lambda f=f: f(*[a.detach() for a in args])) for k, f in fns.items()}
+    return {k: _fwd_bwd(f, args, dy) for k, f in fns.items()}
+
+
+def _inputs(n, dtype, grad: bool):
+    m = rows_for(n, dtype)
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dtype)
+    b = (0.1 * torch.randn(n, device="cuda")).to(dtype)
+    dy = torch.randn_like(x)
+    if grad:
+        for t in (x, w, b):
+            t.requires_grad_(True)
+    return m, x, w, b, dy
+
+
+def sweep(quick: bool = False):
+    """One row per (op, N, dtype, impl): the median of ROUNDS interleaved rounds."""
+    import pandas as pd
+
+    reps = 10 if quick else 20
+    ns = (1024, 4096, 16384) if quick else NS
+    ops = ("ln_fwd", "ln_fwd_bwd", "rms_fwd", "rms_fwd_bwd", "softmax_bwd")
+    compiled: dict = {}
+    rows = []
+    for dtype in DTYPES:
+        for n in ns:
+            m, x, w, b, dy = _inputs(n, dtype, grad=True)
+            out = torch.empty_like(x)
+            impls = {("copy", "copy"): lambda: out.copy_(x.detach())}  # noqa: B023 (called at once)
+            for op in ops:
+                for impl, fn in implementations(op, x, w, b, dy, compiled).items():
+                    impls[(op, impl)] = fn
+            timings = {k: [] for k in impls}
+            for _ in range(ROUNDS):
+                for k, fn in impls.items():
+                    if timings[k] is None:
+                        continue
+                    try:
+                        timings[k].append(bench.time_ms(fn, warmup=3, rep=reps))
+                    except Exception as e:  # noqa: BLE001 - a failing implementation is a result too
+                        _log(f"  {k} N={n} {_name(dtype)} failed: {type(e).__name__}: {str(e)[:200]}")
+                        timings[k] = None
+            for (op, impl), ts in timings.items():
+                if not ts:
+                    continue
+                t = sorted(ts, key=lambda t: t.median)[len(ts) // 2]
+                nbytes = MN_FACTOR[op] * m * n * dtype.itemsize
+                rows.append({"op": op, "n_cols": n, "n_rows": m, "dtype": _name(dtype), "impl": impl,
+                             "ms": t.median, "ms_p20": t.p20, "ms_p80": t.p80, "gbps": bench.gbps(nbytes, t)})
+            _log(f"  N={n:>5} {_name(dtype):>8}: " + ", ".join(
+                f"{r['op']}/{r['impl']} {r['gbps']:.0f}" for r in rows if r["n_cols"] == n and
+                r["dtype"] == _name(dtype) and r["impl"] in ("ours", "copy")))
+            torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    if NOTES:
+        df["note"] = "; ".join(NOTES)
+    return df
+
+
+def ratios(df):
+    """Per (op, dtype, N): ours / each peer (speed, time ratio) and ours / copy (bandwidth)."""
+    import pandas as pd
+
+    copy = df[df.op == "copy"].set_index(["dtype", "n_cols"])["gbps"]
+    out = []
+    for (op, d, n), g in df[df.op != "copy"].groupby(["op", "dtype", "n_cols"]):
+        ms = g.set_index("impl")["ms"]
+        if "ours" not in ms:
+            continue
+        r = {"op": op, "dtype": d, "n_cols": n, "ours_gbps": float(g[g.impl == "ours"].gbps.iloc[0]),
+             "vs_copy": float(g[g.impl == "ours"].gbps.iloc[0] / copy.get((d, n), float("nan")))}
+        for peer in ("torch", "torch.compile", "liger"):
+            r[f"vs_{peer}"] = float(ms[peer] / ms["ours"]) if peer in ms else float("nan")
+        out.append(r)
+    return pd.DataFrame(out)
+
+
+def targets(df) -> list:
+    """The speed targets of issue 15 as measured ratios (ours / theirs, from one run)."""
+    found = []
+    peers = {"ln": "F.layer_norm", "rms": "F.rms_norm"}
+    for _, r in ratios(df).iterrows():
+        op, d, n = r["op"], r["dtype"], int(r["n_cols"])
+        what = {"ln_fwd": "LayerNorm fwd", "ln_fwd_bwd": "LayerNorm fwd+bwd", "rms_fwd": "RMSNorm fwd",
+                "rms_fwd_bwd": "RMSNorm fwd+bwd", "softmax_bwd": "softmax backward"}[op]
+        if op == "softmax_bwd":
+            found.append(bench.Target(15, f"{what} {d} N={n} vs copy bandwidth", r["vs_copy"], 0.9))
+            continue
+        if op == "ln_fwd":
+            found.append(bench.Target(15, f"{what} {d} N={n} vs copy bandwidth", r["vs_copy"], 0.9))
+        for peer in ("torch", "torch.compile", "liger"):
+            name = {"torch": peers[op.split("_")[0]], "torch.compile": "torch.compile",
+                    "liger": "Liger-Kernel"}[peer]
+            if r[f"vs_{peer}"] == r[f"vs_{peer}"]:  # not NaN (Liger may be missing)
+                found.append(bench.Target(15, f"{what} {d} N={n} vs {name}", r[f"vs_{peer}"], 1.0))
+    return found
+
+
+def plot(df):
+    """Bandwidth against N per op, one panel per (op, dtype)."""
+    import matplotlib.pyplot as plt
+
+    ops = [o for o in MN_FACTOR if o != "copy" and o in set(df.op)]
+    fig, axes = plt.subplots(len(DTYPES), len(ops), figsize=(4 * len(ops), 7), squeeze=False, sharex=True)
+    for i, d in enumerate(_name(t) for t in DTYPES):
+        copy = df[(df.op == "copy") & (df.dtype == d)].sort_values("n_cols")
+        for j, op in enumerate(ops):
+            ax = axes[i][j]
+            for impl, g in df[(df.op == op) & (df.dtype == d)].groupby("impl"):
+                g = g.sort_values("n_cols")
+                ax.plot(g.n_cols, g.gbps, marker="o", label=impl)
+            ax.plot(copy.n_cols, copy.gbps, "k--", label="copy")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op} {d}", fontsize=9)
+            ax.set_xlabel("N")
+            ax.set_ylabel("GB/s")
+            ax.legend(fontsize=7)
+    fig.suptitle(bench.provenance_line(df) if "gpu" in df.columns else TITLE, fontsize=9)
+    fig.tight_layout()
+    return [fig]
+
+
+# --------------------------------------------------------------------------- tuning
+
+
+FWD_CANDIDATES = {1024: ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16)),
+                  2048: ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16)),
+                  4096: ((4096, 4), (4096, 8), (8192, 8), (8192, 16)),
+                  8192: ((8192, 8), (8192, 16), (8192, 32), (16384, 16)),
+                  16384: ((16384, 8), (16384, 16), (16384, 32))}
+BWD_CANDIDATES = {1024: ((1024, 4), (2048, 4), (2048, 8), (4096, 8)),
+                  2048: ((2048, 4), (2048, 8), (4096, 8), (4096, 16)),
+                  4096: ((4096, 8), (4096, 16), (8192, 16)),
+                  8192: ((8192, 8), (8192, 16), (8192, 32)),
+                  16384: ((16384, 16), (16384, 32))}
+
+
+def tune(out_dir: Path):
+    """Time candidate tiles/warps (and backward grids) of our kernels next to copy, torch and Liger."""
+    import pandas as pd
+
+    from course_utils.kernels import softmax_backward as S
+    from course_utils.tuned import layernorm as T
+    from course_utils.tuned import softmax_backward as TS
+    lg = liger()
+    rows = []
+    path = out_dir / "layernorm_tune.csv"
+
+    def add(op, n, m, dtype, impl, fn, factor, **extra):
+        try:
+            t = bench.time_ms(fn, warmup=3, rep=15)
+        except Exception as e:  # noqa: BLE001
+            _log(f"  {op} {impl} N={n} failed: {type(e).__name__}: {str(e)[:160]}")
+            return
+        rows.append({"op": op, "n_cols": n, "dtype": _name(dtype), "impl": impl, "ms": t.median,
+                     "gbps": bench.gbps(factor * m * n * dtype.itemsize, t), **extra})
+        pd.DataFrame(rows).assign(**bench.provenance()).to_csv(path, index=False)
+
+    for dtype in DTYPES:
+        for n in NS:
+            m, x, w, b, dy = _inputs(n, dtype, grad=False)
+            out = torch.empty_like(x)
+            add("copy", n, m, dtype, "copy", lambda: out.copy_(x), 2)  # noqa: B023
+            add("ln_fwd", n, m, dtype, "torch", lambda: F.layer_norm(x, (n,), w, b, EPS), 2)  # noqa: B023
+            if lg:
+                add("ln_fwd", n, m, dtype, "liger", lambda: lg[0].apply(x, w, b, EPS), 2)  # noqa: B023
+            y, mean, rstd = torch.ops.aten.native_layer_norm(x, (n,), w, b, EPS)
+            add("ln_bwd", n, m, dtype, "torch", lambda: torch.ops.aten.native_layer_norm_backward(  # noqa: B023
+                dy, x, (n,), mean, rstd, w, b, (True, True, True)), 3)  # noqa: B023
+            if lg:
+                from liger_kernel.ops.layer_norm import layer_norm_backward as lbwd
+                add("ln_bwd", n, m, dtype, "liger", lambda: lbwd(dy, x, w, b, mean.view(-1), rstd.view(-1)), 3)  # noqa: B023
+            mean, rstd = mean.view(-1).float(), rstd.view(-1).float()
+            block = max(n, 1024)
+            for tile, warps in FWD_CANDIDATES[block]:
+                T.FWD_TILES[(block, dtype.itemsize)] = (tile, warps)
+                add("ln_fwd", n, m, dtype, f"ours tile={tile} w={warps}", lambda: T.layer_norm(x, w, b, EPS), 2,  # noqa: B023
+                    tile=tile, num_warps=warps)
+            T.FWD_TILES.pop((block, dtype.itemsize), None)
+            for tile, warps in BWD_CANDIDATES[block]:
+                T.BWD_TILES[(block, dtype.itemsize)] = (tile, warps)
+                for per_sm in (2, 4, 8):
+                    T.BWD_PROGRAMS_PER_SM = per_sm
+                    add("ln_bwd", n, m, dtype, f"ours tile={tile} w={warps} per_sm={per_sm}",
+                        lambda: T.layer_norm_backward(dy, x, w, mean, rstd), 3,  # noqa: B023
+                        tile=tile, num_warps=warps, per_sm=per_sm)
+                    if per_sm == 4:
+                        add("ln_bwd", n, m, dtype, f"ours atomic tile={tile} w={warps} per_sm={per_sm}",
+                            lambda: T.layer_norm_backward(dy, x, w, mean, rstd, atomic=True), 3,  # noqa: B023
+                            tile=tile, num_warps=warps, per_sm=per_sm)
+            T.BWD_TILES.pop((block, dtype.itemsize), None)
+            T.BWD_PROGRAMS_PER_SM = 4
+            ys = torch.softmax(x.float(), -1).to(dtype)
+            add("softmax_bwd", n, m, dtype, "torch", lambda: torch.ops.aten._softmax_backward_data(  # noqa: B023
+                dy, ys, -1, dtype), 3)  # noqa: B023
+            for tile, warps in sorted({(max(n, 4096), 8), (max(n, 4096), 16), (max(n, 8192), 16)}):
+                TS.TILE_ELEMENTS, TS.ELEMENTS_PER_THREAD = tile, tile // (32 * warps)
+                add("softmax_bwd", n, m, dtype, f"ours tile={tile} w={warps}", lambda: S.softmax_backward(ys, dy), 3,  # noqa: B023
+                    tile=tile, num_warps=warps)
+            torch.cuda.empty_cache()
+    df = pd.DataFrame(rows).assign(**bench.provenance())
+    df.to_csv(path, index=False)
+    return df
+
+
+def tune_table(df):
+    """Best of ours per (op, dtype, N) against copy, torch and Liger."""
+    import pandas as pd
+
+    out = []
+    copy = df[df.op == "copy"].set_index(["dtype", "n_cols"])["gbps"]
+    for (op, d, n), g in df[df.op != "copy"].groupby(["op", "dtype", "n_cols"]):
+        ours = g[g.impl.str.startswith("ours") & ~g.impl.str.contains("atomic")]
+        best = ours.loc[ours.gbps.idxmax()]
+        r = {"op": op, "dtype": d, "N": n, "best": best.impl, "gbps": round(best.gbps),
+             "vs_copy": round(best.gbps / copy[(d, n)], 3)}
+        for peer in ("torch", "liger"):
+            p = g[g.impl == peer]
+            r[f"vs_{peer}"] = round(best.gbps / p.gbps.iloc[0], 3) if len(p) else float("nan")
+        atom = g[g.impl.str.contains("atomic")]
+        if len(atom):
+            r["atomic_best_vs_partials"] = round(atom.gbps.max() / best.gbps, 3)
+        out.append(r)
+    return pd.DataFrame(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("what", choices=["sweep", "tune"])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    if not cu.on_gpu():
+        print("benchmarks.layernorm needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import pandas as pd
+    pd.set_option("display.width", 220)
+    out = a.out or (bench.RESULTS / bench.gpu_slug())
+    out.mkdir(parents=True, exist_ok=True)
+    if a.what == "tune":
+        print(tune_table(tune(out)).to_string(index=False))
+        return 0
+    df = sweep(a.quick).assign(**bench.provenance())
+    df.to_csv(out / "layernorm.csv", index=False)
+    print(ratios(df).round(3).to_string(index=False))
+    print(pd.DataFrame([t.row() for t in targets(df)]).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
