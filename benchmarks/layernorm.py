@@ -8,6 +8,7 @@ a device-to-device copy of x (the ceiling). Liger-Kernel's rows are skipped, wit
 
     python -m benchmarks.layernorm sweep  [--out DIR]   # what make bench runs: CSV + table + targets
     python -m benchmarks.layernorm tune   [--out DIR]   # tiles/warps/grids of our kernels, CSV + table
+    python -m benchmarks.layernorm check                 # correctness on the GPU against float64
 """
 
 from __future__ import annotations
@@ -323,9 +324,68 @@ def tune_table(df):
     return pd.DataFrame(out)
 
 
+def atomics(out_dir: Path, runs: int = 10):
+    """Backward with per-program partial sums vs atomics: time, and how many different dw bit patterns
+    ``runs`` repeated calls on the same inputs give (1 = deterministic). Written to layernorm_atomics.csv."""
+    import pandas as pd
+
+    from course_utils.kernels import layernorm as L
+    from course_utils.tuned import layernorm as T
+    rows = []
+    for dtype in DTYPES:
+        for n in NS:
+            m, x, w, b, dy = _inputs(n, dtype, grad=False)
+            _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+            for atomic in (False, True):
+                fn = lambda: T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic)  # noqa: B023, E731
+                t = bench.time_ms(fn, warmup=3, rep=20)
+                patterns = {fn()[1].float().cpu().numpy().tobytes() for _ in range(runs)}
+                rows.append({"n_cols": n, "n_rows": m, "dtype": _name(dtype),
+                             "impl": "atomics" if atomic else "partials + reduction", "ms": t.median,
+                             "gbps": bench.gbps(3 * m * n * dtype.itemsize, t), "runs": runs,
+                             "distinct_dw": len(patterns)})
+                _log(f"  atomics N={n} {_name(dtype)} {rows[-1]['impl']}: {t.median:.3f} ms, "
+                     f"{len(patterns)} distinct dw in {runs} runs")
+    df = pd.DataFrame(rows).assign(**bench.provenance())
+    df.to_csv(out_dir / "layernorm_atomics.csv", index=False)
+    return df
+
+
+def check() -> None:
+    """Every op against float64 autograd on odd shapes, strided rows and offset rows (one line each)."""
+    from course_utils.kernels import layernorm as L
+    from course_utils.kernels import softmax_backward as S
+    from course_utils.tuned import layernorm as T
+    tol = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, n in ((7, 13), (1000, 1000), (33, 4097), (300, 16384), (5, 40000)):
+            x = (torch.randn(m, n + 3, device="cuda") * 2 + 30).to(dtype)[:, :n]  # strided rows
+            w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dtype)
+            b = torch.randn(n, device="cuda").to(dtype)
+            dy = torch.randn(m, n, device="cuda").to(dtype)
+            xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+            for name, ours, ref, args, refargs in (
+                    ("layer_norm", L.layer_norm_autograd, lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS),
+                     (x, w, b), (xd, wd, bd)),
+                    ("rms_norm", L.rms_norm_autograd, lambda x, w: F.rms_norm(x, (n,), w, 1e-6), (x, w), (xd, wd)),
+                    ("softmax", S.softmax_autograd, lambda x: torch.softmax(x, -1), (x,), (xd,))):
+                a = [t.detach().clone().requires_grad_() for t in args]
+                y = ours(*a)
+                got = [y, *torch.autograd.grad(y, a, dy)]
+                yr = ref(*refargs)
+                want = [yr, *torch.autograd.grad(yr, refargs, dy.double())]
+                errs = [float((g.double() - r).abs().max() / r.abs().max().clamp_min(1)) for g, r in zip(got, want)]
+                ok = all(e <= tol[dtype] for e in errs) and not any(g.isnan().any() for g in got)
+                print(f"{'ok ' if ok else 'BAD'} {_name(dtype):>8} {m}x{n} {name}: rel errs "
+                      + " ".join(f"{e:.1e}" for e in errs), flush=True)
+            _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+            dws = {T.layer_norm_backward(dy, x, w, mean, rstd, atomic=True)[1].float().sum().item() for _ in range(5)}
+            print(f"    atomics: {len(dws)} distinct dw sums in 5 runs", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("what", choices=["sweep", "tune"])
+    ap.add_argument("what", choices=["sweep", "tune", "check", "atomics"])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv)
@@ -336,6 +396,12 @@ def main(argv=None) -> int:
     pd.set_option("display.width", 220)
     out = a.out or (bench.RESULTS / bench.gpu_slug())
     out.mkdir(parents=True, exist_ok=True)
+    if a.what == "check":
+        check()
+        return 0
+    if a.what == "atomics":
+        print(atomics(out).to_string(index=False))
+        return 0
     if a.what == "tune":
         print(tune_table(tune(out)).to_string(index=False))
         return 0
