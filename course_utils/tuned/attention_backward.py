@@ -1,0 +1,313 @@
+"""FlashAttention backward, the tuned shelf (v2 of ``course_utils.kernels.attention_backward``),
+and the autograd Function that pairs it with the tuned forward.
+
+v1's three kernels in base 2 (lse * log2 e, the scale folded into one multiply), the causal mask
+only on the diagonal tiles (the others run unmasked, ragged edges handled by zero-filled loads),
+the dK/dV program's products computed transposed (K Q^T, V dO^T: the accumulators need no
+transpose), software pipelining (``tl.range(num_stages=)``) and tiles chosen per device. dQ has
+its own pass by default; ``BwdConfig.atomic_dq`` instead adds dS K from the dK/dV programs into a
+float32 buffer with atomics (results/<gpu>/attention_bwd_tiles.csv compares the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import env, hardware
+from ..kernels.attention import LOG2E, block_d, head_offset, tile_offsets
+from ..kernels.attention_backward import attn_bwd_preprocess_kernel, check_backward_inputs
+from .attention import choose, flash_attention, load_tile
+
+
+@triton.jit
+def attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row, dq_row, cols,
+                        stride_qn, stride_qd, stride_don, stride_dod,
+                        lo, hi, n_q, head_dim, causal_offset, qk_scale, dq_scale,
+                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+                        EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                        NUM_STAGES: tl.constexpr):
+    """Query tiles [lo, hi) against one key tile, everything transposed: (keys x queries)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_m in tl.range(lo, hi, BLOCK_M, num_stages=NUM_STAGES):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + offs_m
+        qT = load_tile(q_head, offs_d, rows, head_dim, n_q, stride_qd, stride_qn, not EVEN_D, not EVEN_M)
+        if EVEN_M:
+            lse = tl.load(lse_row + rows)
+            delta = tl.load(delta_row + rows)
+        else:
+            lse = tl.load(lse_row + rows, mask=rows < n_q, other=0.0)
+            delta = tl.load(delta_row + rows, mask=rows < n_q, other=0.0)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # base 2; no key: P = 0
+        pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :])
+        if MASKED:
+            pT = tl.where(cols[:, None] <= rows[None, :] + causal_offset, pT, 0.0)
+        do = load_tile(do_head, rows, offs_d, n_q, head_dim, stride_don, stride_dod, not EVEN_M, not EVEN_D)
+        dv = tl.dot(pT.to(do.dtype), do, dv)                       # dV += P^T dO
+        dpT = tl.dot(v, tl.trans(do))                              # dP^T = V dO^T
+        dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)           # dS^T = P^T * (dP^T - D)
+        dk = tl.dot(dsT, tl.trans(qT), dk)                         # dK += dS^T Q
+        if ATOMIC_DQ:                                              # dQ += dS K, from every key tile
+            dq = tl.dot(tl.trans(dsT), k).to(tl.float32) * dq_scale
+            tl.atomic_add(dq_row + tile_offsets(rows, offs_d, head_dim, 1), dq,
+                          mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim), sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr,
+                               stride_qb, stride_qh, stride_qn, stride_qd,
+                               stride_kb, stride_kh, stride_kn, stride_kd,
+                               stride_vb, stride_vh, stride_vn, stride_vd,
+                               stride_dob, stride_doh, stride_don, stride_dod,
+                               n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                               CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                               EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, NUM_STAGES: tl.constexpr):
+    pid = tl.program_id(0)
+    n_n_tiles = tl.cdiv(n_kv, BLOCK_N)
+    pid_n = pid % n_n_tiles
+    if CAUSAL:  # the key tiles with the most query tiles to visit first
+        pid_n = n_n_tiles - 1 - pid_n
+    pid_bkv = pid // n_n_tiles
+    n_kv_heads = n_heads // group
+    b = pid_bkv // n_kv_heads
+    h_kv = pid_bkv % n_kv_heads
+    start_n = pid_n * BLOCK_N
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(k_ptr + head_offset(b, h_kv, stride_kb, stride_kh), cols, offs_d, n_kv, head_dim,
+                  stride_kn, stride_kd, not EVEN_N, not EVEN_D)
+    v = load_tile(v_ptr + head_offset(b, h_kv, stride_vb, stride_vh), cols, offs_d, n_kv, head_dim,
+                  stride_vn, stride_vd, not EVEN_N, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # Causal: queries before `lo` see no key of this tile; from `full_lo` on they see all of them.
+    lo = 0
+    full_lo = 0
+    if CAUSAL:
+        lo = (tl.maximum(start_n - causal_offset, 0) // BLOCK_M) * BLOCK_M
+        full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M,
+                             tl.cdiv(n_q, BLOCK_M) * BLOCK_M)
+    for g in range(group):  # every q head of the group adds to this k/v head's gradients
+        h = h_kv * group + g
+        q_head = q_ptr + head_offset(b, h, stride_qb, stride_qh)
+        do_head = do_ptr + head_offset(b, h, stride_dob, stride_doh)
+        row = (b * n_heads + h).to(tl.int64) * n_q
+        dq_row = dq_ptr + row * head_dim
+        if CAUSAL:
+            dk, dv = attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_ptr + row, delta_ptr + row, dq_row,
+                                         cols, stride_qn, stride_qd, stride_don, stride_dod,
+                                         lo, full_lo, n_q, head_dim, causal_offset, qk_scale, sm_scale,
+                                         BLOCK_M, BLOCK_D, True, False, EVEN_D, ATOMIC_DQ, NUM_STAGES)
+        dk, dv = attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_ptr + row, delta_ptr + row, dq_row,
+                                     cols, stride_qn, stride_qd, stride_don, stride_dod,
+                                     full_lo, n_q, n_q, head_dim, causal_offset, qk_scale, sm_scale,
+                                     BLOCK_M, BLOCK_D, False, EVEN_M, EVEN_D, ATOMIC_DQ, NUM_STAGES)
+    offs = pid_bkv.to(tl.int64) * n_kv * head_dim + tile_offsets(cols, offs_d, head_dim, 1)
+    mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
+    tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows,
+                      stride_kn, stride_kd, stride_vn, stride_vd,
+                      lo, hi, n_kv, head_dim, causal_offset, qk_scale,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+                      EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        kT = load_tile(k_head, offs_d, cols, head_dim, n_kv, stride_kd, stride_kn, not EVEN_D, not EVEN_N)
+        vT = load_tile(v_head, offs_d, cols, head_dim, n_kv, stride_vd, stride_vn, not EVEN_D, not EVEN_N)
+        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+        if MASKED:
+            p = tl.where(cols[None, :] <= rows[:, None] + causal_offset, p, 0.0)
+        dp = tl.dot(do, vT)
+        ds = (p * (dp - delta[:, None])).to(kT.dtype)
+        dq = tl.dot(ds, tl.trans(kT), dq)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+                             stride_qb, stride_qh, stride_qn, stride_qd,
+                             stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_vb, stride_vh, stride_vn, stride_vd,
+                             stride_dob, stride_doh, stride_don, stride_dod,
+                             n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                             CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                             EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+    pid = tl.program_id(0)
+    n_m_tiles = tl.cdiv(n_q, BLOCK_M)
+    pid_m = pid % n_m_tiles
+    if CAUSAL:
+        pid_m = n_m_tiles - 1 - pid_m
+    pid_bh = pid // n_m_tiles
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    h_kv = h // group
+    start_m = pid_m * BLOCK_M
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(q_ptr + head_offset(b, h, stride_qb, stride_qh), rows, offs_d, n_q, head_dim,
+                  stride_qn, stride_qd, not EVEN_M, not EVEN_D)
+    do = load_tile(do_ptr + head_offset(b, h, stride_dob, stride_doh), rows, offs_d, n_q, head_dim,
+                   stride_don, stride_dod, not EVEN_M, not EVEN_D)
+    row = pid_bh.to(tl.int64) * n_q
+    lse = tl.load(lse_ptr + row + rows, mask=rows < n_q, other=0.0)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = tl.load(delta_ptr + row + rows, mask=rows < n_q, other=0.0)
+    k_head = k_ptr + head_offset(b, h_kv, stride_kb, stride_kh)
+    v_head = v_ptr + head_offset(b, h_kv, stride_vb, stride_vh)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    full_hi = n_kv
+    if CAUSAL:  # keys every row of this tile sees, then the diagonal tiles with the mask
+        full_hi = tl.minimum(tl.maximum(((start_m + causal_offset + 1) // BLOCK_N) * BLOCK_N, 0),
+                             (n_kv // BLOCK_N) * BLOCK_N)
+    dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
+                           stride_vd, 0, full_hi, n_kv, head_dim, causal_offset, qk_scale,
+                           BLOCK_N, BLOCK_D, False, EVEN_N or CAUSAL, EVEN_D, NUM_STAGES)
+    if CAUSAL:
+        hi = tl.minimum(start_m + BLOCK_M + causal_offset, n_kv)
+        dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
+                               stride_vd, full_hi, hi, n_kv, head_dim, causal_offset, qk_scale,
+                               BLOCK_N, BLOCK_D, True, False, EVEN_D, NUM_STAGES)
+    tl.store(dq_ptr + row * head_dim + tile_offsets(rows, offs_d, head_dim, 1),
+             (dq * sm_scale).to(dq_ptr.dtype.element_ty),
+             mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim))
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiles per device
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m1: int  # dK/dV pass: query rows per step ...
+    block_n1: int  # ... against this many keys held by one program
+    block_m2: int  # dQ pass: query rows held by one program ...
+    block_n2: int  # ... against this many keys per step
+    num_warps: int = 4
+    num_stages: int = 3
+    atomic_dq: bool = False  # dQ by atomic adds from the dK/dV pass instead of its own pass
+
+    def smem_bytes(self, head_dim: int, itemsize: int) -> int:
+        """Shared memory of the larger pass: two streamed tiles per stage plus the held pair."""
+        d = block_d(head_dim) * itemsize
+        one = (2 * self.block_m1 * max(self.num_stages - 1, 1) + 2 * self.block_n1) * d
+        two = (2 * self.block_n2 * max(self.num_stages - 1, 1) + 2 * self.block_m2) * d
+        return max(one, two)
+
+
+# Candidates, best guess first. The first Hopper entry is the Triton tutorial's (06-fused-attention:
+# 32 x 128 for dK/dV, 128 x 32 for dQ, 4 warps, 5 stages at d=64); the others were added for the
+# tile sweep (benchmarks/attention.py --tune-bwd, results/<gpu>/attention_bwd_tiles.csv).
+_HOPPER_BWD = {
+    64: [BwdConfig(32, 128, 128, 32, 4, 5), BwdConfig(64, 128, 128, 64, 8, 3)],
+    128: [BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(64, 128, 128, 64, 8, 2)],
+    256: [BwdConfig(16, 64, 64, 16, 4, 2), BwdConfig(32, 64, 64, 32, 4, 2)],
+}
+_OTHER_BWD = [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2), BwdConfig(16, 32, 32, 16, 4, 1)]
+INTERPRETER_BWD = BwdConfig(16, 32, 32, 16, 4, 1)
+
+
+def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtype) -> list[BwdConfig]:
+    """The backward tile configurations tried on ``info`` (those that fit its shared memory)."""
+    if info == hardware.INTERPRETER_DEVICE:
+        return [INTERPRETER_BWD]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    bd = block_d(head_dim)
+    cands = _HOPPER_BWD[max(64, bd)] if info.arch >= 90 and itemsize == 2 else _OTHER_BWD
+    fits = [c for c in cands if c.smem_bytes(head_dim, itemsize) <= int(info.smem_per_block_bytes * 0.95)]
+    return fits or [_OTHER_BWD[-1]]
+
+
+# --------------------------------------------------------------------------------------------------
+# Launcher and autograd
+# --------------------------------------------------------------------------------------------------
+last_config: BwdConfig | None = None
+
+
+def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
+    B, H, N, D = q.shape
+    H_kv, n_kv = k.shape[1], k.shape[2]
+    BD = block_d(D)
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N,
+              scale * LOG2E, scale)
+    flags = dict(CAUSAL=bool(causal), EVEN_D=D == BD, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                 NUM_STAGES=cfg.num_stages)
+    dq_buf = dq
+    if cfg.atomic_dq:
+        dq_buf = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
+    attn_bwd_dkdv_tuned_kernel[(triton.cdiv(n_kv, cfg.block_n1) * B * H_kv,)](
+        q, k, v, do, lse, delta, dk, dv, dq_buf, *common, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+        BLOCK_D=BD, EVEN_M=N % cfg.block_m1 == 0, EVEN_N=n_kv % cfg.block_n1 == 0, ATOMIC_DQ=cfg.atomic_dq,
+        **flags)
+    if cfg.atomic_dq:
+        dq.copy_(dq_buf)
+    else:
+        attn_bwd_dq_tuned_kernel[(triton.cdiv(N, cfg.block_m2) * B * H,)](
+            q, k, v, do, lse, delta, dq, *common, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+            BLOCK_D=BD, EVEN_M=N % cfg.block_m2 == 0, EVEN_N=n_kv % cfg.block_n2 == 0, **flags)
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, config: BwdConfig | None = None):
+    """(dq, dk, dv) from the forward's output ``o`` and log-sum-exp ``lse`` (v2, tuned).
+
+    Grouped-query: dk, dv are summed over the q heads of each group inside the dK/dV program.
+    ``config`` forces a tile configuration; otherwise the fastest of :func:`backward_configs` is
+    kept per shape on a GPU.
+    """
+    check_backward_inputs(q, k, v, o, lse, do, causal)
+    B, H, N, D = q.shape
+    scale = D ** -0.5 if sm_scale is None else float(sm_scale)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    attn_bwd_preprocess_kernel[(triton.cdiv(N, 64) * B * H,)](
+        o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=64, BLOCK_D=block_d(D))
+    if config is None:
+        cands = backward_configs(hardware.device_info(), D, q.dtype)
+        key = ("bwd", torch.cuda.current_device() if env.on_gpu() else -1, q.shape, k.shape, q.dtype, bool(causal))
+        config = choose(cands, key, lambda c: _launch(c, q, k, v, do, lse, delta, dq, dk, dv, scale, causal))
+    _launch(config, q, k, v, do, lse, delta, dq, dk, dv, scale, causal)
+    global last_config
+    last_config = config
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """softmax(q k^T * scale [+ causal]) v with the tuned forward and backward kernels.
+
+    Saves q, k, v, o and the float32 log-sum-exp (B, H, N): nothing N x N."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, sm_scale=None):
+        o, lse = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do.dtype != q.dtype:
+            raise TypeError(f"the output gradient must have the output's dtype {q.dtype}, got {do.dtype}")
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=ctx.causal, sm_scale=ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention_autograd(q, k, v, causal=False, sm_scale=None):
+    """Differentiable FlashAttention: q (B, H, N, d), k/v (B, H_kv, N_kv, d), H a multiple of H_kv,
+    d <= 256, float16/bfloat16/float32; causal aligned bottom-right when N_kv != N."""
+    return FlashAttentionFunction.apply(q, k, v, bool(causal), sm_scale)
