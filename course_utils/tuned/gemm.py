@@ -1,0 +1,210 @@
+"""The tuned GEMM with its epilogue (chapter 9, v3): what ``linear_gelu`` and ``matmul`` run.
+
+- sm_90 with 16-bit inputs whose rows are 16-byte aligned: ``_gemm_tma_persistent``, tensor
+  descriptors made on the device (``tl.make_tensor_descriptor``: the TMA copy engine loads whole
+  tiles, zero-fills past the edges and clips the store), one program per SM walking the output tiles
+  in grouped order (a persistent loop: the next tile's loads overlap this tile's epilogue).
+- everything else (sm_80, sm_75, float32, odd strides): the teaching kernel with tiles per device.
+
+Tiles are a pure function of a :class:`~course_utils.hardware.DeviceInfo` and the shape
+(:func:`gemm_configs`); where several remain, the fastest is timed once per shape on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import env, hardware
+from ..kernels.gemm import check_operands, dot_precision, epilogue, grouped_tile, linear_gelu_ref, matmul_kernel
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _gemm_tma_persistent(x_ptr, w_ptr, c_ptr, bias_ptr, M, N, K, stride_x, stride_w,
+                         p, keep_scale, seed,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, X_T: tl.constexpr, W_T: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, GELU: tl.constexpr, DROPOUT: tl.constexpr,
+                         FLATTEN: tl.constexpr, WS: tl.constexpr):
+    """X_T / W_T: the operand is stored transposed (its first dimension has stride 1)."""
+    if X_T:   # x is the transpose of a (K, M) row-major matrix
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[K, M], strides=[stride_x, 1], block_shape=[BLOCK_K, BLOCK_M])
+    else:
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_x, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if W_T:   # w is the transpose of an (N, K) row-major matrix (an nn.Linear weight)
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_w, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[K, N], strides=[stride_w, 1], block_shape=[BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+
+    start_pid = tl.program_id(axis=0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
+        pid_m, pid_n = grouped_tile(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if X_T:
+                a = x_desc.load([off_k, off_m]).T
+            else:
+                a = x_desc.load([off_m, off_k])
+            if W_T:
+                b = w_desc.load([off_n, off_k]).T
+            else:
+                b = w_desc.load([off_k, off_n])
+            acc = tl.dot(a, b, acc)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed, HAS_BIAS, GELU, DROPOUT)
+        c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    tma: bool = False       # the persistent tensor-descriptor kernel (sm_90, 16-bit inputs)
+    flatten: bool = True    # flatten the tile and K loops into one software pipeline
+    ws: bool = False        # warp specialization (producer/consumer warps)
+
+    def smem_bytes(self, itemsize: int) -> int:
+        stage = (self.block_m + self.block_n) * self.block_k * itemsize
+        return self.num_stages * stage + (self.block_m * self.block_n * itemsize if self.tma else 0)
+
+
+# Hopper candidates: results/<gpu>/gemm_tiles_explore.csv (the sweep in benchmarks/gemm.py --explore)
+_HOPPER_LARGE = [TileConfig(128, 256, 64, 8, 3, tma=True), TileConfig(128, 128, 64, 8, 4, tma=True)]
+_HOPPER_DECODE = [TileConfig(64, 128, 128, 4, 4, tma=True), TileConfig(64, 64, 128, 4, 5, tma=True)]
+_AMPERE = [TileConfig(128, 128, 32, 4, 4), TileConfig(128, 64, 32, 4, 4)]
+_SMALL = [TileConfig(64, 64, 32, 4, 2)]             # T4 / consumer: 64 KiB shared memory per block
+_FP32 = [TileConfig(64, 64, 32, 4, 2)]              # float32 multiplies in full precision: no tensor cores
+INTERPRETER_TILES = TileConfig(16, 16, 16, 1, 1, group_m=2)  # tiny tiles: small tests still cross many
+
+
+def gemm_configs(info: hardware.DeviceInfo, M: int, N: int, K: int, dtype: torch.dtype,
+                 tma_ok: bool = True) -> list[TileConfig]:
+    """The tile configurations :func:`linear_gelu` tries for an (M, K) x (K, N) product on ``info``."""
+    if info == hardware.INTERPRETER_DEVICE:
+        return [INTERPRETER_TILES]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if itemsize == 4:
+        cands = _FP32
+    elif info.arch >= 90:
+        cands = _HOPPER_DECODE if M <= 64 else _HOPPER_LARGE
+        if not tma_ok:
+            cands = [replace(c, tma=False, ws=False) for c in cands]
+    elif info.arch >= 80 and info.smem_per_block_bytes >= 160 * 1024:
+        cands = _AMPERE
+    else:
+        cands = _SMALL
+    budget = int(info.smem_per_block_bytes * 0.95)
+    fits = [c for c in cands if c.smem_bytes(itemsize) <= budget]
+    return fits or [TileConfig(32, 32, 32, 4, 1)]
+
+
+def _tma_layout(t: torch.Tensor):
+    """(transposed, leading stride) when ``t`` can be a tensor descriptor's source, else None."""
+    if t.data_ptr() % 16:
+        return None
+    for transposed, (inner, outer) in ((False, t.stride()[::-1]), (True, t.stride())):
+        if inner == 1 and (outer * t.element_size()) % 16 == 0 and outer >= 1:
+            return transposed, outer
+    return None
+
+
+def _alloc(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device=env.DEVICE)
+
+
+def _launch(cfg: TileConfig, x, w, c, bias, M, N, K, p, seed, gelu):
+    scalars = (float(p), 1.0 / (1.0 - float(p)), seed)
+    flags = dict(HAS_BIAS=bias is not None, GELU=bool(gelu), DROPOUT=float(p) > 0.0)
+    bias = bias if bias is not None else c
+    lx, lw = _tma_layout(x), _tma_layout(w)
+    if cfg.tma and lx is not None and lw is not None and (N * c.element_size()) % 16 == 0:
+        triton.set_allocator(_alloc)   # scratch for the descriptors the kernel builds on the device
+        sms = hardware.device_info().sms
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        _gemm_tma_persistent[(min(sms, tiles),)](
+            x, w, c, bias, M, N, K, lx[1], lw[1], *scalars,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms,
+            X_T=lx[0], W_T=lw[0], FLATTEN=cfg.flatten, WS=cfg.ws, **flags,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    matmul_kernel[grid](x, w, c, bias, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+                        c.stride(0), c.stride(1), *scalars,
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                        DOT_PRECISION=dot_precision(x.dtype), **flags,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+CHOICE_ROUNDS = 3
+last_config: TileConfig | None = None   # what the last call ran (benchmarks record it)
+_BEST: dict = {}
+
+
+def _choose(cands, x, w, c, bias, M, N, K, p, seed, gelu) -> TileConfig:
+    """The fastest candidate, timed once per (device, shape, dtype, layout) in interleaved rounds."""
+    if len(cands) == 1 or not env.on_gpu():
+        return cands[0]
+    key = (torch.cuda.current_device(), M, N, K, x.dtype, x.stride(), w.stride(), bias is not None,
+           bool(gelu), p > 0)
+    if key not in _BEST:
+        from triton.testing import do_bench
+        times: dict = {}
+        for _ in range(CHOICE_ROUNDS):
+            for cfg in cands:
+                if cfg in times and times[cfg] is None:
+                    continue
+                try:
+                    t = do_bench(lambda cfg=cfg: _launch(cfg, x, w, c, bias, M, N, K, p, seed, gelu),
+                                 warmup=3, rep=15)
+                except Exception as e:  # a config the compiler cannot fit (shared memory, registers)
+                    if "OutOfResources" not in type(e).__name__ and "out of resource" not in str(e).lower():
+                        raise
+                    times[cfg] = None
+                    continue
+                times[cfg] = min(t, times.get(cfg) or t)
+        times = {k: t for k, t in times.items() if t is not None}
+        if not times:
+            raise RuntimeError(f"no tile configuration of {cands} compiled on this GPU")
+        _BEST[key] = min(times, key=times.get)
+    return _BEST[key]
+
+
+def linear_gelu(x, w, b=None, *, gelu: bool = True, p: float = 0.0, seed: int = 0, config: TileConfig | None = None):
+    """``dropout(gelu(x @ w + b), p)`` in one kernel: x is M x K, w is K x N (any strides), b has N entries.
+
+    GELU is the tanh form; dropout keeps element (m, n) when Philox(seed, m * N + n) >= p (chapter 4's
+    mask). ``config`` forces a tile configuration (tests use it). Empty inputs give an empty result.
+    """
+    M, N, K = check_operands(x, w, b, p, seed)
+    c = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        return linear_gelu_ref(None, None, b, gelu=gelu, p=p, seed=seed, _acc=torch.zeros_like(c), out=c)
+    if config is None:
+        tma_ok = _tma_layout(x) is not None and _tma_layout(w) is not None
+        cands = gemm_configs(hardware.device_info(), M, N, K, x.dtype, tma_ok)
+        config = _choose(cands, x, w, c, b, M, N, K, p, seed, gelu)
+    _launch(config, x, w, c, b, M, N, K, p, seed, gelu)
+    global last_config
+    last_config = config
+    return c
+
+
+def matmul(a, b, *, config: TileConfig | None = None):
+    """``a @ b`` by the tuned kernel (no epilogue)."""
+    return linear_gelu(a, b, None, gelu=False, config=config)
