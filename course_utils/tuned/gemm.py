@@ -28,8 +28,10 @@ def _gemm_tma_persistent(x_ptr, w_ptr, c_ptr, bias_ptr, M, N, K, stride_x, strid
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, X_T: tl.constexpr, W_T: tl.constexpr,
                          HAS_BIAS: tl.constexpr, GELU: tl.constexpr, DROPOUT: tl.constexpr,
-                         FLATTEN: tl.constexpr, WS: tl.constexpr):
-    """X_T / W_T: the operand is stored transposed (its first dimension has stride 1)."""
+                         FLATTEN: tl.constexpr, WS: tl.constexpr, SUBTILE: tl.constexpr):
+    """X_T / W_T: the operand is stored transposed (its first dimension has stride 1). SUBTILE: the
+    epilogue and the store work on two BLOCK_N / 2 halves (half the shared memory for the store,
+    which buys a pipeline stage)."""
     if X_T:   # x is the transpose of a (K, M) row-major matrix
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[K, M], strides=[stride_x, 1], block_shape=[BLOCK_K, BLOCK_M])
     else:
@@ -38,7 +40,8 @@ def _gemm_tma_persistent(x_ptr, w_ptr, c_ptr, bias_ptr, M, N, K, stride_x, strid
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_w, 1], block_shape=[BLOCK_N, BLOCK_K])
     else:
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[K, N], strides=[stride_w, 1], block_shape=[BLOCK_K, BLOCK_N])
-    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    HALF_N: tl.constexpr = BLOCK_N // (2 if SUBTILE else 1)
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, HALF_N])
 
     start_pid = tl.program_id(axis=0)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -60,9 +63,18 @@ def _gemm_tma_persistent(x_ptr, w_ptr, c_ptr, bias_ptr, M, N, K, stride_x, strid
                 b = w_desc.load([off_k, off_n])
             acc = tl.dot(a, b, acc)
         offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed, HAS_BIAS, GELU, DROPOUT)
-        c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))
+        if SUBTILE:
+            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF_N)), (0, 2, 1)))
+            offs_n = off_n + tl.arange(0, HALF_N)
+            acc0 = epilogue(acc0, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed, HAS_BIAS, GELU, DROPOUT)
+            c_desc.store([off_m, off_n], acc0.to(c_ptr.dtype.element_ty))
+            acc1 = epilogue(acc1, offs_m, offs_n + HALF_N, M, N, bias_ptr, p, keep_scale, seed,
+                            HAS_BIAS, GELU, DROPOUT)
+            c_desc.store([off_m, off_n + HALF_N], acc1.to(c_ptr.dtype.element_ty))
+        else:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed, HAS_BIAS, GELU, DROPOUT)
+            c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))
 
 
 @dataclass(frozen=True)
@@ -76,15 +88,28 @@ class TileConfig:
     tma: bool = False       # the persistent tensor-descriptor kernel (sm_90, 16-bit inputs)
     flatten: bool = True    # flatten the tile and K loops into one software pipeline
     ws: bool = False        # warp specialization (producer/consumer warps)
+    subtile: bool = False   # epilogue and store in two halves of the tile (tma only)
+    per_sm: int = 1         # persistent programs per SM (tma only)
 
     def smem_bytes(self, itemsize: int) -> int:
         stage = (self.block_m + self.block_n) * self.block_k * itemsize
-        return self.num_stages * stage + (self.block_m * self.block_n * itemsize if self.tma else 0)
+        store = self.block_m * self.block_n * itemsize // (2 if self.subtile else 1) if self.tma else 0
+        return self.num_stages * stage + store
 
 
-# Hopper candidates: results/<gpu>/gemm_tiles_explore.csv (the sweep in benchmarks/gemm.py --explore)
-_HOPPER_LARGE = [TileConfig(128, 256, 64, 8, 3, tma=True), TileConfig(128, 128, 64, 8, 4, tma=True)]
-_HOPPER_DECODE = [TileConfig(64, 128, 128, 4, 4, tma=True), TileConfig(64, 64, 128, 4, 5, tma=True)]
+# Hopper candidates, from the tile sweep on an H100 (results/h100-80gb-hbm3/gemm_tiles_explore.csv,
+# bf16, against torch.mm): 128 x 256 x 64 tiles, 8 warps (two consumer warpgroups), 3 stages and a
+# flattened persistent loop reached 0.86-0.96 of cuBLAS; 128 x 128 tiles 0.76-0.87, pointers instead of
+# descriptors 0.75-0.85, warp specialization changed nothing. The subtiled store (a 4th stage fits) and
+# a shorter group are untried neighbours the launcher times beside the best. Decode (M <= 64) is
+# memory-bound: the best tiles streamed W at 0.98-0.99 of addmm + GELU; two programs per SM keep more
+# bytes in flight.
+_HOPPER_LARGE = [TileConfig(128, 256, 64, 8, 3, tma=True), TileConfig(128, 256, 64, 8, 4, tma=True, subtile=True),
+                 TileConfig(128, 256, 64, 8, 3, group_m=4, tma=True)]
+_HOPPER_DECODE_16 = [TileConfig(16, 64, 128, 4, 6), TileConfig(16, 64, 128, 4, 4, tma=True, per_sm=2),
+                     TileConfig(16, 128, 128, 4, 4, tma=True), TileConfig(16, 64, 256, 4, 3)]
+_HOPPER_DECODE_64 = [TileConfig(64, 128, 128, 4, 4, tma=True), TileConfig(64, 64, 128, 4, 4),
+                     TileConfig(64, 64, 128, 4, 3, tma=True, per_sm=2)]
 _AMPERE = [TileConfig(128, 128, 32, 4, 4), TileConfig(128, 64, 32, 4, 4)]
 _SMALL = [TileConfig(64, 64, 32, 4, 2)]             # T4 / consumer: 64 KiB shared memory per block
 _FP32 = [TileConfig(64, 64, 32, 4, 2)]              # float32 multiplies in full precision: no tensor cores
@@ -100,9 +125,9 @@ def gemm_configs(info: hardware.DeviceInfo, M: int, N: int, K: int, dtype: torch
     if itemsize == 4:
         cands = _FP32
     elif info.arch >= 90:
-        cands = _HOPPER_DECODE if M <= 64 else _HOPPER_LARGE
+        cands = _HOPPER_DECODE_16 if M <= 16 else _HOPPER_DECODE_64 if M <= 64 else _HOPPER_LARGE
         if not tma_ok:
-            cands = [replace(c, tma=False, ws=False) for c in cands]
+            cands = [replace(c, tma=False, ws=False, subtile=False, per_sm=1) for c in cands]
     elif info.arch >= 80 and info.smem_per_block_bytes >= 160 * 1024:
         cands = _AMPERE
     else:
@@ -135,10 +160,10 @@ def _launch(cfg: TileConfig, x, w, c, bias, M, N, K, p, seed, gelu):
         triton.set_allocator(_alloc)   # scratch for the descriptors the kernel builds on the device
         sms = hardware.device_info().sms
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        _gemm_tma_persistent[(min(sms, tiles),)](
+        _gemm_tma_persistent[(min(sms * cfg.per_sm, tiles),)](
             x, w, c, bias, M, N, K, lx[1], lw[1], *scalars,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms,
-            X_T=lx[0], W_T=lw[0], FLATTEN=cfg.flatten, WS=cfg.ws, **flags,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms * cfg.per_sm,
+            X_T=lx[0], W_T=lw[0], FLATTEN=cfg.flatten, WS=cfg.ws, SUBTILE=cfg.subtile, **flags,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
@@ -161,15 +186,16 @@ def _choose(cands, x, w, c, bias, M, N, K, p, seed, gelu) -> TileConfig:
     key = (torch.cuda.current_device(), M, N, K, x.dtype, x.stride(), w.stride(), bias is not None,
            bool(gelu), p > 0)
     if key not in _BEST:
-        from triton.testing import do_bench
+        from triton.testing import do_bench, do_bench_cudagraph
+        # a decode-sized product takes tens of microseconds: time CUDA graphs, not the host's launches
+        timer = (lambda f: do_bench_cudagraph(f, rep=10)) if M <= 64 else (lambda f: do_bench(f, warmup=3, rep=15))
         times: dict = {}
         for _ in range(CHOICE_ROUNDS):
             for cfg in cands:
                 if cfg in times and times[cfg] is None:
                     continue
                 try:
-                    t = do_bench(lambda cfg=cfg: _launch(cfg, x, w, c, bias, M, N, K, p, seed, gelu),
-                                 warmup=3, rep=15)
+                    t = timer(lambda cfg=cfg: _launch(cfg, x, w, c, bias, M, N, K, p, seed, gelu))
                 except Exception as e:  # a config the compiler cannot fit (shared memory, registers)
                     if "OutOfResources" not in type(e).__name__ and "out of resource" not in str(e).lower():
                         raise
