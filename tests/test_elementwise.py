@@ -1,8 +1,12 @@
-"""Unit tests of course_utils.kernels.elementwise (interpreter on CPU; the same tests run on a GPU)."""
+"""Unit tests of both elementwise shelves: the teaching kernels and launchers of
+course_utils.kernels.elementwise and the tuned path of course_utils.tuned.elementwise (interpreter
+on CPU; the same tests run on a GPU, plus the 2^31-element ones)."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,28 +17,63 @@ import course_utils as cu
 from course_utils import check, hardware
 from course_utils.kernels import elementwise as ew
 from course_utils.profile import count_launches
+from course_utils.tuned import elementwise as tuned
 
 DTYPES = cu.env.supported_dtypes()
 SIZES = (1, 7, 1000, 4099)
+SHAPES = [(1, 1), (7, 13), (3, 4, 33), (1000,)]
 
 
 def _name(d):
     return str(d).removeprefix("torch.")
 
 
-def _poisoned(shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype, device=cu.DEVICE)
+def _run(shelf: str, op: str, *args, shape, dtype):
+    """Run ``op`` of ``shelf`` into a NaN-poisoned output inside guard zones; return the output.
+
+    tuned: the launcher with ``out=``; teaching: the teaching kernel launched as its launcher does
+    (the teaching launchers allocate their own output: they are compared with these below)."""
+    g = check.Guarded(shape, dtype)
+    out = g.tensor
+    if shelf == "tuned":
+        got = getattr(tuned, op)(*args, out=out)
+        assert got is out
+    else:
+        x, n = args[0], args[0].numel()
+        grid = (triton.cdiv(n, ew.TEACHING_BLOCK),)
+        meta = dict(BLOCK_SIZE=ew.TEACHING_BLOCK)
+        if op == "add":
+            ew.add_kernel[grid](x, args[1], out, n, **meta)
+        elif op == "gelu":
+            ew.gelu_kernel[grid](x, out, n, APPROXIMATE=args[1] == "tanh", **meta)
+        elif op == "bias_gelu_scale":
+            ew.bias_gelu_scale_kernel[grid](x, args[1], out, n, x.shape[-1], args[2],
+                                            APPROXIMATE=args[3] == "tanh", **meta)
+        else:
+            ew.bias_gelu_dropout_kernel[grid](x, args[1], out, n, x.shape[-1], args[2], args[3],
+                                              APPROXIMATE=args[4] == "tanh", **meta)
+    g.check(f"{shelf} {op}")
+    return out
 
 
+SHELVES = ["teaching", "tuned"]
+
+
+@pytest.mark.parametrize("shelf", SHELVES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
-def test_gelu_matches_float64_reference(dtype, approximate):
+def test_gelu_matches_float64_reference(shelf, dtype, approximate):
     for n in SIZES:
         x = check.randn((n,), dtype, outliers=0.05, outlier_scale=200.0)
-        out = _poisoned((n,), dtype)
-        got = ew.gelu(x, approximate=approximate, out=out)
-        assert got is out
-        check.compare(f"gelu {approximate} n={n}", got, ew.gelu_ref(x.double(), approximate))
+        got = _run(shelf, "gelu", x, approximate, shape=(n,), dtype=dtype)
+        check.compare(f"{shelf} gelu {approximate} n={n}", got, ew.gelu_ref(x.double(), approximate))
+
+
+def test_gelu_on_the_checkers_odd_sizes():
+    for n in check.odd_sizes():
+        x = check.randn((n,), outliers=0.01)
+        check.compare(f"gelu n={n}", ew.gelu(x), ew.gelu_ref(x.double()))
+        check.compare(f"gelu_teaching n={n}", ew.gelu_teaching(x), ew.gelu_ref(x.double()))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
@@ -43,138 +82,191 @@ def test_gelu_agrees_with_torch_gelu(dtype):
     for approximate in ("tanh", "none"):
         expected = torch.nn.functional.gelu(x.double(), approximate=approximate)
         check.compare("gelu vs F.gelu", ew.gelu(x, approximate=approximate), expected)
+        check.compare("gelu_teaching vs F.gelu", ew.gelu_teaching(x, approximate), expected)
 
 
-def test_stable_tanh_gives_no_nan_where_the_naive_exp_form_does():
-    x = torch.tensor([-1e4, -300.0, -60.0, -20.0, -1e-6, 0.0, 1e-6, 20.0, 60.0, 300.0, 1e4],
-                     device=cu.DEVICE)
-    y = ew.gelu(x)
+@pytest.mark.parametrize("fn", [ew.gelu, ew.gelu_teaching], ids=["tuned", "teaching"])
+def test_stable_tanh_form_gives_no_nan_and_handles_inf(fn):
+    x = torch.tensor([-1e4, -300.0, -60.0, -20.0, -1e-6, 0.0, 1e-6, 20.0, 60.0, 300.0, 1e4], device=cu.DEVICE)
+    y = fn(x)
     assert not y.isnan().any()
     check.compare("gelu at large |x|", y, ew.gelu_ref(x.double()))
     # the naive tanh = (e^2a - 1) / (e^2a + 1) in float32 overflows to inf / inf = NaN
     a = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
-    naive = (torch.exp(2 * a) - 1) / (torch.exp(2 * a) + 1)
-    assert naive.isnan().any()
+    assert ((torch.exp(2 * a) - 1) / (torch.exp(2 * a) + 1)).isnan().any()
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 1.0], device=cu.DEVICE)
+    y = fn(special)
+    assert y[0].isnan() and y[1] == float("inf") and torch.isfinite(y[3])
+    check.compare("gelu of nan, inf, -inf", y, ew.gelu_ref(special.double()))  # -inf: NaN in both
 
 
-def test_gelu_propagates_nan_and_handles_inf():
-    x = torch.tensor([float("nan"), float("inf"), 1.0], device=cu.DEVICE)
-    y = ew.gelu(x)
-    assert y[0].isnan() and y[1] == float("inf") and torch.isfinite(y[2])
-
-
+@pytest.mark.parametrize("shelf", SHELVES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-def test_add(dtype):
+def test_add(shelf, dtype):
     for n in SIZES:
-        x, y = check.randn((n,), dtype), check.randn((n,), dtype, scale=10.0)
-        out = _poisoned((n,), dtype)
-        check.compare(f"add n={n}", ew.add(x, y, out=out), x.double() + y.double())
+        x, y = check.randn((n,), dtype), check.randn((n,), dtype, scale=10.0, offset=-3.0)
+        check.compare(f"{shelf} add n={n}", _run(shelf, "add", x, y, shape=(n,), dtype=dtype),
+                      x.double() + y.double())
 
 
+@pytest.mark.parametrize("shelf", SHELVES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (3, 4, 33), (1000,)])
-def test_bias_gelu_scale(dtype, shape):
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_bias_gelu_scale(shelf, dtype, shape):
     x = check.randn(shape, dtype, outliers=0.05)
     b = check.randn((shape[-1],), dtype)
     scale = float(torch.randn(()).item()) * 3
-    got = ew.bias_gelu_scale(x, b, scale, out=_poisoned(shape, dtype))
-    check.compare("bias_gelu_scale", got, ew.bias_gelu_scale_ref(x.double(), b.double(), scale))
-    got = ew.bias_gelu_scale(x, b, scale, approximate="none")
-    check.compare("bias_gelu_scale erf", got,
-                  ew.bias_gelu_scale_ref(x.double(), b.double(), scale, approximate="none"))
+    for approximate in ("tanh", "none"):
+        got = _run(shelf, "bias_gelu_scale", x, b, scale, approximate, shape=shape, dtype=dtype)
+        check.compare(f"{shelf} bias_gelu_scale {approximate}", got,
+                      ew.bias_gelu_scale_ref(x.double(), b.double(), scale, approximate))
 
 
-@pytest.mark.parametrize("n_cols,wraps", [(128, ew.IN_ROW), (64, ew.IN_ROW), (100, ew.ONE_WRAP), (64, ew.ONE_WRAP),
-                                          (37, ew.ANY_WRAP), (5, ew.ANY_WRAP)])
+@pytest.mark.parametrize("shelf", SHELVES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_bias_gelu_dropout_matches_the_reference_with_its_mask(shelf, dtype):
+    p, seed = 0.3, int(torch.randint(0, 2**40, ()).item())
+    x = check.randn((61, 129), dtype, scale=2.0)
+    b = check.randn((129,), dtype)
+    y = _run(shelf, "bias_gelu_dropout", x, b, p, seed, "tanh", shape=x.shape, dtype=dtype)
+    check.compare(f"{shelf} bias_gelu_dropout", y, ew.bias_gelu_dropout_ref(x.double(), b.double(), p, seed))
+    assert (y[~ew.dropout_keep_mask(x.shape, p, seed)] == 0).all()
+
+
+def test_teaching_launchers_agree_with_the_tuned_path():
+    """Same math, same mask: the two shelves differ in speed only."""
+    x, b = check.randn((37, 300), outliers=0.05), check.randn((300,))
+    check.compare("add", ew.add_teaching(x, x), ew.add(x, x).double())
+    for a in ("tanh", "none"):
+        check.compare(f"gelu {a}", ew.gelu_teaching(x, a), ew.gelu(x, a).double())
+        check.compare(f"chain {a}", ew.bias_gelu_scale_teaching(x, b, 0.7, a),
+                      ew.bias_gelu_scale(x, b, 0.7, a).double())
+    teach, tune = ew.bias_gelu_dropout_teaching(x, b, 0.4, 99), ew.bias_gelu_dropout(x, b, 0.4, 99)
+    assert torch.equal(teach == 0, tune == 0), "the teaching and tuned kernels draw different masks"
+    check.compare("dropout", teach, tune.double())
+
+
+@pytest.mark.parametrize("n_cols,wraps", [(128, tuned.IN_ROW), (64, tuned.IN_ROW), (100, tuned.ONE_WRAP),
+                                          (64, tuned.ONE_WRAP), (37, tuned.ANY_WRAP), (5, tuned.ANY_WRAP)])
 @pytest.mark.parametrize("kernel", ["scale", "dropout"])
-def test_bias_columns_when_tiles_straddle_rows(n_cols, wraps, kernel):
+def test_tuned_bias_columns_when_tiles_straddle_rows(n_cols, wraps, kernel):
     """Tiles of 64 elements over rows of n_cols: a tile starts mid-row and crosses into the next
     row (once when the row is at least a tile long, many times when it is shorter)."""
     rows, block = 23, 64
-    x = check.randn((rows, n_cols))
-    b = check.randn((n_cols,))
-    y = _poisoned(x.shape, x.dtype)
-    n = x.numel()
-    grid = (triton.cdiv(n, block),)
+    x, b = check.randn((rows, n_cols)), check.randn((n_cols,))
+    g = check.Guarded(x.shape)
+    n, grid = x.numel(), (triton.cdiv(x.numel(), block),)
+    meta = dict(BLOCK_SIZE=block, APPROXIMATE=True, INT64=False, WRAPS=wraps)
     if kernel == "scale":
-        ew._bias_gelu_scale_kernel[grid](x, b, y, n, n_cols, 0.7, BLOCK_SIZE=block, APPROXIMATE=True,
-                                         INT64=False, WRAPS=wraps)
-        check.compare("bias_gelu_scale", y, ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
+        tuned.bias_gelu_scale_tuned_kernel[grid](x, b, g.tensor, n, n_cols, 0.7, **meta)
+        check.compare("bias_gelu_scale", g.tensor, ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
     else:
-        ew._bias_gelu_dropout_kernel[grid](x, b, y, n, n_cols, 0.0, 1.0, 11, BLOCK_SIZE=block, APPROXIMATE=True,
-                                           INT64=False, WRAPS=wraps)
-        check.compare("bias_gelu_dropout p=0", y, ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
+        tuned.bias_gelu_dropout_tuned_kernel[grid](x, b, g.tensor, n, n_cols, 0.0, 1.0, 11, **meta)
+        check.compare("bias_gelu_dropout p=0", g.tensor, ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
+    g.check(kernel)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-def test_bias_gelu_dropout_values_rate_and_reproducibility(dtype):
+def test_dropout_rate_and_reproducibility(dtype):
     p = 0.3
-    x = check.randn((61, 129), dtype, scale=2.0)
-    b = check.randn((129,), dtype)
+    x, b = check.randn((61, 129), dtype, scale=2.0), check.randn((129,), dtype)
     seed = int(torch.randint(0, 2**40, ()).item())
-    y = ew.bias_gelu_dropout(x, b, p, seed, out=_poisoned(x.shape, dtype))
-    check.compare("bias_gelu_dropout", y, ew.bias_gelu_dropout_ref(x.double(), b.double(), p, seed))
     keep = ew.dropout_keep_mask(x.shape, p, seed)
-    n = keep.numel()
-    rate = keep.float().mean().item()
-    assert abs(rate - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
-    # dropped elements are exactly zero, kept ones are scaled by 1 / (1 - p)
-    assert (y[~keep] == 0).all()
-    # same seed, same output; another seed, another mask
-    assert torch.equal(ew.bias_gelu_dropout(x, b, p, seed), y)
-    assert not torch.equal(ew.dropout_keep_mask(x.shape, p, seed + 1), keep)
-    # the mask depends on (seed, index) only: not on the dtype
-    assert torch.equal(ew.dropout_keep_mask(x.shape, p, seed), keep)
-
-
-def test_dropout_p_zero_is_the_chain_without_dropout():
-    x = check.randn((5, 40))
-    b = check.randn((40,))
+    assert abs(keep.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / keep.numel())
+    y = ew.bias_gelu_dropout(x, b, p, seed)
+    assert torch.equal(ew.bias_gelu_dropout(x, b, p, seed), y)            # same seed, same output
+    assert not torch.equal(ew.dropout_keep_mask(x.shape, p, seed + 1), keep)  # another seed, another mask
     check.compare("p=0", ew.bias_gelu_dropout(x, b, 0.0, 3), ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
 
 
 @pytest.mark.parametrize("fn", ["gelu", "add", "bias_gelu_scale", "bias_gelu_dropout"])
-def test_one_launch_and_empty_input_launches_nothing(fn):
-    x = check.randn((9, 8))
+@pytest.mark.parametrize("shelf", SHELVES)
+def test_one_launch_and_empty_input_launches_nothing(fn, shelf):
     b = check.randn((8,))
-    calls = {"gelu": lambda t: ew.gelu(t), "add": lambda t: ew.add(t, t),
-             "bias_gelu_scale": lambda t: ew.bias_gelu_scale(t, b, 2.0),
-             "bias_gelu_dropout": lambda t: ew.bias_gelu_dropout(t, b, 0.5, 1)}
-    assert count_launches(calls[fn], x).total == 1
+    suffix = "_teaching" if shelf == "teaching" else ""
+    f = getattr(ew, fn + suffix)
+    calls = {"gelu": lambda t: f(t), "add": lambda t: f(t, t), "bias_gelu_scale": lambda t: f(t, b, 2.0),
+             "bias_gelu_dropout": lambda t: f(t, b, 0.5, 1)}
+    assert count_launches(calls[fn], check.randn((9, 8))).total == 1
     empty = torch.empty((0, 8), device=cu.DEVICE)
     counts = count_launches(calls[fn], empty)
     assert counts.total == 0, counts
     assert calls[fn](empty).shape == (0, 8)
 
 
-def test_bad_inputs_raise_clear_errors():
+@pytest.mark.parametrize("shelf", SHELVES)
+def test_bad_inputs_raise_clear_errors(shelf):
+    s = "_teaching" if shelf == "teaching" else ""
+    gelu, add, chain, drop = (getattr(ew, n + s) for n in ("gelu", "add", "bias_gelu_scale", "bias_gelu_dropout"))
     x = check.randn((4, 6))
-    with pytest.raises(TypeError, match="dtype"):
-        ew.gelu(x.to(torch.int32))
-    with pytest.raises(TypeError, match="dtype"):
-        ew.gelu(x.double())
-    with pytest.raises(ValueError, match="contiguous"):
-        ew.gelu(x.t())
-    with pytest.raises(ValueError, match="is on meta"):
-        ew.gelu(torch.empty(3, device="meta"))
-    with pytest.raises(TypeError, match="torch.Tensor"):
-        ew.gelu([1.0, 2.0])
+    for bad, err, match in [(x.to(torch.int32), TypeError, "dtype"), (x.double(), TypeError, "dtype"),
+                            (x.t(), ValueError, "contiguous"), ([1.0, 2.0], TypeError, "torch.Tensor"),
+                            (torch.empty(3, device="meta"), ValueError, "is on meta")]:
+        with pytest.raises(err, match=match):
+            gelu(bad)
     with pytest.raises(ValueError, match="approximate"):
-        ew.gelu(x, approximate="fast")
-    with pytest.raises(ValueError, match="same shape"):
-        ew.add(x, x[:2])
+        gelu(x, approximate="fast")
+    with pytest.raises(ValueError, match="same shape|match x"):
+        add(x, x[:2])
+    with pytest.raises(ValueError, match="bias must be 1-D"):
+        chain(x, check.randn((4,)), 1.0)
+    with pytest.raises(TypeError, match="same dtype"):
+        chain(x, check.randn((6,), torch.float16), 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        chain(x, check.randn((6,)), float("inf"))
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        drop(x, check.randn((6,)), 1.0, 0)
+    with pytest.raises(ValueError, match="seed"):
+        drop(x, check.randn((6,)), 0.1, -1)
+
+
+def test_tuned_out_argument_is_checked_on_every_call():
+    """The full check runs once per (dtype, device); what can change per call is checked every time."""
+    x, b = check.randn((33, 64)), check.randn((64,))
+    first = ew.bias_gelu_scale(x, b, 0.5)
+    assert torch.equal(ew.bias_gelu_scale(x, b, 0.5, out=check.Guarded(x.shape).tensor), first)
     with pytest.raises(ValueError, match="out must"):
         ew.gelu(x, out=torch.empty(5, device=cu.DEVICE))
-    with pytest.raises(ValueError, match="bias must be 1-D"):
-        ew.bias_gelu_scale(x, check.randn((4,)), 1.0)
-    with pytest.raises(TypeError, match="same dtype"):
-        ew.bias_gelu_scale(x, check.randn((6,), torch.float16), 1.0)
-    with pytest.raises(ValueError, match="finite"):
-        ew.bias_gelu_scale(x, check.randn((6,)), float("inf"))
-    with pytest.raises(ValueError, match=r"\[0, 1\)"):
-        ew.bias_gelu_dropout(x, check.randn((6,)), 1.0, 0)
-    with pytest.raises(ValueError, match="seed"):
-        ew.bias_gelu_dropout(x, check.randn((6,)), 0.1, -1)
+    with pytest.raises(ValueError, match="out must"):
+        ew.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 64, device=cu.DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match="contiguous"):
+        ew.bias_gelu_scale(check.randn((33, 128))[:, ::2], b, 0.5)  # same shape and dtype, strided
+    shifted = check.randn((33 * 64 + 1,))[1:].view(33, 64)         # not 16-byte aligned: another compilation
+    check.compare("chain, misaligned", ew.bias_gelu_scale(shifted, b, 0.5),
+                  ew.bias_gelu_scale_ref(shifted.double(), b.double(), 0.5))
+
+
+# ---------------------------------------------------------------- the two shelves and the lazy forward
+
+def test_teaching_shelf_imports_without_the_tuned_shelf_and_forwards_the_old_names():
+    code = ("import sys; import course_utils.kernels.elementwise as ew; "
+            "assert not [m for m in sys.modules if m.startswith(('course_utils.tuned', 'course_utils.cuda'))], "
+            "'imported on import'; "
+            "from course_utils.kernels.elementwise import gelu, launch_config, gelu_cuda; "
+            "import course_utils.tuned.elementwise as t, course_utils.cuda.gelu as c; "
+            "assert gelu is t.gelu and launch_config is t.launch_config and gelu_cuda is c.gelu_cuda; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_every_forwarded_name_resolves_and_unknown_names_raise():
+    import importlib
+    for module, names in ew._FORWARD.items():
+        for name in names:
+            assert getattr(ew, name) is getattr(importlib.import_module(module), name)
+    assert set(ew._FORWARD["course_utils.tuned.elementwise"]) <= set(dir(ew))
+    with pytest.raises(AttributeError, match="no attribute 'FAST_LAUNCH'"):
+        ew.FAST_LAUNCH  # noqa: B018  (the lean C-launcher path is gone)
+    assert not hasattr(tuned, "LAUNCHES") and not hasattr(tuned, "_lean_launch")
+
+
+def test_teaching_shelf_stays_short_and_free_of_triton_internals():
+    import inspect
+    for module, limit in ((ew, 260), (tuned, 320)):
+        src = inspect.getsource(module)
+        assert len(src.splitlines()) <= limit, module.__name__
+        for bad in ("triton.runtime", "triton.backends", "triton.compiler", "from triton._", "triton._C"):
+            assert bad not in src, (module.__name__, bad)
 
 
 # ---------------------------------------------------------------- launch configuration
@@ -184,63 +276,114 @@ def test_launch_config_is_a_pure_function_of_the_device(arch):
     info = hardware.DeviceInfo.for_arch(arch)
     for dtype in ew.input_dtypes(info):
         itemsize = torch.empty((), dtype=dtype).element_size()
-        for n in (1, 1000, 2**20 + 3, 2**28, 2**31 + 7):
+        for n in (1, 1000, 2**20 + 3, 2**28, ew.INT64_THRESHOLD - 1, 2**31 + 7):
             cfg = ew.launch_config(n, dtype, info)
             assert cfg == ew.launch_config(n, dtype, info)
             assert triton.next_power_of_2(cfg.BLOCK_SIZE) == cfg.BLOCK_SIZE <= ew.MAX_BLOCK_SIZE
             assert cfg.grid[0] * cfg.BLOCK_SIZE >= n > (cfg.grid[0] - 1) * cfg.BLOCK_SIZE
             assert cfg.BLOCK_SIZE * itemsize // (32 * cfg.num_warps) >= 16, "each thread moves >= 16 bytes"
             assert cfg.int64 == (n >= ew.INT64_THRESHOLD)
+            if not cfg.int64:  # the largest offset any lane computes must fit in int32
+                assert cfg.grid[0] * cfg.BLOCK_SIZE - 1 < 2**31
     if not info.has_bf16:
         with pytest.raises(TypeError, match="bfloat16|sm_75"):
             ew.launch_config(100, torch.bfloat16, info)
 
 
-def test_launch_config_fills_large_gpus_and_keeps_big_tiles_for_big_tensors():
+def test_launch_config_fills_large_gpus_and_rejects_nonsense():
     h100 = hardware.DeviceInfo.for_arch(90)
-    big = ew.launch_config(2**28, torch.bfloat16, h100)
-    assert big.grid[0] >= 8 * h100.sms
-    small = ew.launch_config(2**18, torch.float32, h100)
-    assert small.grid[0] >= h100.sms
-
-
-def test_launch_config_rejects_nonsense():
+    assert ew.launch_config(2**28, torch.bfloat16, h100).grid[0] >= 8 * h100.sms
+    assert ew.launch_config(2**18, torch.float32, h100).grid[0] >= h100.sms
     with pytest.raises(ValueError):
         ew.launch_config(-1, torch.float32, hardware.INTERPRETER_DEVICE)
 
 
+# ---------------------------------------------------------------- offsets past 2^31 elements
+
 @triton.jit
-def _tile_start_probe(out_ptr, pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
-    tl.store(out_ptr, ew.tile_start(pid, BLOCK_SIZE, INT64).to(tl.int64))
+def _offset_probe(out_ptr, pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr, TEACHING: tl.constexpr):
+    if TEACHING:  # the teaching kernels' first line, verbatim
+        start = pid.to(tl.int64) * BLOCK_SIZE
+    else:
+        start = tuned.tile_start(pid, BLOCK_SIZE, INT64)
+    tl.store(out_ptr, start.to(tl.int64) + BLOCK_SIZE - 1)  # the tile's last offset
 
 
-def test_int64_offsets_past_2_31_elements():
-    """pid * BLOCK_SIZE for the last tile of a 2^31 + x element tensor: int32 wraps, int64 does not."""
+def test_offset_arithmetic_past_2_31_elements():
+    """The last tile of a 2^31 + x element tensor: int32 wraps, int64 (tuned INT64, teaching) does not."""
     n = 2**31 + 12345
-    info = hardware.DeviceInfo.for_arch(90)
-    cfg = ew.launch_config(n, torch.bfloat16, info)
+    cfg = ew.launch_config(n, torch.bfloat16, hardware.DeviceInfo.for_arch(90))
     assert cfg.int64
-    last_pid = cfg.grid[0] - 1
     out = torch.zeros(1, dtype=torch.int64, device=cu.DEVICE)
-    _tile_start_probe[(1,)](out, last_pid, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=True)
-    assert out.item() == last_pid * cfg.BLOCK_SIZE >= 2**31 - cfg.BLOCK_SIZE
-    _tile_start_probe[(1,)](out, last_pid, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=False)
-    assert out.item() != last_pid * cfg.BLOCK_SIZE, "int32 arithmetic should have wrapped"
-    # below the threshold int32 is exact and cheaper
-    assert not ew.launch_config(2**30, torch.bfloat16, info).int64
+    for block, pid, int64, teaching in [(cfg.BLOCK_SIZE, cfg.grid[0] - 1, True, False),
+                                        (ew.TEACHING_BLOCK, triton.cdiv(n, ew.TEACHING_BLOCK) - 1, False, True)]:
+        _offset_probe[(1,)](out, pid, BLOCK_SIZE=block, INT64=int64, TEACHING=teaching)
+        assert out.item() == (pid + 1) * block - 1 >= n - 1
+    _offset_probe[(1,)](out, cfg.grid[0] - 1, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=False, TEACHING=False)
+    assert out.item() < 0, "int32 arithmetic should have wrapped"
+    # every teaching kernel starts from that int64 line
+    import inspect
+    for k in (ew.add_kernel, ew.gelu_kernel, ew.bias_gelu_scale_kernel, ew.bias_gelu_dropout_kernel):
+        assert "offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)" in inspect.getsource(k.fn)
 
 
-def test_keep_mask_with_int64_offsets_keeps_the_right_fraction():
-    """Past 2^31 elements the Philox counter is 64-bit: its mask must still keep 1 - p."""
+def test_keep_mask_with_int64_offsets_is_the_int32_mask():
+    """Philox takes the offset's high word as a second counter: 0 below 2^32, so the mask is the same."""
     n, p = 4000, 0.4
+    masks = []
     for int64 in (False, True):
         keep = torch.empty(n, dtype=torch.int8, device=cu.DEVICE)
-        ew._keep_mask_kernel[(triton.cdiv(n, 1024),)](keep, n, p, 99, BLOCK_SIZE=1024, INT64=int64)
-        rate = keep.float().mean().item()
-        assert abs(rate - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n), (int64, rate)
+        tuned.keep_mask_kernel[(triton.cdiv(n, 1024),)](keep, n, p, 99, BLOCK_SIZE=1024, INT64=int64)
+        masks.append(keep)
+    assert torch.equal(*masks)
+    assert abs(masks[0].float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+BIG = (2**21 + 3, 1024)  # 2^31 + 3072 elements in 1024-column rows: 4 GiB per float16 tensor
+
+
+def _tail_and_head(got, expected_fn, x_parts, m=1 << 20):
+    """Compare the first and the last m elements (a float64 reference of the whole is 16 GiB)."""
+    flat = got.view(-1)
+    for sl in (slice(0, m), slice(flat.numel() - m, flat.numel())):
+        expected = expected_fn(*(p.reshape(-1)[sl] for p in x_parts), sl)
+        check.compare(f"elements {sl.start}..{sl.stop}", flat[sl], expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="needs a CUDA GPU with 20 GB free")
+@pytest.mark.parametrize("op", ["gelu", "add", "bias_gelu_scale", "bias_gelu_dropout"])
+@pytest.mark.parametrize("shelf", SHELVES)
+def test_past_2_31_elements_on_the_gpu(op, shelf):
+    torch.cuda.empty_cache()
+    if torch.cuda.mem_get_info()[0] < 20 * 2**30:
+        pytest.skip("less than 20 GB of GPU memory free")
+    dt = torch.float16
+    x = torch.randn(BIG, device="cuda", dtype=dt)
+    b = torch.randn(BIG[1], device="cuda", dtype=dt)
+    f = getattr(ew, op + ("_teaching" if shelf == "teaching" else ""))
+    cols = lambda sl: torch.arange(sl.start, sl.stop, device="cuda") % BIG[1]  # noqa: E731
+    if op == "gelu":
+        y = f(x)
+        _tail_and_head(y, lambda xs, sl: ew.gelu_ref(xs.double()), [x])
+    elif op == "add":
+        y = f(x, x)
+        _tail_and_head(y, lambda xs, sl: 2 * xs.double(), [x])
+    elif op == "bias_gelu_scale":
+        y = f(x, b, 0.5)
+        _tail_and_head(y, lambda xs, sl: ew.bias_gelu_scale_ref(xs.double(), b.double()[cols(sl)], 0.5), [x])
+    else:
+        y = f(x, b, 0.2, 1234)
+        keep = ew.dropout_keep_mask(BIG, 0.2, 1234)
+        _tail_and_head(y, lambda xs, ks, sl: torch.nn.functional.gelu(xs.double() + b.double()[cols(sl)],
+                                                                      approximate="tanh") * ks / 0.8, [x, keep])
+        assert abs(keep.view(-1)[-(1 << 24):].float().mean().item() - 0.8) < 1e-3
+    assert y.shape == x.shape and y.dtype == dt
 
 
 def test_cuda_cpp_version_says_why_it_is_unavailable():
+    from course_utils.cuda import gelu as cuda_gelu
+    assert cuda_gelu.SOURCE_PATH.is_file() and "__global__" in ew.CUDA_GELU_SOURCE
     reason = ew.cuda_gelu_unavailable()
     if not cu.on_gpu():
         assert "GPU" in reason
@@ -249,57 +392,3 @@ def test_cuda_cpp_version_says_why_it_is_unavailable():
     elif reason is None:  # pragma: no cover - GPU with nvcc
         x = check.randn((1001,))
         check.compare("gelu_cuda", ew.gelu_cuda(x), ew.gelu_ref(x.double()))
-
-
-def test_lean_launch_path_sees_empty_triton_hook_chains_as_no_hook():
-    from triton import knobs
-    assert ew._no_hook(None)
-    assert ew._no_hook(knobs.runtime.launch_enter_hook) == (not getattr(knobs.runtime.launch_enter_hook, "calls", []))
-    # under the interpreter the lean path is never taken (there is no compiled kernel to call)
-    if not cu.on_gpu():
-        assert not ew._fast_ok()
-
-
-def test_lean_launch_cache_key_separates_what_triton_specializes_on():
-    """A compiled kernel is reused only for arguments Triton would compile the same way."""
-    a32 = torch.zeros(64, device=cu.DEVICE)
-    a16 = torch.zeros(64, device=cu.DEVICE, dtype=torch.float16)
-
-    def key(tensors, scalars=(64,), meta=(1024, False)):
-        return ew._cache_key(ew._gelu_kernel, 4, meta, 0, tensors, [t.data_ptr() for t in tensors], scalars)
-    assert key((a32, a32)) == key((a32, a32.clone()))          # the same compilation: reused
-    assert key((a32, a32)) != key((a16, a16))                  # dtype
-    assert key((a32, a32)) != key((a32, a32[1:]))              # 16-byte alignment of any pointer
-    assert key((a32,), (16,)) != key((a32,), (17,)) != key((a32,), (1,))  # divisibility by 16, == 1
-    assert key((a32,), (2**31,)) != key((a32,), (2**31 - 16,))  # int32 vs int64
-    assert key((a32,), (16, 0.5)) == key((a32,), (16, 0.25))   # floats are not specialized
-    assert key((a32,), meta=(1024, True)) != key((a32,))       # constexprs
-
-
-def test_repeated_calls_keep_every_check():
-    """A call like an earlier one takes the lean path on a GPU (no checks beyond dtype, shape,
-    contiguity, device and alignment); anything unlike it must still meet the full path's errors."""
-    x = check.randn((33, 64))
-    b = check.randn((64,))
-    y = _poisoned(x.shape, x.dtype)
-    first = ew.bias_gelu_scale(x, b, 0.5)
-    assert torch.equal(ew.bias_gelu_scale(x, b, 0.5, out=y), first)
-    assert torch.equal(ew.bias_gelu_scale(x, b, 0.5), first)
-    with pytest.raises(ValueError, match="bias"):
-        ew.bias_gelu_scale(x, check.randn((63,)), 0.5)
-    with pytest.raises(ValueError, match="out"):
-        ew.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 63, device=cu.DEVICE))
-    with pytest.raises((TypeError, ValueError)):
-        ew.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 64, device=cu.DEVICE, dtype=torch.float16))
-    with pytest.raises(ValueError, match="finite"):
-        ew.bias_gelu_scale(x, b, float("nan"))
-    with pytest.raises(ValueError, match="contiguous"):
-        ew.bias_gelu_scale(check.randn((33, 128))[:, ::2], b, 0.5)  # same shape and dtype, strided
-    shifted = check.randn((33 * 64 + 1,))[1:].view(33, 64)   # misaligned by one element: full path
-    check.compare("chain, misaligned", ew.bias_gelu_scale(shifted, b, 0.5),
-                  ew.bias_gelu_scale_ref(shifted.double(), b.double(), 0.5))
-    for _ in range(2):
-        check.compare("gelu, repeated", ew.gelu(x), ew.gelu_ref(x.double()))
-        check.compare("add, repeated", ew.add(x, x), 2 * x.double())
-    with pytest.raises(ValueError, match="same shape"):
-        ew.add(x, check.randn((33, 63)))

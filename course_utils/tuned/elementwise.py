@@ -2,20 +2,15 @@
 ``bias_gelu_dropout`` and ``dropout_keep_mask``.
 
 The kernels compute what the teaching kernels of :mod:`course_utils.kernels.elementwise` compute,
-with the same :func:`~course_utils.kernels.elementwise.gelu_math` and the same dropout mask, and
-differ in three ways:
+with the same ``gelu_math`` and the same dropout mask, and differ in three ways: tiles chosen per
+GPU (:func:`~course_utils.tuned.elementwise_config.launch_config`); int32 offsets, cheaper, unless a
+tensor comes within reach of 2^31 elements (``INT64``); one modulo per program for the bias column
+instead of one per element (``WRAPS``, :func:`bias_columns`). Inputs are float32, float16 or
+bfloat16 (bfloat16 from sm_80 on); the math is float32, the output has the input's dtype.
 
-- tiles per GPU: BLOCK_SIZE, num_warps and the grid come from :func:`launch_config`, a pure
-  function of the element count, the dtype and a :class:`~course_utils.hardware.DeviceInfo`, so
-  what a launcher would pick on a T4, an A100 or an H100 can be asked on a machine with no GPU;
-- offsets are int32 (cheaper) unless a tensor comes within reach of 2^31 elements (``INT64``);
-- the bias column is one modulo per program, not one per element (``WRAPS``, :func:`bias_columns`).
-
-Inputs are float32, float16 or bfloat16 (bfloat16 from sm_80 on); the math is float32 and the
-output has the input's dtype. Every call goes through Triton's ordinary ``kernel[grid](...)``;
-the Python around it is kept small by remembering the device, the launch configuration and the
-(dtype, device) pairs already validated. Small calls are launch-bound: replay them from a CUDA
-graph (:mod:`course_utils.graphs`) when that matters.
+Every call goes through Triton's ordinary ``kernel[grid](...)``; the Python around it stays small
+because the device, the launch configuration and the (dtype, device) pairs already validated are
+remembered. Small calls are launch-bound: replay them from a CUDA graph (:mod:`course_utils.graphs`).
 """
 
 from __future__ import annotations
@@ -282,3 +277,39 @@ def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
         keep_mask_kernel[cfg.grid](keep, keep.numel(), p, seed, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=cfg.int64,
                                    num_warps=cfg.num_warps)
     return keep.bool()
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (see course_utils/aot.py): both shelves,
+    every dtype, a small and a large tile, rows shorter than a tile (WRAPS), and int64 offsets."""
+    from ..aot import dtype_name, dtypes_for, empty
+    from ..kernels import elementwise as teaching
+
+    for dt in dtypes_for(info):
+        for shape in ((1000,), (4096, 4096)):  # a small tile for a small tensor, the full tile for a large one
+            tag, b = f"{dtype_name(dt)} {'x'.join(map(str, shape))}", shape[-1]
+            yield f"add {tag}", lambda s=shape, dt=dt: add(empty(*s, dtype=dt), empty(*s, dtype=dt))
+            for a in ("tanh", "none"):
+                yield f"gelu {a} {tag}", lambda s=shape, dt=dt, a=a: gelu(empty(*s, dtype=dt), a)
+                yield (f"bias_gelu_scale {a} {tag}", lambda s=shape, b=b, dt=dt, a=a:
+                       bias_gelu_scale(empty(*s, dtype=dt), empty(b, dtype=dt), 0.5, a))
+                yield (f"bias_gelu_dropout {a} {tag}", lambda s=shape, b=b, dt=dt, a=a:
+                       bias_gelu_dropout(empty(*s, dtype=dt), empty(b, dtype=dt), 0.1, 1234, a))
+        x, b = (lambda dt=dt: empty(333, 1001, dtype=dt)), (lambda dt=dt: empty(1001, dtype=dt))
+        yield f"add_teaching {dtype_name(dt)}", lambda x=x: teaching.add_teaching(x(), x())
+        yield f"gelu_teaching {dtype_name(dt)}", lambda x=x: teaching.gelu_teaching(x())
+        yield f"bias_gelu_scale_teaching {dtype_name(dt)}", lambda x=x, b=b: teaching.bias_gelu_scale_teaching(
+            x(), b(), 0.5)
+        yield f"bias_gelu_dropout_teaching {dtype_name(dt)}", lambda x=x, b=b: teaching.bias_gelu_dropout_teaching(
+            x(), b(), 0.1, 7)
+    yield "dropout_keep_mask", lambda: dropout_keep_mask((4096, 4096), 0.1, 1234)
+    narrow = (4096, 100)  # rows shorter than a tile: the bias columns wrap several times per tile (ANY_WRAP)
+    yield "bias_gelu_scale narrow rows", lambda: bias_gelu_scale(empty(*narrow), empty(100), 0.5)
+    yield "bias_gelu_dropout narrow rows", lambda: bias_gelu_dropout(empty(*narrow), empty(100), 0.1, 7)
+    big, h = (2**21, 1024), torch.float16  # 2^31 elements: int64 offsets (nothing is allocated)
+    yield "add int64", lambda: add(empty(*big, dtype=h), empty(*big, dtype=h))
+    yield "gelu int64", lambda: gelu(empty(*big, dtype=h))
+    yield "bias_gelu_scale int64", lambda: bias_gelu_scale(empty(*big, dtype=h), empty(1024, dtype=h), 0.5)
+    yield "bias_gelu_dropout int64", lambda: bias_gelu_dropout(empty(*big, dtype=h), empty(1024, dtype=h), 0.1, 7)
+    yield "dropout_keep_mask int64", lambda: dropout_keep_mask(big, 0.1, 7)
+    yield "gelu_teaching 2^31", lambda: teaching.gelu_teaching(empty(*big, dtype=h))
