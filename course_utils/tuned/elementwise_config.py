@@ -84,21 +84,13 @@ def launch_config(n_elements: int, dtype: torch.dtype, info: hardware.DeviceInfo
     return LaunchConfig(block, num_warps, needs_int64(n_elements), (max(1, triton.cdiv(n_elements, block)),))
 
 
-_INFO: dict = {}      # CUDA device index -> DeviceInfo: the driver is asked once per device
 _CONFIGS: dict = {}   # (n, dtype, device index, max_block) -> LaunchConfig, without hashing a DeviceInfo
 
 
 def device_of(t: torch.Tensor) -> hardware.DeviceInfo:
-    """The DeviceInfo of the GPU ``t`` lives on (asked once per device); for a CPU tensor (the
-    interpreter, or the compile matrix pretending to be a GPU) hardware.device_info(), every time."""
-    if not t.is_cuda:
-        return hardware.device_info()
-    index = t.get_device()
-    info = _INFO.get(index)
-    if info is None:
-        with torch.cuda.device(index):
-            info = _INFO[index] = hardware.device_info()
-    return info
+    """The DeviceInfo of the GPU ``t`` lives on (hardware.device_info caches it per device); for a
+    CPU tensor (the interpreter, or the compile matrix pretending to be a GPU) the current one."""
+    return hardware.device_info(t.get_device()) if t.is_cuda else hardware.device_info()
 
 
 def config_for(x: torch.Tensor, dtype: torch.dtype, max_block: int = MAX_BLOCK_SIZE) -> LaunchConfig:
@@ -108,6 +100,8 @@ def config_for(x: torch.Tensor, dtype: torch.dtype, max_block: int = MAX_BLOCK_S
     key = (x.numel(), dtype, x.get_device(), max_block)
     cfg = _CONFIGS.get(key)
     if cfg is None:
+        if len(_CONFIGS) >= 4096:  # many distinct sizes (a sweep): start over rather than grow
+            _CONFIGS.clear()
         cfg = _CONFIGS[key] = launch_config(key[0], dtype, device_of(x), max_block)
     return cfg
 
