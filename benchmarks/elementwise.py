@@ -4,12 +4,19 @@ Timing: ``cu.bench.time_ms`` (device events, L2 flushed between repetitions, med
 flush in between, the host enqueues each call while the GPU is still busy flushing, so those
 numbers are device time: they leave the host's launch cost out. For sizes up to 16 MiB the sweep
 also records ``timing='wall'``: the host clock over back-to-back calls (no flush), which is what a
-launch-bound caller pays, and ``timing='graph'``: the same calls replayed from one CUDA graph.
-Every case is timed in interleaved rounds (each implementation once per round) and reports the
-median round, so a drift of the clocks during the run hits all implementations alike.
+launch-bound caller pays, Python and launch included, and ``timing='graph'``: 20 calls captured
+once with :func:`course_utils.graphs.capture` and replayed (L2 flushed before each replay, the 20
+calls inside one replay share it), the device time without the host's cost. Every case is timed in
+interleaved rounds (``bench.time_rounds``: each implementation once per round, the median round
+kept), so a drift of the clocks during the run hits all implementations alike.
 GB/s count the fewest bytes each op must move (x read once, y written once, plus the bias).
-The chain's ``triton`` allocates its output as eager PyTorch and ``torch.compile`` do (what the
-targets compare); ``triton_out`` writes into a preallocated one (shown, not judged).
+``triton`` is the tuned path (``course_utils.tuned.elementwise``, what a user calls as
+``ew.gelu``); ``triton_teaching`` is the teaching launcher the chapters print (fixed 1024-element
+tiles, int64 offsets, one modulo per element for the bias column), shown at the large sizes. The
+chain's ``triton`` allocates its output as eager PyTorch and ``torch.compile`` do (what the targets
+compare); ``triton_out`` writes into a preallocated one (shown, not judged). Every Triton call goes
+through Triton's ordinary ``kernel[grid](...)``: :func:`launch_overhead` breaks one call's host
+cost down into that launch, the launcher's Python checks and the allocation.
 
     python -m benchmarks.elementwise [--quick] [--tune]     # on a GPU; writes results/<gpu>/elementwise.csv
 """
@@ -32,6 +39,7 @@ HIDDEN = 4096          # columns of the chain's x (the bias has one value per co
 SCALE = 0.5
 LAUNCH_BOUND_MIB = 16  # sizes up to this also get wall-clock and CUDA-graph rows
 ROUNDS = 3             # interleaved rounds per case (5 for the GELU sizes that carry targets)
+GRAPH_CALLS = 20       # calls captured in one graph for timing='graph'
 
 
 def _dtypes():
@@ -40,6 +48,7 @@ def _dtypes():
 
 
 def _wall_ms(fn, calls: int = 200) -> float:
+    """Host milliseconds per call over ``calls`` back-to-back calls (synchronized at both ends)."""
     import torch
     for _ in range(10):
         fn()
@@ -49,6 +58,19 @@ def _wall_ms(fn, calls: int = 200) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3 / calls
+
+
+def _wall_timer(fn):
+    return bench.Timing(_wall_ms(fn), float("nan"), float("nan"), 1)
+
+
+def _graph_timer(fn):
+    """Device time per call of ``fn`` replayed from a CUDA graph of GRAPH_CALLS calls."""
+    from course_utils import graphs
+
+    g = graphs.capture(lambda: [fn() for _ in range(GRAPH_CALLS)])
+    t = bench.time_ms(g.replay, warmup=3)
+    return bench.Timing(t.median / GRAPH_CALLS, t.p20 / GRAPH_CALLS, t.p80 / GRAPH_CALLS, t.reps, True)
 
 
 def _compiled(fn):
@@ -69,6 +91,7 @@ def _gelu_impls(n, dtype, size, cuda_gelu):
              "F.gelu": lambda: F.gelu(x, approximate="tanh"),
              "triton": lambda: ew.gelu(x, out=y)}
     if size in (256, 1024):
+        impls["triton_teaching"] = lambda: ew.gelu_teaching(x)
         impls["triton_erf"] = lambda: ew.gelu(x, approximate="none", out=y)
         impls["F.gelu_erf"] = lambda: F.gelu(x)
         if cuda_gelu is not None:
@@ -103,30 +126,27 @@ def _chain_impls(n, dtype, dropout: bool):
                  "torch.compile": lambda: comp(x, b, SCALE),
                  "triton": lambda: ew.bias_gelu_scale(x, b, SCALE),
                  "triton_out": lambda: ew.bias_gelu_scale(x, b, SCALE, out=y)}
+    if n * x.element_size() >= 64 * MIB:
+        impls["triton_teaching"] = (lambda: ew.bias_gelu_dropout_teaching(x, b, 0.1, 1234)) if dropout else \
+            (lambda: ew.bias_gelu_scale_teaching(x, b, SCALE))
     return nbytes, x.numel(), impls
 
 
 def _rows_for(case, dtype_name, size_mib, n, nbytes, impls: dict, launch_bound: bool, rounds: int = ROUNDS):
     """Time every implementation in ``rounds`` interleaved rounds; one row per (impl, timing), the
     median round's numbers."""
-    import statistics
-
-    timings = ("events", "wall", "graph") if launch_bound else ("events",)
-    runs = {(impl, timing): [] for impl in impls for timing in timings}
-    for _ in range(rounds):
-        for impl, fn in impls.items():
-            runs[impl, "events"].append(bench.time_ms(fn))
-            if launch_bound:
-                w = _wall_ms(fn)
-                runs[impl, "wall"].append(bench.Timing(w, float("nan"), float("nan"), 1))
-                runs[impl, "graph"].append(bench.time_ms(fn, cuda_graph=True))
-    rows = []
-    for (impl, timing), ts in runs.items():
-        mid = statistics.median_low(sorted(t.median for t in ts))
-        t = next(t for t in ts if t.median == mid)
-        rows.append(dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n, timing=timing,
-                         ms=t.median, p20=t.p20, p80=t.p80, gbps=bench.gbps(nbytes, t.median)))
-    return rows
+    plan = {}
+    for impl, fn in impls.items():
+        plan[impl, "events"] = fn
+        if launch_bound and impl != "triton_teaching":
+            plan[impl, "wall"] = (fn, _wall_timer)
+            plan[impl, "graph"] = (fn, _graph_timer)
+    errors: dict = {}
+    timed = bench.time_rounds(plan, rounds, errors=errors)
+    for (impl, timing), err in errors.items():
+        print(f"{case} {dtype_name} {size_mib} MiB {impl} ({timing}) failed: {err}")
+    return [dict(case=case, impl=impl, dtype=dtype_name, size_mib=size_mib, n_elements=n, timing=timing,
+                 **t.columns(), gbps=bench.gbps(nbytes, t.median)) for (impl, timing), t in timed.items()]
 
 
 def sweep(quick: bool = False, with_cuda: bool = True):
@@ -242,8 +262,8 @@ def targets(df) -> list:
 
 
 def verify() -> str:
-    """Correctness on the GPU before any timing: every launcher, every dtype, odd sizes, twice
-    (the second call takes the lean launch path), misaligned views too."""
+    """Correctness on the GPU before any timing: every launcher of both shelves, every dtype, odd
+    sizes, twice (the second call hits the launchers' caches), misaligned views too."""
 
     from course_utils import check
     from course_utils.kernels import elementwise as ew
@@ -259,7 +279,8 @@ def verify() -> str:
                     check.compare(f"gelu erf {dtype} n={n}", ew.gelu(x, "none"),
                                   ew.gelu_ref(x.double(), "none"))
                     check.compare(f"add {dtype} n={n}", ew.add(x, x), x.double() * 2)
-                    cases += 3
+                    check.compare(f"gelu_teaching {dtype} n={n}", ew.gelu_teaching(x), ew.gelu_ref(x.double()))
+                    cases += 4
         x = check.randn((333, 1001), dtype, outliers=0.01)
         b = check.randn((1001,), dtype)
         for _ in range(2):
@@ -267,19 +288,26 @@ def verify() -> str:
                           ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
             check.compare(f"dropout {dtype}", ew.bias_gelu_dropout(x, b, 0.25, 7),
                           ew.bias_gelu_dropout_ref(x.double(), b.double(), 0.25, 7))
-            cases += 2
+            check.compare(f"chain teaching {dtype}", ew.bias_gelu_scale_teaching(x, b, 0.7),
+                          ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
+            check.compare(f"dropout teaching {dtype}", ew.bias_gelu_dropout_teaching(x, b, 0.25, 7),
+                          ew.bias_gelu_dropout_ref(x.double(), b.double(), 0.25, 7))
+            cases += 4
     return f"verify: {cases} GPU comparisons passed"
 
 
 def ptx_facts():
-    """What the compiler made of the vector-add and GELU kernels: vector width of the loads,
-    registers per thread, shared memory (chapter 3 shows these on a GPU, recorded ones on a CPU)."""
+    """What the compiler made of the vector-add and GELU kernels (tuned, and GELU's teaching
+    kernel): vector width of the loads, registers per thread, shared memory (chapter 3 shows these
+    on a GPU, recorded ones on a CPU)."""
     import re
 
     import pandas as pd
     import torch
 
+    from course_utils import hardware
     from course_utils.kernels import elementwise as ew
+    from course_utils.tuned import elementwise as tuned
 
     rows = []
     for dname, dtype in _dtypes().items():
@@ -287,19 +315,22 @@ def ptx_facts():
             continue
         x = torch.randn(2**20, device="cuda", dtype=dtype)
         y = torch.empty_like(x)
-        cfg = ew.launch_config(x.numel(), dtype, ew._device_info(x))
-        for name, launch in (
-                ("add", lambda: ew._add_kernel[cfg.grid](x, x, y, x.numel(), BLOCK_SIZE=cfg.BLOCK_SIZE,  # noqa: B023
-                                                         INT64=False, num_warps=cfg.num_warps)),  # noqa: B023
-                ("gelu", lambda: ew._gelu_kernel[cfg.grid](x, y, x.numel(), BLOCK_SIZE=cfg.BLOCK_SIZE,  # noqa: B023
-                                                           APPROXIMATE=True, INT64=False,
-                                                           num_warps=cfg.num_warps))):  # noqa: B023
+        n = x.numel()
+        cfg = tuned.launch_config(n, dtype, hardware.device_info(x))
+        teaching_grid = (-(-n // ew.TEACHING_BLOCK),)
+        for name, block, launch in (
+                ("add", cfg.BLOCK_SIZE, lambda: tuned.add_tuned_kernel[cfg.grid](
+                    x, x, y, n, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=False, num_warps=cfg.num_warps)),
+                ("gelu", cfg.BLOCK_SIZE, lambda: tuned.gelu_tuned_kernel[cfg.grid](
+                    x, y, n, BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=True, INT64=False, num_warps=cfg.num_warps)),
+                ("gelu_teaching", ew.TEACHING_BLOCK, lambda: ew.gelu_kernel[teaching_grid](
+                    x, y, n, BLOCK_SIZE=ew.TEACHING_BLOCK, APPROXIMATE=True))):
             k = launch()
             torch.cuda.synchronize()
             ptx = k.asm["ptx"]
             loads = re.findall(r"ld\.global(?:\.[\w:]+)*?\.(v\d)\.(b\d+)", ptx)
             widest = max((int(v[1:]) * int(b[1:]) for v, b in loads), default=0)
-            rows.append(dict(kernel=name, dtype=dname, BLOCK_SIZE=cfg.BLOCK_SIZE, num_warps=cfg.num_warps,
+            rows.append(dict(kernel=name, dtype=dname, BLOCK_SIZE=block, num_warps=k.metadata.num_warps,
                              widest_load_bits=widest, vector_loads=len(loads),
                              example_load=next((ln.strip() for ln in ptx.splitlines() if "ld.global" in ln), ""),
                              registers_per_thread=k.n_regs, shared_bytes=k.metadata.shared,
@@ -308,66 +339,55 @@ def ptx_facts():
 
 
 def launch_overhead():
-    """Host microseconds per call, back to back, on a 4096-element tensor: how lean each launch path is."""
-    import dataclasses
+    """Host microseconds per call, back to back, on a 4096-element tensor: where one call's time goes.
 
+    Every Triton call goes through Triton's ordinary ``kernel[grid](...)``. The rows break the
+    tuned launcher's host cost down: the whole call (``ew.gelu(x, out=y)``), the same
+    ``kernel[grid](...)`` alone (what Triton's own launch path costs: binding the arguments,
+    finding the compiled kernel, the driver call), the launcher's Python alone (input checks and
+    the cached launch configuration, no launch), and one ``torch.empty_like`` (what an allocating
+    call adds). The chain's rows compare it with eager PyTorch and ``torch.compile``, and with one
+    replay of a CUDA graph of GRAPH_CALLS calls (divided by GRAPH_CALLS): the launch cost gone.
+    """
     import pandas as pd
     import torch
     import torch.nn.functional as F
 
+    from course_utils import graphs
     from course_utils.kernels import elementwise as ew
+    from course_utils.tuned import elementwise as tuned
 
     x = torch.randn(4096, device="cuda")
     b = torch.randn(4096, device="cuda")
     y = torch.empty_like(x)
-    comp = _compiled(ew.bias_gelu_scale_ref)
-    rows = []
-
-    def slow(fn):
-        def run():
-            ew.FAST_LAUNCH = False
-            try:
-                fn()
-            finally:
-                ew.FAST_LAUNCH = True
-        return run
     x2, y2 = x.view(1, -1), y.view(1, -1)  # one row of 4096 columns, the bias one value per column
+    comp = _compiled(ew.bias_gelu_scale_ref)
+    cfg = tuned.config_for(x, x.dtype)
+    n = x.numel()
+
+    def checks_only():  # everything ew.gelu(x, out=y) does before its kernel[grid](...) call
+        tuned._approximate_flag("tanh")
+        tuned._check_tensor("x", x)
+        tuned._output(x, y)
+        tuned.config_for(x, x.dtype)
+
+    graphed = graphs.capture(lambda: [ew.bias_gelu_scale(x2, b, SCALE, out=y2) for _ in range(GRAPH_CALLS)])
     cases = {"F.gelu": lambda: F.gelu(x, approximate="tanh"),
-             "triton gelu (lean launch)": lambda: ew.gelu(x, out=y),
-             "triton gelu (kernel[grid] path)": slow(lambda: ew.gelu(x, out=y)),
+             "triton gelu (kernel[grid])": lambda: ew.gelu(x, out=y),
+             "triton gelu: kernel[grid] alone (no checks)": lambda: tuned.gelu_tuned_kernel[cfg.grid](
+                 x, y, n, BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=True, INT64=False, num_warps=cfg.num_warps),
+             "triton gelu: Python checks alone (no launch)": checks_only,
+             "triton gelu_teaching (allocating)": lambda: ew.gelu_teaching(x),
+             "torch.empty_like (4096 fp32)": lambda: torch.empty_like(x),
              "eager chain (3 ops)": lambda: ew.bias_gelu_scale_ref(x2, b, SCALE),
              "torch.compile chain": lambda: comp(x2, b, SCALE),
-             "triton chain (lean launch)": lambda: ew.bias_gelu_scale(x2, b, SCALE, out=y2),
-             "triton chain (lean launch, allocating)": lambda: ew.bias_gelu_scale(x2, b, SCALE)}
-    ew.gelu(x, out=y)
-    runs = [r for k, r in ew._COMPILED.items() if k[0] is ew._gelu_kernel]
-    if runs:
-        run = runs[-1]
-        from triton.runtime import driver
-        stream = driver.active.get_current_stream(0)
-        cfg = ew.launch_config(x.numel(), x.dtype, ew._device_info(x))
-        xp, yp, n = x.data_ptr(), y.data_ptr(), x.numel()
-        cases["triton gelu: C launcher alone"] = lambda: run(cfg.grid[0], stream, xp, yp, n, cfg.BLOCK_SIZE,
-                                                             True, False)
-
-    def no_launch(fn):
-        """fn with the lean path's C launcher replaced by nothing: the Python a call costs."""
-        fn()  # the first call makes the lean entry
-        stubs = {k: dataclasses.replace(v, run=lambda *a: None) for k, v in ew._LEAN.items()}
-
-        def run():
-            lean, ew._LEAN = ew._LEAN, stubs
-            try:
-                fn()
-            finally:
-                ew._LEAN = lean
-        return run
-    cases["triton chain: Python around the launch"] = no_launch(cases["triton chain (lean launch)"])
-    cases["torch.empty_like (4096 fp32)"] = lambda: torch.empty_like(x)
-    before = dict(ew.LAUNCHES)
+             "triton chain (kernel[grid])": lambda: ew.bias_gelu_scale(x2, b, SCALE, out=y2),
+             "triton chain (allocating)": lambda: ew.bias_gelu_scale(x2, b, SCALE),
+             f"triton chain: CUDA graph replay / {GRAPH_CALLS}": graphed.replay}
+    rows = []
     for name, fn in cases.items():
-        rows.append({"case": "launch", "impl": name, "us_per_call": _wall_ms(fn, 2000) * 1e3})
-    print("launch paths taken:", {k: ew.LAUNCHES[k] - before[k] for k in before})
+        calls = GRAPH_CALLS if name.startswith("triton chain: CUDA graph") else 1
+        rows.append({"case": "launch", "impl": name, "us_per_call": _wall_ms(fn, 2000 // calls) * 1e3 / calls})
     return pd.DataFrame(rows)
 
 
@@ -392,16 +412,17 @@ def tune():
 
 
 def _tune_one(x, b, y, n, itemsize, dname, size, block, warps):
-    from course_utils.kernels import elementwise as ew
+    from course_utils.tuned import elementwise as tuned
 
     grid = (-(-n // block),)
-    int64 = ew.needs_int64(n)
+    int64 = tuned.needs_int64(n)
     kernels = {
-        "gelu": lambda: ew._gelu_kernel[grid](x, y, n, BLOCK_SIZE=block, APPROXIMATE=True, INT64=int64,
-                                              num_warps=warps),
-        "chain": lambda: ew._bias_gelu_scale_kernel[grid](x, b, y, n, HIDDEN, SCALE, BLOCK_SIZE=block,
-                                                          APPROXIMATE=True, INT64=int64,
-                                                          WRAPS=ew.bias_wraps(block, HIDDEN), num_warps=warps)}
+        "gelu": lambda: tuned.gelu_tuned_kernel[grid](x, y, n, BLOCK_SIZE=block, APPROXIMATE=True, INT64=int64,
+                                                      num_warps=warps),
+        "chain": lambda: tuned.bias_gelu_scale_tuned_kernel[grid](x, b, y, n, HIDDEN, SCALE, BLOCK_SIZE=block,
+                                                                  APPROXIMATE=True, INT64=int64,
+                                                                  WRAPS=tuned.bias_wraps(block, HIDDEN),
+                                                                  num_warps=warps)}
     rows = []
     for case, fn in kernels.items():
         t = bench.time_ms(fn, rep=30)

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 import course_utils as cu
-from course_utils import bench
+from course_utils import bench, graphs
 from course_utils.kernels import launch
 
 TITLE = "Launch overhead and CUDA graphs"
@@ -39,17 +39,10 @@ def _row(case, impl, method, us, n_ops=1, elements=1, nbytes=0):
 
 
 def _graphed(fn):
-    """Capture ``fn()`` once (after a warm-up on a side stream); return the replay and fn's output."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g.replay, out
+    """Capture ``fn()`` once (course_utils.graphs: warm-up on a side stream, then capture); return
+    the replay and fn's output."""
+    g = graphs.capture(fn)
+    return g.replay, g.output
 
 
 def _host_calls(us_budget: float, quick: bool) -> int:
