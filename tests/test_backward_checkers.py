@@ -49,7 +49,7 @@ def test_delta_checker_fails_wrong_kernels(kernel, words):
         checks.check_delta_kernel(kernel)
 
 
-SQRT_2_OVER_PI: tl.constexpr = 0.7978845608028654
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
