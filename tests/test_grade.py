@@ -164,4 +164,6 @@ def test_cli_table_exit_code_and_junit(course, tmp_path, capsys):
     assert code == 1
     assert "toy.ipynb" in out and "0/2" in out and "broken.ipynb" in out
     cases = list(ET.parse(junit).getroot().iter("testcase"))
-    assert len(cases) == 3 and all(c.find("failure") is not None for c in cases)
+    names = [c.get("name") for c in cases]
+    assert sorted(names) == ["cube", "integrity", "notebook", "square"], names
+    assert all((c.find("failure") is None) == (c.get("name") == "integrity") for c in cases)

@@ -1,0 +1,360 @@
+"""Grading exercise notebooks with nbval (the threat model is in README.md, "For instructors: grading").
+
+nbval compares a notebook with its own saved outputs, so for each student notebook the grader
+builds a merged notebook: the student's cell sources (matched to the solution's cells by id, else by
+content: see :mod:`.match`), and the solution's check cells with their saved expected outputs. Before
+anything runs, :func:`course_utils.integrity.scan` reads the student's code for tampering (the
+"integrity" check); while it runs, each check cell verifies the course's code is what was imported.
+``pytest --nbval-lax`` runs it in a fresh kernel; a check passes when its cell runs and prints
+exactly what the solution printed.
+Check cells always come from the solution (a student's edits to them are not graded), a check
+cell the student deleted fails, and the student's file is only ever read.
+
+    python -m course_utils.grade exercises/                       # every notebook in a folder
+    python -m course_utils.grade exercises/01_launch_overhead.ipynb --junit grades.xml
+    python -m course_utils.grade --class submissions/ --csv grades.csv --junit grades.xml  # a class
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .. import integrity
+from ..exercises import ROOT, SOLUTIONS, is_check_cell, make_exercise
+from .match import Cell, align, coerce, exercise_cells_for, import_source, names_used, read_cells
+
+CELL_TIMEOUT = 300  # seconds a single cell may run before it counts as hung
+_ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*[A-Za-z]")  # junit escapes ESC as #x1B
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Interrupt|Exit)|KeyboardInterrupt)\b:?.*")
+
+
+@dataclass
+class Check:
+    name: str
+    cell_id: str
+    passed: bool = False
+    reason: str = ""
+    look_at: str = ""   # the student's cell(s) this check judges, for the report
+
+
+@dataclass
+class Report:
+    notebook: str
+    checks: list[Check] = field(default_factory=list)
+    error: str = ""  # the notebook could not be graded at all
+    integrity: Check | None = None
+    exercise: str = ""  # the solution it was graded against
+    student: str = ""
+    infra: bool = False  # the grader itself failed (not the student's notebook)
+
+    @property
+    def passed(self) -> int:
+        return sum(c.passed for c in self.checks)
+
+    @property
+    def ok(self) -> bool:
+        return (not self.error and bool(self.checks) and self.passed == len(self.checks)
+                and (self.integrity is None or self.integrity.passed))
+
+    def rows(self) -> list[Check]:
+        """Every graded line: the integrity check first, then the exercise's checks."""
+        if self.error:
+            return [Check("notebook", "", False, self.error)]
+        return ([self.integrity] if self.integrity else []) + self.checks
+
+
+def check_name(cell, k: int) -> str:
+    """A check's name: the first comment line of its cell ('# Check: ...'), else its position."""
+    for line in cell["source"].splitlines():
+        s = line.strip()
+        if s.startswith("#") and "NBVAL" not in s:
+            return s.lstrip("#").strip().removeprefix("Check:").strip() or f"check {k}"
+        if s:
+            break
+    return f"check {k}"
+
+
+def read_student(path: Path) -> list[Cell]:
+    """The student's cells, or raise ValueError saying why it cannot be graded."""
+    return read_cells(path)
+
+
+def _code_cell(source: str, cid: str):
+    c = nbformat.v4.new_code_cell(source)
+    c["id"] = cid
+    return c
+
+
+def merge(solution, student: list[Cell], label: str):
+    """The merged notebook to run, its checks (missing ones already failed) and the integrity check.
+
+    A cell put first records the course's code (:func:`course_utils.integrity.arm`) before any of
+    the student's cells runs; each check cell re-binds the names it uses to the recorded objects
+    and verifies, before and after it runs, that nothing it relies on was changed.
+    """
+    exercise = make_exercise(solution, label)
+    sol = [coerce(c, k + 1) for k, c in enumerate(solution.cells)]
+    ex_sources = [c.get("source", "") for c in exercise.cells]
+    pairs = align(sol, ex_sources, student)
+    matched_students = set(pairs.values())
+    anchors: dict[int, list[Cell]] = {}
+    anchor = -1
+    by_student = {j: i for i, j in pairs.items()}
+    for j, c in enumerate(student):
+        if j in by_student:
+            anchor = by_student[j]
+        elif c.cell_type == "code" and c.source.strip():
+            anchors.setdefault(anchor, []).append(c)
+
+    token = secrets.token_hex(6)
+    guard = f"__grader_{token}"
+    imports = import_source(sol)
+    merged = copy.deepcopy(exercise)
+    merged.cells = [_code_cell(f"import course_utils.integrity as _ci_{token}\n"
+                               f"{guard} = _ci_{token}.arm({imports!r})\ndel _ci_{token}", "grader-arm")]
+    bound = {n.asname or n.name.split(".")[0] for stmt in ast.parse(imports).body for n in stmt.names}
+    checks: list[Check] = []
+
+    def add_student_cell(c: Cell):
+        cell = _code_cell(c.source, f"student-{c.position}")
+        merged.cells.append(cell)
+
+    for c in anchors.get(-1, []):
+        add_student_cell(c)
+    for i, (sol_cell, ex_cell) in enumerate(zip(solution.cells, exercise.cells)):
+        if sol[i].is_check:
+            check = Check(check_name(sol_cell, len(checks) + 1), sol_cell.get("id"))
+            check.look_at = _look_at(sol, i, pairs, student)
+            checks.append(check)
+            if i not in pairs:
+                check.reason = ("this check cell is missing from your notebook (deleted, or its code edited?): "
+                                "copy it back from the exercise notebook, unchanged")
+            else:
+                cell = copy.deepcopy(sol_cell)
+                names = sorted(names_used(sol_cell["source"]) & bound)
+                where = f"check {check.name!r}"
+                cell["source"] = (f"{guard}.bind({names!r}); {guard}.verify({where!r})\n" + sol_cell["source"]
+                                  + f"\n{guard}.verify({where + ' (after it ran)'!r})")
+                merged.cells.append(cell)
+        elif i in pairs and sol[i].cell_type == "code":
+            cell = copy.deepcopy(ex_cell)
+            cell["source"] = student[pairs[i]].source
+            merged.cells.append(cell)
+        elif sol[i].cell_type == "code" and sol[i].is_exercise:
+            pass  # the student deleted this exercise's cell: their answer, if any, is in a cell of their own
+        else:
+            merged.cells.append(copy.deepcopy(ex_cell))
+        for c in anchors.get(i, []):
+            add_student_cell(c)
+
+    scanned = [(c.position, c.source) for j, c in enumerate(student)
+               if c.cell_type == "code" and not (j in matched_students and sol[by_student[j]].is_check)]
+    findings = integrity.scan(scanned)
+    integ = Check("integrity", "", not findings)
+    if findings:
+        integ.reason = "tampering with the checks: " + "; ".join(
+            f"{f} ({_preview(student, f.cell)})" for f in findings[:6])
+    return merged, checks, integ
+
+
+def _preview(student: list[Cell], position: int) -> str:
+    c = next((c for c in student if c.position == position), None)
+    return f"starts {c.preview()!r}" if c else "?"
+
+
+def _look_at(sol: list[Cell], k: int, pairs: dict[int, int], student: list[Cell]) -> str:
+    parts = []
+    for i in exercise_cells_for(sol, k):
+        if i in pairs:
+            c = student[pairs[i]]
+            parts.append(f"your cell {c.position} ({c.preview()!r})")
+        else:
+            parts.append(f"the cell of {sol[i].marker.title() or ', '.join(sorted(sol[i].defs))} "
+                         "(not found in your notebook: did you delete it?)")
+    return "; ".join(parts)
+
+
+def _last_error_line(text: str) -> str:
+    lines = [_ANSI.sub("", ln).rstrip() for ln in text.splitlines()]
+    errors = [ln.strip() for ln in lines if _ERROR_LINE.match(ln.strip())]
+    if errors:
+        # the message of the exception that was raised last, with any continuation lines
+        last = errors[-1]
+        start = max(i for i, ln in enumerate(lines) if ln.strip() == last)
+        tail = []
+        for ln in lines[start + 1:start + 4]:
+            if not ln.strip() or ln.startswith(("---", "===", "  File", "Traceback")):
+                break
+            tail.append(ln.strip())
+        return " ".join([last, *tail])[:600]
+    if "outputs differ" in text.lower() or "mismatch" in text.lower():
+        return "the check ran but printed something other than the expected verdict"
+    return next((ln.strip() for ln in lines if ln.strip()), "failed")[:600]
+
+
+def _run_nbval(nb_path: Path, junit: Path, cell_timeout: int, total_timeout: int,
+               root: Path = ROOT) -> tuple[bool, str]:
+    """Run pytest --nbval-lax on one notebook; return (finished in time, combined output)."""
+    ini = nb_path.parent / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+           f"--nbval-cell-timeout={cell_timeout}", "-p", "no:cacheprovider", "-c", str(ini),
+           "--rootdir", str(nb_path.parent), "-q", f"--junitxml={junit}", str(nb_path)]
+    envv = dict(os.environ)
+    envv["PYTHONPATH"] = os.pathsep.join([str(root), envv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.Popen(cmd, cwd=nb_path.parent, env=envv, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=total_timeout)
+        return True, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return False, out
+
+
+def _junit_cases(junit: Path) -> dict[int, tuple[bool, str]]:
+    """nbval's items by cell index: {index: (passed, failure text)}."""
+    cases: dict[int, tuple[bool, str]] = {}
+    if not junit.exists():
+        return cases
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        m = re.search(r"Cell (\d+)", tc.get("name", ""))
+        if not m:
+            continue
+        bad = tc.find("failure")
+        if bad is None:
+            bad = tc.find("error")
+        if tc.find("skipped") is not None:
+            cases[int(m.group(1))] = (False, "skipped")
+        elif bad is None:
+            cases[int(m.group(1))] = (True, "")
+        else:
+            cases[int(m.group(1))] = (False, (bad.get("message") or "") + "\n" + (bad.text or ""))
+    return cases
+
+
+def identify(student: list[Cell], solutions: Path) -> Path | None:
+    """The solution a notebook of any file name answers: the one whose check cells it holds most of."""
+    best, best_score = None, 0.0
+    for path in sorted(solutions.glob("*.ipynb")):
+        sol = [coerce(c, k + 1) for k, c in enumerate(nbformat.read(path, as_version=4).cells)]
+        ex = [c["source"] for c in make_exercise(nbformat.read(path, as_version=4), path.name).cells]
+        pairs = align(sol, ex, student)
+        checks = sum(sol[i].is_check for i in pairs)
+        score = sum(1 for _ in pairs) + 10 * checks
+        if checks and score > best_score:
+            best, best_score = path, score
+    return best
+
+
+def _sandbox(tmp: Path) -> tuple[Path, dict[Path, bytes]]:
+    """A private copy of the course package for one notebook (the rest of the checkout linked in).
+
+    The notebook imports this copy, so nothing it does can change the course's files that later
+    notebooks are graded with; comparing the copy afterwards shows whether it tried.
+    """
+    root = tmp / "course"
+    root.mkdir()
+    shutil.copytree(ROOT / "course_utils", root / "course_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    for entry in ROOT.iterdir():
+        if entry.name not in ("course_utils", ".git", ".venv") and not (root / entry.name).exists():
+            (root / entry.name).symlink_to(entry)
+    files = {f: f.read_bytes() for f in sorted((root / "course_utils").rglob("*")) if f.is_file()}
+    return root, files
+
+
+def _changed(files: dict[Path, bytes], root: Path) -> list[str]:
+    now = {f for f in (root / "course_utils").rglob("*") if f.is_file() and "__pycache__" not in f.parts}
+    out = [str(f.relative_to(root)) for f, data in files.items() if not f.exists() or f.read_bytes() != data]
+    return out + [str(f.relative_to(root)) for f in sorted(now - set(files))]
+
+
+def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = CELL_TIMEOUT,
+                   solution_path: Path | None = None) -> Report:
+    """Grade one student notebook against ``solutions/<same name>`` (or the solution it matches)."""
+    report = Report(path.name)
+    try:
+        student = read_student(path)
+    except (ValueError, OSError) as e:
+        report.error = str(e)
+        return report
+    solution_path = solution_path or solutions / path.name
+    if not solution_path.exists():
+        solution_path = identify(student, solutions)
+        if solution_path is None:
+            report.error = (f"could not tell which exercise notebook {path.name} is (no check cell of any "
+                            f"solution in {solutions} found in it)")
+            return report
+    report.exercise = solution_path.stem
+    solution = nbformat.read(solution_path, as_version=4)
+    merged, report.checks, report.integrity = merge(solution, student, path.name)
+    to_run = [c for c in report.checks if not c.reason]
+    if not to_run:
+        return report
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        root, files = _sandbox(Path(tmp))
+        work = Path(tmp) / "work"
+        work.mkdir()
+        nb_path = work / "graded.ipynb"
+        nb_path.write_text(nbformat.writes(merged))
+        junit = work / "junit.xml"
+        n_code = sum(c.get("cell_type") == "code" for c in merged.cells)
+        finished, output = _run_nbval(nb_path, junit, cell_timeout, cell_timeout * 2 + 30 * n_code + 120, root)
+        cases = _junit_cases(junit)
+        changed = _changed(files, root)
+    if changed:
+        report.integrity.passed = False
+        report.integrity.reason = "; ".join(filter(None, [
+            "your notebook wrote into the course's files (" + ", ".join(changed[:5]) + ")", report.integrity.reason]))
+    last_failure = ""
+    code_cells = [c for c in merged.cells if c.get("cell_type") == "code"]  # nbval numbers these
+    for i, cell in enumerate(code_cells):
+        passed, text = cases.get(i, (None, ""))
+        check = next((c for c in to_run if c.cell_id == cell.get("id") and is_check_cell(cell)), None)
+        if check is None:
+            if i == 0 and passed is False:
+                report.error = "the grader could not start the notebook: " + _last_error_line(text)
+                report.infra = True
+            elif passed is False and text != "skipped":
+                last_failure = f"cell {i} failed first: {_last_error_line(text)}"
+            continue
+        if passed is None:
+            check.reason = ("the grader stopped before this check ran (a cell hung past the time limit, "
+                            "or the kernel died)" if not finished else "this check did not run")
+        elif passed:
+            check.passed = True
+        else:
+            check.reason = _last_error_line(text)
+            if "timeout" in text.lower() and "exceeded" in text.lower():
+                check.reason = f"the cell ran longer than {cell_timeout} s (does a loop never end?)"
+            if last_failure and "NameError" in check.reason:  # a definition missing: say which cell broke
+                check.reason += f" [{last_failure}]"
+            if "IntegrityError" in check.reason:
+                report.integrity.passed = False
+                what = f"at run time, in check {check.name!r}: the course's code was changed"
+                report.integrity.reason = "; ".join(filter(None, [report.integrity.reason, what]))
+    if not cases and not finished:
+        report.error = "grading timed out before any cell finished"
+    elif not cases:
+        report.error, report.infra = "nbval did not run: " + _last_error_line(output), True
+    return report
+
+
+from .report import main, table, write_csv, write_junit  # noqa: E402  (the CLI and the outputs)
+
+__all__ = ["Check", "Report", "grade_notebook", "identify", "merge", "main", "table", "write_csv", "write_junit"]

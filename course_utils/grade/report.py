@@ -1,0 +1,137 @@
+"""What the grader reports: the table a student reads, JUnit XML and a per-student CSV for CI.
+
+A class is a folder of submissions, one notebook per student under any file name
+(``submissions/alice.ipynb``), or one folder per student (``submissions/alice/*.ipynb``). Each
+notebook is matched to the solution it answers by its content. The exit code of ``--class`` is 0
+when every notebook was graded, whatever the students scored, and 2 only when the grader itself
+failed (an infrastructure error): CI fails on a broken runner, never on a failing student.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from ..exercises import SOLUTIONS
+
+CSV_FIELDS = ["student", "exercise", "check", "result", "reason"]
+
+
+def notebooks_in(targets: list[str]) -> list[Path]:
+    paths: list[Path] = []
+    for t in targets:
+        p = Path(t)
+        paths.extend(sorted(p.glob("*.ipynb")) if p.is_dir() else [p])
+    return paths
+
+
+def class_notebooks(folder: Path) -> list[tuple[str, Path]]:
+    """(student, notebook) for every notebook of a class folder (``.ipynb_checkpoints`` skipped)."""
+    out = []
+    for p in sorted(folder.rglob("*.ipynb")):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        out.append((rel.parts[0] if len(rel.parts) > 1 else p.stem, p))
+    return out
+
+
+def table(reports) -> str:
+    width = max([len(r.notebook) for r in reports] + [8])
+    lines = [f"{'exercise':<{width}}  checks  result", "-" * (width + 16)]
+    for r in reports:
+        total = len(r.checks)
+        status = "PASS" if r.ok else "FAIL"
+        who = f"{r.student}: " if r.student else ""
+        lines.append(f"{who}{r.notebook:<{width}}  {r.passed:>2}/{total:<3}  {status}")
+        if r.error:
+            lines.append(f"    ! {r.error}")
+        if r.integrity is not None and not r.integrity.passed:
+            lines.append(f"    x integrity: {r.integrity.reason}")
+        for c in r.checks:
+            if not c.passed:
+                lines.append(f"    x {c.name}: {c.reason}")
+                if c.look_at:
+                    lines.append(f"      look at {c.look_at}")
+    n_ok = sum(r.ok for r in reports)
+    lines.append("-" * (width + 16))
+    lines.append(f"{n_ok} of {len(reports)} exercise notebook(s) pass every check")
+    return "\n".join(lines)
+
+
+def write_junit(reports, path: Path) -> None:
+    suites = ET.Element("testsuites")
+    for r in reports:
+        rows = r.rows()
+        name = f"{r.student}/{r.notebook}" if r.student else r.notebook
+        suite = ET.SubElement(suites, "testsuite", name=name, tests=str(len(rows)),
+                              failures=str(sum(not c.passed for c in rows)))
+        for c in rows:
+            case = ET.SubElement(suite, "testcase", classname=name, name=c.name)
+            if not c.passed:
+                ET.SubElement(case, "failure", message=c.reason)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_csv(reports, path: Path) -> None:
+    """One row per student, exercise and check: pass or fail, and the reason."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_FIELDS)
+        for r in reports:
+            for c in r.rows():
+                w.writerow([r.student or Path(r.notebook).stem, r.exercise or Path(r.notebook).stem, c.name,
+                            "pass" if c.passed else "fail", " ".join(c.reason.split())])
+
+
+def main(argv=None) -> int:
+    from . import CELL_TIMEOUT, grade_notebook
+
+    ap = argparse.ArgumentParser(description="Grade exercise notebooks against the solutions' checks.")
+    ap.add_argument("targets", nargs="*", default=["exercises"], help="notebooks or folders")
+    ap.add_argument("--class", dest="klass", type=Path, help="a folder of submissions, one notebook per student")
+    ap.add_argument("--junit", type=Path, help="also write JUnit XML here")
+    ap.add_argument("--csv", type=Path, help="also write a CSV (student, exercise, check, result, reason)")
+    ap.add_argument("--solutions", type=Path, default=SOLUTIONS)
+    ap.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT)
+    args = ap.parse_args(argv)
+    if args.klass:
+        if not args.klass.is_dir():
+            print(f"--class {args.klass}: not a folder")
+            return 2
+        jobs = class_notebooks(args.klass)
+    else:
+        jobs = [("", p) for p in notebooks_in(args.targets)]
+    if not jobs:
+        print(f"no notebooks found in {args.klass or args.targets}")
+        return 2
+    try:
+        from tqdm.auto import tqdm
+        jobs_iter = tqdm(jobs, desc="grading", unit="notebook", file=sys.stderr)
+    except ImportError:  # pragma: no cover
+        jobs_iter = jobs
+    reports = []
+    for student, p in jobs_iter:
+        try:
+            r = grade_notebook(p, args.solutions, args.cell_timeout)
+        except Exception as e:  # the grader's own failure: report it, go on, exit 2 at the end
+            from . import Report
+            r = Report(p.name, error=f"the grader failed on this notebook: {type(e).__name__}: {e}", infra=True)
+        r.student = student
+        reports.append(r)
+    print(table(reports))
+    if args.junit:
+        write_junit(reports, args.junit)
+        print(f"JUnit XML written to {args.junit}")
+    if args.csv:
+        write_csv(reports, args.csv)
+        print(f"CSV written to {args.csv}")
+    if not args.klass:
+        print("(this is the self-check: the same grader your instructor runs)" if all(r.ok for r in reports)
+              else "Fix what is marked x above (the cell to look at is named), save, and run make grade again.")
+    if any(r.infra for r in reports):
+        return 2
+    return 0 if args.klass or all(r.ok for r in reports) else 1
