@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import course_utils as cu
-from course_utils import check, hardware
+from course_utils import check, hardware, profile
 from course_utils.kernels import attention as A
 
 DEV = cu.DEVICE
@@ -122,7 +124,7 @@ def test_bad_inputs(kernel):
     fn = KERNELS[kernel]
     q, k, v = _qkv(1, 2, 8, 16, torch.float32)
     with pytest.raises(ValueError, match="head_dim"):
-        fn(*_qkv(1, 2, 8, 24, torch.float32))
+        fn(*_qkv(1, 2, 8, 264, torch.float32))
     with pytest.raises(ValueError, match="4-D"):
         fn(q[0], k[0], v[0])
     with pytest.raises(TypeError, match="one dtype"):
@@ -133,10 +135,10 @@ def test_bad_inputs(kernel):
         fn(q.tolist(), k, v)
     with pytest.raises(ValueError, match="same shape"):
         fn(q, k, v[:, :, :4])
-    with pytest.raises(ValueError, match="causal"):
-        fn(q, k[:, :, :4], v[:, :, :4], causal=True)
     with pytest.raises(ValueError, match="does not match"):
-        fn(q, k[:, :1], v[:, :1])
+        fn(q, k[..., :8], v[..., :8])
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        fn(torch.cat([q, q[:, :1]], 1), k, v)
     with pytest.raises(ValueError, match="no keys"):
         fn(q, k[:, :, :0], v[:, :, :0])
     other = "meta"
@@ -156,7 +158,7 @@ def test_default_scale_is_inverse_sqrt_head_dim():
 
 # ---- tile choice: a pure function of the device --------------------------------------------------
 @pytest.mark.parametrize("arch", [75, 80, 86, 89, 90])
-@pytest.mark.parametrize("d", A.HEAD_DIMS)
+@pytest.mark.parametrize("d", A.HEAD_DIMS + (40, 96, 256))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_configs_fit_every_device(arch, d, dtype, causal):
@@ -167,8 +169,6 @@ def test_configs_fit_every_device(arch, d, dtype, causal):
         assert c.smem_bytes(d, dtype.itemsize) <= info.smem_per_block_bytes
         assert c.block_m >= 16 and c.block_n >= 16
         assert not c.use_tma or arch >= 90
-        if causal:
-            assert c.block_m % c.block_n == 0
 
 
 def test_configs_per_architecture():
@@ -179,7 +179,7 @@ def test_configs_per_architecture():
     assert any(c.use_tma for c in h100) and not any(c.use_tma for c in a100)
     assert A.attention_configs(hardware.INTERPRETER_DEVICE, 64, torch.float16) == [A.INTERPRETER_TILES]
     with pytest.raises(ValueError, match="head_dim"):
-        A.attention_configs(hardware.DeviceInfo.for_arch(90), 96, torch.float16)
+        A.attention_configs(hardware.DeviceInfo.for_arch(90), 320, torch.float16)
 
 
 def test_reference_is_three_steps_and_causal():
@@ -187,6 +187,96 @@ def test_reference_is_three_steps_and_causal():
     o = A.attention_ref(q, k, v, causal=True)
     # the first query sees only the first key: its output is v[0]
     assert torch.allclose(o[0, 0, 0], v[0, 0, 0])
+    q, k, v = _qkv(2, 4, 33, 16, torch.float16)
+    plain = profile.count_launches(A.attention_ref, q, k, v)
+    assert plain.total == 3 and set(plain.torch) == {"baddbmm", "_softmax", "bmm"}, str(plain)
+    # causal: the mask (ones, triu) built once, applied in place over S
+    assert profile.count_launches(A.attention_ref, q, k, v, causal=True).total == 6
+    # grouped-query heads share k/v by a view: still three
+    assert profile.count_launches(A.attention_ref, q, k[:, :2].contiguous(), v[:, :2].contiguous()).total == 3
+
+
+def _attend(q, k, v, causal):  # float64, by definition: every q head, its k/v head, the bottom-right mask
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n, n_kv = q.shape[2], k.shape[2]
+        i, j = torch.arange(n)[:, None], torch.arange(n_kv)[None, :]
+        s = s.masked_fill(j.to(s.device) > (i + n_kv - n).to(s.device), float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,n_kv", [(13, 13), (9, 30), (30, 9)])
+def test_reference_grouped_and_bottom_right(causal, n, n_kv):
+    g = check.generator()
+    q = torch.randn(2, 6, n, 16, generator=g, dtype=torch.float64, device=DEV)
+    k, v = (torch.randn(2, 2, n_kv, 16, generator=g, dtype=torch.float64, device=DEV) for _ in range(2))
+    o = A.attention_ref(q, k, v, causal=causal)
+    assert torch.allclose(o, _attend(q, k, v, causal), atol=1e-12)
+    if causal and n > n_kv:  # the first n - n_kv queries see no key: 0
+        assert (o[:, :, : n - n_kv] == 0).all()
+
+
+# ---- what real models use: head dims that are not powers of two, grouped-query, causal n_q != n_kv ----
+@pytest.mark.parametrize("kernel", ["teaching", "tuned", "tuned-tma-device", "tuned-tma-host"])
+@pytest.mark.parametrize("heads,kv_heads,n,n_kv,d,causal", [
+    (2, 2, 37, 37, 40, True), (4, 2, 20, 33, 24, True), (3, 1, 33, 20, 80, True),
+    (2, 1, 9, 41, 96, False), (2, 2, 19, 19, 1, False), (2, 2, 17, 17, 200, True)])
+def test_real_model_shapes(kernel, heads, kv_heads, n, n_kv, d, causal):
+    dtype = torch.float16 if cu.on_gpu() else torch.float32
+    g = check.generator()
+    q = torch.randn(2, heads, n, d, generator=g, device=DEV).to(dtype)
+    k, v = (torch.randn(2, kv_heads, n_kv, d, generator=g, device=DEV).to(dtype) for _ in range(2))
+    o, lse = KERNELS[kernel](q, k, v, causal=causal, return_lse=True)
+    _close(o, _attend(q.double(), k.double(), v.double(), causal), dtype)
+    _, lse_ref = A.attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    seen = torch.isfinite(lse_ref)
+    assert (lse[~seen] == float("-inf")).all()
+    check.compare("lse", lse[seen], lse_ref[seen], atol=LSE_TOL, rtol=1e-4)
+
+
+_head_offset, _tile_offsets = A.head_offset, A.tile_offsets
+
+
+@triton.jit
+def _offsets_probe(out_ptr, b, h, stride_b, stride_h, row0, row_stride, col_stride, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    offs = _head_offset(b, h, stride_b, stride_h) + _tile_offsets(row0 + i, i, row_stride, col_stride)
+    tl.store(out_ptr + i[:, None] * BLOCK + i[None, :], offs)
+
+
+@pytest.mark.parametrize("args", [
+    (3, 5, 2**29, 2**27, 2**20, 4096, 1),              # head start and row offset each past 2^31
+    (1, 7, 123_456_789, 3_000_001, 70_000, 40_000, 9),  # odd strides (a (batch, seq, heads, d) view)
+    (0, 0, 0, 0, 2**31 - 20, 1, 2**24)])               # a column stride that overflows on its own
+def test_offsets_past_2_31_are_exact(args):
+    """The int64 offset helpers every attention kernel uses, at values past 2^31 (CPU: no allocation)."""
+    b, h, sb, sh, row0, rs, cs = args
+    out = torch.empty(16, 16, dtype=torch.int64, device=DEV)
+    _offsets_probe[(1,)](out, b, h, sb, sh, row0, rs, cs, BLOCK=16)
+    i = torch.arange(16, dtype=torch.int64)
+    expected = b * sb + h * sh + (row0 + i)[:, None] * rs + i[None, :] * cs
+    assert torch.equal(out.cpu(), expected)
+    assert expected.max() > 2**31
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="needs a CUDA GPU with 20 GB free")
+def test_gpu_more_than_2_31_elements():
+    """q, k, v, o of 2^31 + 2^20 elements each (fp16): 131 200 heads of 64 x 256."""
+    heads, n, d = 2**17 + 64, 64, 256
+    q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    assert q.numel() > 2**31
+    for fn in (A.flash_attention, A.flash_attention_teaching):
+        o = fn(q, k, v, causal=True)
+        for hh in (0, heads // 2, heads - 1):  # the last heads live past 2^31
+            sl = slice(hh, hh + 1)
+            _close(o[:, sl], A.attention_ref(q[:, sl].double(), k[:, sl].double(), v[:, sl].double(),
+                                             causal=True), torch.float16)
+        del o
 
 
 def test_peak_bytes_linear_vs_quadratic():
