@@ -71,19 +71,20 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
     from course_utils.kernels import layernorm as L
     from course_utils.kernels import softmax_backward as S
     lg = liger()
-    n = x.shape[-1]
     if op == "softmax_bwd":
         y = torch.softmax(x.float(), -1).to(x.dtype)
         return {"ours": lambda: S.softmax_backward(y, dy),
                 "torch": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, x.dtype)}
     rms = op.startswith("rms")
+    # The torch functions read N from x: torch.compile'd once per op, they see every shape.
     if rms:
-        ours, torch_fn = (lambda x, w: L.rms_norm_autograd(x, w, EPS)), (lambda x, w: F.rms_norm(x, (n,), w, EPS))
+        ours, torch_fn = (lambda x, w: L.rms_norm_autograd(x, w, EPS)), \
+            (lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS))
         lig = None if lg is None else (lambda x, w: lg[1].apply(x, w, EPS, 0.0, "llama", False))
         args = (x, w)
     else:
         ours, torch_fn = (lambda x, w, b: L.layer_norm_autograd(x, w, b, EPS)), \
-            (lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS))
+            (lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS))
         lig = None if lg is None else (lambda x, w, b: lg[0].apply(x, w, b, EPS))
         args = (x, w, b)
     key = "rms" if rms else "ln"
@@ -239,10 +240,13 @@ def tune(out_dir: Path):
     """Time candidate tiles/warps (and backward grids) of our kernels next to copy, torch and Liger."""
     import pandas as pd
 
+    from course_utils import hardware
     from course_utils.kernels import softmax_backward as S
     from course_utils.tuned import layernorm as T
     from course_utils.tuned import softmax_backward as TS
     lg = liger()
+    info = hardware.device_info()
+    saved_fwd = dict(T.FWD_TILES)
     rows = []
     path = out_dir / "layernorm_tune.csv"
 
@@ -276,20 +280,20 @@ def tune(out_dir: Path):
                 T.FWD_TILES[(block, dtype.itemsize)] = (tile, warps)
                 add("ln_fwd", n, m, dtype, f"ours tile={tile} w={warps}", lambda: T.layer_norm(x, w, b, EPS), 2,  # noqa: B023
                     tile=tile, num_warps=warps)
-            T.FWD_TILES.pop((block, dtype.itemsize), None)
+            T.FWD_TILES.clear()
+            T.FWD_TILES.update(saved_fwd)
             for tile, warps in BWD_CANDIDATES[block]:
-                T.BWD_TILES[(block, dtype.itemsize)] = (tile, warps)
-                for per_sm in (2, 4, 8):
-                    T.BWD_PROGRAMS_PER_SM = per_sm
-                    add("ln_bwd", n, m, dtype, f"ours tile={tile} w={warps} per_sm={per_sm}",
-                        lambda: T.layer_norm_backward(dy, x, w, mean, rstd), 3,  # noqa: B023
-                        tile=tile, num_warps=warps, per_sm=per_sm)
-                    if per_sm == 4:
-                        add("ln_bwd", n, m, dtype, f"ours atomic tile={tile} w={warps} per_sm={per_sm}",
-                            lambda: T.layer_norm_backward(dy, x, w, mean, rstd, atomic=True), 3,  # noqa: B023
+                rows_ = T._rows(m, block, tile)
+                for per_sm in (1, 2, 4):
+                    for atomic in (False, True) if per_sm == 2 else (False,):
+                        plan = T.Plan("tiles", block, rows_, warps, *T._grid(m, rows_, info.sms * per_sm))
+                        add("ln_bwd", n, m, dtype, f"ours{' atomic' if atomic else ''} tile={tile} w={warps} "
+                            f"per_sm={per_sm}", lambda: T.layer_norm_backward(  # noqa: B023
+                                dy, x, w, mean, rstd, atomic=atomic, plan=plan), 3,  # noqa: B023
                             tile=tile, num_warps=warps, per_sm=per_sm)
-            T.BWD_TILES.pop((block, dtype.itemsize), None)
-            T.BWD_PROGRAMS_PER_SM = 4
+            for plan in (c for c in T.backward_candidates(m, n, dtype.itemsize, info) if c.version == "chunked"):
+                add("ln_bwd", n, m, dtype, f"ours chunked chunk={plan.BLOCK_N} w={plan.num_warps} grid={plan.grid}",
+                    lambda: T.layer_norm_backward(dy, x, w, mean, rstd, plan=plan), 3)  # noqa: B023
             ys = torch.softmax(x.float(), -1).to(dtype)
             add("softmax_bwd", n, m, dtype, "torch", lambda: torch.ops.aten._softmax_backward_data(  # noqa: B023
                 dy, ys, -1, dtype), 3)  # noqa: B023

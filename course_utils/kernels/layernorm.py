@@ -264,12 +264,15 @@ def rms_norm_ref(x, weight, eps: float = 1e-6):
 # --------------------------------------------------------------------------- production names
 # ``layer_norm``/``rms_norm`` (and the autograd Functions) live on the tuned shelf; importing them from
 # here keeps working, and importing this module compiles nothing from there (PEP 562).
-_TUNED = ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward", "LayerNormFunction",
-          "RMSNormFunction", "layer_norm_autograd", "rms_norm_autograd")
+_TUNED = ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward")
+_AUTOGRAD = ("LayerNormFunction", "RMSNormFunction", "layer_norm_autograd", "rms_norm_autograd")
 
 
 def __getattr__(name):
     if name in _TUNED:
         from ..tuned import layernorm as tuned
         return getattr(tuned, name)
+    if name in _AUTOGRAD:
+        from ..tuned import layernorm_autograd
+        return getattr(layernorm_autograd, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
