@@ -115,7 +115,8 @@ def _inputs(n, dtype, grad: bool):
 
 
 def sweep(quick: bool = False):
-    """One row per (op, N, dtype, impl): the median of ROUNDS interleaved rounds."""
+    """One row per (op, N, dtype, impl): the median of ROUNDS interleaved rounds (bench.time_rounds);
+    an implementation that fails gets a row with its error instead of a time."""
     import pandas as pd
 
     reps = 10 if quick else 20
@@ -131,23 +132,16 @@ def sweep(quick: bool = False):
             for op in ops:
                 for impl, fn in implementations(op, x, w, b, dy, compiled).items():
                     impls[(op, impl)] = fn
-            timings = {k: [] for k in impls}
-            for _ in range(ROUNDS):
-                for k, fn in impls.items():
-                    if timings[k] is None:
-                        continue
-                    try:
-                        timings[k].append(bench.time_ms(fn, warmup=3, rep=reps))
-                    except Exception as e:  # noqa: BLE001 - a failing implementation is a result too
-                        _log(f"  {k} N={n} {_name(dtype)} failed: {type(e).__name__}: {str(e)[:200]}")
-                        timings[k] = None
-            for (op, impl), ts in timings.items():
-                if not ts:
-                    continue
-                t = sorted(ts, key=lambda t: t.median)[len(ts) // 2]
+            errors: dict = {}
+            timings = bench.time_rounds(impls, ROUNDS, errors=errors, warmup=3, rep=reps)
+            for k, e in errors.items():
+                _log(f"  {k} N={n} {_name(dtype)} failed: {e[:200]}")
+                rows.append({"op": k[0], "n_cols": n, "n_rows": m, "dtype": _name(dtype), "impl": k[1],
+                             "error": e[:300]})
+            for (op, impl), t in timings.items():
                 nbytes = MN_FACTOR[op] * m * n * dtype.itemsize
                 rows.append({"op": op, "n_cols": n, "n_rows": m, "dtype": _name(dtype), "impl": impl,
-                             "ms": t.median, "ms_p20": t.p20, "ms_p80": t.p80, "gbps": bench.gbps(nbytes, t)})
+                             **t.columns(), "gbps": bench.gbps(nbytes, t)})
             _log(f"  N={n:>5} {_name(dtype):>8}: " + ", ".join(
                 f"{r['op']}/{r['impl']} {r['gbps']:.0f}" for r in rows if r["n_cols"] == n and
                 r["dtype"] == _name(dtype) and r["impl"] in ("ours", "copy")))
@@ -162,8 +156,10 @@ def ratios(df):
     """Per (op, dtype, N): ours / each peer (speed, time ratio) and ours / copy (bandwidth)."""
     import pandas as pd
 
-    copy = df[df.op == "copy"].set_index(["dtype", "n_cols"])["gbps"]
     out = []
+    if "error" in df.columns:
+        df = df[df["error"].isna()]
+    copy = df[df.op == "copy"].set_index(["dtype", "n_cols"])["gbps"]
     for (op, d, n), g in df[df.op != "copy"].groupby(["op", "dtype", "n_cols"]):
         ms = g.set_index("impl")["ms"]
         if "ours" not in ms:
