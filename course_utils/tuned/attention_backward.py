@@ -218,6 +218,7 @@ _HOPPER_BWD = {
 }
 _OTHER_BWD = [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2), BwdConfig(16, 32, 32, 16, 4, 1)]
 INTERPRETER_BWD = BwdConfig(16, 32, 32, 16, 4, 1)
+SMALLEST_BWD = BwdConfig(16, 16, 16, 16, 4, 1)  # when nothing fits (fp32, d=256 on 64 KiB): may not compile
 
 
 def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtype) -> list[BwdConfig]:
@@ -228,7 +229,7 @@ def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtyp
     bd = block_d(head_dim)
     cands = _HOPPER_BWD[max(64, bd)] if info.arch >= 90 and itemsize == 2 else _OTHER_BWD
     fits = [c for c in cands if c.smem_bytes(head_dim, itemsize) <= int(info.smem_per_block_bytes * 0.95)]
-    return fits or [_OTHER_BWD[-1]]
+    return fits or [SMALLEST_BWD]
 
 
 # --------------------------------------------------------------------------------------------------
