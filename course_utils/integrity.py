@@ -250,6 +250,15 @@ def _record(obj):
             getattr(target, "__kwdefaults__", None))
 
 
+def _rewrapped(module: str, now, was) -> bool:
+    """torch wraps some of its own functions when a submodule loads (torch._dynamo: manual_seed)."""
+    while not module.startswith(COURSE) and hasattr(now, "__wrapped__"):
+        now = now.__wrapped__
+        if now is was:
+            return True
+    return False
+
+
 def _same(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
@@ -323,7 +332,8 @@ class Guard:
                 now = space.get(head, _MISSING) if not tail else vars(space.get(head, object)).get(tail, _MISSING)
                 if now is _MISSING:
                     out.append(f"{name}.{k} was deleted")
-                elif (len(was) == 1 and repr(now) != was[0]) or (len(was) > 1 and not _same(_record(now), was)):
+                elif (len(was) == 1 and repr(now) != was[0]) or (len(was) > 1 and not _same(_record(now), was)
+                                                                  and not _rewrapped(name, now, was[0])):
                     out.append(f"{name}.{k} was replaced or its code swapped")
         now = self._hooks()
         if now is not None and not all(_same(tuple(a), tuple(b)) for a, b in zip(now, self.hooks)):

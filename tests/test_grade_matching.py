@@ -1,0 +1,120 @@
+"""What students' editors do to notebooks: graded correctly, or said clearly what could not be matched."""
+
+import json
+
+import nbformat
+import pytest
+from test_grade import toy_solution
+
+from course_utils import exercises, grade
+from course_utils.grade import match
+
+
+def _solved_raw():
+    nb = json.loads(nbformat.writes(toy_solution()))
+    for c in nb["cells"]:
+        c.pop("outputs", None) if "nbval-check-output" not in c.get("metadata", {}).get("tags", []) else None
+    return nb
+
+
+def _merge(raw, tmp_path):
+    path = tmp_path / "toy.ipynb"
+    path.write_text(json.dumps(raw))
+    cells = match.read_cells(path)
+    return grade.merge(toy_solution(), cells, "toy.ipynb")
+
+
+def _sources(merged):
+    return [c["source"] for c in merged.cells if c["cell_type"] == "code"]
+
+
+def test_nbformat_44_without_ids_matches_by_content(tmp_path):
+    raw = _solved_raw()
+    raw["nbformat_minor"] = 4
+    for c in raw["cells"]:
+        c.pop("id")
+    merged, checks, integ = _merge(raw, tmp_path)
+    assert [c.reason for c in checks] == ["", ""] and integ.passed
+    assert any("return x * x" in s for s in _sources(merged))
+
+
+def test_regenerated_ids_match_by_content(tmp_path):
+    raw = _solved_raw()
+    for k, c in enumerate(raw["cells"]):
+        c["id"] = f"f00d{k:04d}"
+    merged, checks, _ = _merge(raw, tmp_path)
+    assert [c.reason for c in checks] == ["", ""]
+    assert any("return x ** 3" in s for s in _sources(merged))
+    assert not any("NotImplementedError" in s for s in _sources(merged))
+
+
+def test_answer_in_a_new_cell_after_deleting_the_stub(tmp_path):
+    raw = json.loads(nbformat.writes(exercises.make_exercise(toy_solution())))
+    k = next(i for i, c in enumerate(raw["cells"]) if c["id"] == "ex-square")
+    raw["cells"][k] = {"cell_type": "code", "id": "mine", "metadata": {}, "outputs": [], "execution_count": None,
+                       "source": "# my answer\nsquare = lambda x: x * x"}
+    merged, checks, _ = _merge(raw, tmp_path)
+    srcs = _sources(merged)
+    mine = srcs.index("# my answer\nsquare = lambda x: x * x")
+    assert mine < next(i for i, s in enumerate(srcs) if "square(3)" in s)
+    assert not any("Exercise 1: square: replace" in s for s in srcs), "the deleted stub came back"
+    assert checks[0].reason == ""
+
+
+@pytest.mark.parametrize("damage", ["metadata is a string", "id is a list", "tags is a number",
+                                    "source is a number", "cell is a list", "no cell_type"])
+def test_malformed_cells_never_crash(tmp_path, damage):
+    raw = _solved_raw()
+    c = raw["cells"][2]
+    if damage == "metadata is a string":
+        c["metadata"] = "oops"
+    elif damage == "id is a list":
+        c["id"] = ["ex-square"]
+    elif damage == "tags is a number":
+        raw["cells"][3]["metadata"]["tags"] = 7
+    elif damage == "source is a number":
+        c["source"] = 42
+    elif damage == "cell is a list":
+        raw["cells"].append(["not", "a", "cell"])
+    else:
+        c.pop("cell_type")
+    merged, checks, integ = _merge(raw, tmp_path)
+    assert len(checks) == 2
+    for ch in checks:
+        assert ch.reason == "" or "missing" in ch.reason
+
+
+def test_the_report_names_the_cell_to_look_at(tmp_path):
+    raw = json.loads(nbformat.writes(exercises.make_exercise(toy_solution())))
+    _, checks, _ = _merge(raw, tmp_path)
+    assert "your cell 3" in checks[0].look_at and "square" in checks[0].look_at
+
+
+def test_exercise_footer_is_ignored_and_notebook_identified_by_content(tmp_path):
+    sol_dir = tmp_path / "solutions"
+    sol_dir.mkdir()
+    nbformat.write(toy_solution(), sol_dir / "toy.ipynb")
+    cells = match.read_cells(_write(tmp_path / "alice - final (2).ipynb", _solved_raw()))
+    assert grade.identify(cells, sol_dir) == sol_dir / "toy.ipynb"
+    other = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": "x", "metadata": {}, "source": "print(1)", "outputs": [], "execution_count": None}]}
+    assert grade.identify(match.read_cells(_write(tmp_path / "bob.ipynb", other)), sol_dir) is None
+
+
+def _write(path, raw):
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.slow
+def test_nbformat_44_notebook_passes_end_to_end(tmp_path):
+    raw = _solved_raw()
+    raw["nbformat_minor"] = 4
+    for c in raw["cells"]:
+        c.pop("id")
+        c["metadata"] = "saved by an old editor" if c["cell_type"] == "markdown" else c["metadata"]
+    sol_dir = tmp_path / "solutions"
+    sol_dir.mkdir()
+    nbformat.write(toy_solution(), sol_dir / "toy.ipynb")
+    r = grade.grade_notebook(_write(tmp_path / "toy.ipynb", raw), sol_dir)
+    assert r.ok and r.passed == 2, grade.table([r])

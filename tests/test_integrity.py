@@ -1,0 +1,147 @@
+"""Tampering with the checks is caught: the static scan (cell and line named) and the run-time guard.
+
+The first tests read sources only (fast). The last ones grade real notebooks (slow): the cheat of
+issue 17 on exercise 5, a run-time-only cheat the scan cannot see, and an honest notebook that uses
+course_utils.check itself.
+"""
+
+import sys
+
+import nbformat
+import pytest
+
+from course_utils import exercises, grade, integrity
+
+CHEAT = '''import course_utils.checkers.softmax as S
+import course_utils.check as C
+def fake(kernel, name="fused softmax, one row per program"):
+    print("PASS fused softmax, one row per program: matches the float64 softmax on every shape and dtype tried, "
+          "strided rows, no writes outside the output")
+S.check_row_kernel = fake
+C.check_launches = lambda *a, **k: None
+'''
+
+TAMPERING = {
+    "the cheat of issue 17": (CHEAT, 6),
+    "setattr on a checker module": ("from course_utils.checkers import softmax as checks\n"
+                                    "setattr(checks, 'check_row_kernel', print)", 2),
+    "delattr on course_utils.check": ("import course_utils\ndelattr(course_utils.check, 'compare')", 2),
+    "sys.modules edited": ("import sys\nimport types\n"
+                           "sys.modules['course_utils.checkers.softmax'] = types.ModuleType('x')", 3),
+    "sys.modules popped": ("import sys\nsys.modules.pop('course_utils.check')", 2),
+    "print rebound": ("def print(*args):\n    pass\nprint = lambda *a: None", 3),
+    "builtins edited": ("import builtins\nbuiltins.print = lambda *a, **k: None", 2),
+    "importlib.reload": ("import importlib\nimport course_utils.check as c\nimportlib.reload(c)", 3),
+    "from importlib import reload": ("from importlib import reload\nfrom course_utils import check\nreload(check)", 3),
+    "__code__ swap": ("from course_utils.check import compare\ndef nothing(*a, **k):\n    pass\n"
+                      "compare.__code__ = nothing.__code__", 4),
+    "a write into the course's files": ("open('course_utils/checkers/softmax.py', 'w').write('')", 1),
+    "write_text on a checker's file": ("import pathlib\nfrom course_utils.checkers import softmax\n"
+                                       "pathlib.Path(softmax.__file__).write_text('')", 3),
+    "an alias of a course module": ("import course_utils.checkers.softmax as S\nT = S\nT.check_row_kernel = None", 3),
+    "vars() of a course module": ("from course_utils.checkers import softmax\n"
+                                  "vars(softmax)['check_row_kernel'] = 1", 2),
+    "torch.softmax replaced": ("import torch\ntorch.softmax = lambda x, dim: x", 2),
+    "an IPython input transformer": ("get_ipython().input_transformers_cleanup.append(lambda lines: lines)", 1),
+    "IPython swallowing errors": ("get_ipython().set_custom_exc((Exception,), lambda *a: None)", 1),
+    "%autoreload": ("%load_ext autoreload\n%autoreload 2", 2),
+    "exec of a string": ("exec('import course_utils.check as c; c.compare = None')", 1),
+}
+
+
+@pytest.mark.parametrize("name", TAMPERING)
+def test_scan_flags_tampering_with_cell_and_line(name):
+    source, line = TAMPERING[name]
+    findings = integrity.scan([(1, "import torch"), (4, source)])
+    assert findings, f"{name} was not flagged"
+    assert any(f.cell == 4 and f.line == line for f in findings), [str(f) for f in findings]
+    assert str(findings[0]).startswith("cell 4, line ")
+
+
+@pytest.mark.parametrize("path", exercises.solution_paths(), ids=lambda p: p.name)
+def test_honest_solutions_are_not_flagged(path):
+    nb = nbformat.read(path, as_version=4)
+    cells = [(k + 1, c.source) for k, c in enumerate(nb.cells) if c.cell_type == "code"]
+    assert integrity.scan(cells) == []
+
+
+def test_honest_use_of_the_course_is_not_flagged():
+    honest = ("import course_utils as cu\nfrom course_utils import check\nfrom course_utils.check import randn\n"
+              "x = randn((3, 4))\ncheck.compare('mine', x, x.double())\ny = cu.check.randn((5,))\n"
+              "import torch\ntorch.manual_seed(0)\nresults = {}\nresults['a'] = 1\nopen('notes.txt', 'w').write('hi')\n"
+              "%timeit x + 1\nprint('done')")
+    assert integrity.scan([(1, honest)]) == []
+
+
+def test_guard_sees_what_the_scan_cannot():
+    guard = integrity.arm("from course_utils.checkers import softmax as checks")
+    guard.verify()
+    mod = sys.modules["course_utils.checkers.softmax"]
+    original = mod.check_row_kernel
+    try:
+        for name, m in list(sys.modules.items()):   # the scan does not follow loop variables
+            if name.endswith("checkers.softmax"):
+                m.check_row_kernel = lambda *a: None
+        with pytest.raises(integrity.IntegrityError, match="check_row_kernel"):
+            guard.verify()
+    finally:
+        mod.check_row_kernel = original
+    guard.verify()
+    code = original.__code__
+    try:
+        original.__code__ = (lambda kernel, name="x": None).__code__
+        with pytest.raises(integrity.IntegrityError, match="code swapped"):
+            guard.verify()
+    finally:
+        original.__code__ = code
+    namespace = {}
+    exec("guard.bind(['checks'])", {"guard": guard, "__builtins__": __builtins__}, namespace)
+
+
+def _exercise_with(chapter, cell_id, source, extra=None):
+    nb = nbformat.read(exercises.EXERCISES / chapter, as_version=4)
+    sol = nbformat.read(exercises.SOLUTIONS / chapter, as_version=4)
+    sol_src = {c.get("id"): c.source for c in sol.cells}
+    for c in nb.cells:
+        if c.get("id") in (cell_id if isinstance(cell_id, (list, tuple)) else [cell_id]):
+            c.source = source if source is not None else sol_src[c.get("id")]
+    if extra:
+        k = next(i for i, c in enumerate(nb.cells) if c.get("id") == "imports") + 1
+        nb.cells.insert(k, nbformat.v4.new_code_cell(extra, id="student-extra"))
+    return nb
+
+
+@pytest.mark.slow
+def test_the_cheat_of_issue_17_fails_integrity_and_its_checks(tmp_path):
+    launcher = "def fused_softmax(x):\n    return torch.softmax(x, -1)"
+    nb = _exercise_with("05_softmax.ipynb", "launcher", launcher, extra=CHEAT)
+    path = tmp_path / "05_softmax.ipynb"
+    nbformat.write(nb, path)
+    r = grade.grade_notebook(path)
+    assert not r.ok and not r.integrity.passed
+    k = 1 + next(i for i, c in enumerate(nb.cells) if c.get("id") == "student-extra")
+    assert f"cell {k}, line 6" in r.integrity.reason, r.integrity.reason
+    assert r.passed == 0, grade.table([r])
+
+
+@pytest.mark.slow
+def test_a_cheat_only_the_run_time_guard_sees(tmp_path):
+    cheat = ("import sys\nfor name, m in list(sys.modules.items()):\n    if name.endswith('checkers.attention'):\n"
+             "        setattr(m, 'check_attention', lambda *a, **k: None)")
+    nb = _exercise_with("07_flash_attention.ipynb", [], None, extra=cheat)
+    path = tmp_path / "07.ipynb"
+    nbformat.write(nb, path)
+    r = grade.grade_notebook(path)
+    assert r.integrity.passed is False and "at run time" in r.integrity.reason, grade.table([r])
+    assert all("IntegrityError" in c.reason for c in r.checks), grade.table([r])
+
+
+@pytest.mark.slow
+def test_honest_student_calling_course_check_passes(tmp_path):
+    extra = ("from course_utils import check as mycheck\nx = mycheck.randn((4, 8))\n"
+             "mycheck.compare('my own test', x, x.double())")
+    nb = _exercise_with("05_softmax.ipynb", ["ex-row-kernel", "launcher"], None, extra=extra)
+    path = tmp_path / "renamed by the editor.ipynb"
+    nbformat.write(nb, path)
+    r = grade.grade_notebook(path)
+    assert r.ok, grade.table([r])
