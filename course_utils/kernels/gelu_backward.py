@@ -133,3 +133,16 @@ def bias_gelu_backward_ref(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor
         y = torch.where(keep.bool(), y / (1.0 - p), torch.zeros_like(y))
     dx, db = torch.autograd.grad(y, (x, bias), dy)
     return dx, db
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (see course_utils/aot.py)."""
+    from ..aot import dtype_name, dtypes_for, empty
+    for dt in dtypes_for(info):
+        x = empty(1000, 3000, dtype=dt)
+        for p in (0.0, 0.1):
+            yield (f"bias_gelu_backward {dtype_name(dt)} p={p}",
+                   lambda x=x, p=p: bias_gelu_backward_teaching(x, x, x[0], p=p, seed=1))
+        yield (f"bias_gelu_backward erf {dtype_name(dt)}",
+               lambda dt=dt: bias_gelu_backward_teaching(empty(7, 13, dtype=dt), empty(7, 13, dtype=dt),
+                                                         empty(13, dtype=dt), approximate="none"))
