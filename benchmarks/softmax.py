@@ -2,12 +2,17 @@
 
 ``sweep()`` times every implementation at each row length N with M rows chosen so that the input is
 256 MiB, in fp32 and bf16, next to a device-to-device copy of the same bytes (the ceiling).
-GB/s count the minimum traffic: one read of x and one write of y.
+GB/s count the minimum traffic: one read of x and one write of y. Two of ours: "ours" is the tuned
+shelf (``course_utils.tuned.softmax.softmax``, what the targets judge: for N <= 16384 its plan runs
+the multi-row persistent kernel), "teaching" the kernels the chapters print (``softmax_teaching``,
+one row per program, for N <= 32768; ``softmax_online_teaching`` beyond).
 
     python -m benchmarks.softmax sweep   [--out DIR]   # the sweep make bench runs, CSV + table
     python -m benchmarks.softmax tune    [--out DIR]   # candidate tiles/warps/grids, CSV
     python -m benchmarks.softmax limits  [--out DIR]   # registers, shared memory, occupancy, errors
     python -m benchmarks.softmax check                  # correctness on the GPU, every version
+    python -m benchmarks.softmax explore [--out DIR]   # the dips (vector loads) and the pipelined persistent grid
+    python -m benchmarks.softmax ptx     [--out DIR]   # CPU: async copies and load widths in the sm_90 PTX
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ TITLE = "Softmax along rows: fused, persistent, online and split versions"
 INPUT_BYTES = 256 * 2**20
 SHORT_N = (256, 1024, 4096, 16384)
 LONG_N = (32768, 65536, 262144)
-BETWEEN_N = (384, 1000, 3000, 6000, 12000, 17000, 20000, 26000, 50000, 100000, 200000)
-JUDGED = ("ours", "torch.softmax", "copy")  # timed in interleaved rounds, the median round kept
+DIPS_N = (1000, 12000)  # lengths whose row stride is not a multiple of 16 elements (1000), and 12000 (H200)
+BETWEEN_N = (384, 3000, 6000, 17000, 20000, 26000, 50000, 100000, 200000)
+JUDGED = ("ours", "teaching", "torch.softmax", "copy")  # timed in interleaved rounds, the median round kept
 ROUNDS = 3
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -51,8 +57,8 @@ def _time(fn, reps: int) -> bench.Timing:
 
 def _row(n_cols, n_rows, dtype, impl, t: bench.Timing, **extra) -> dict:
     nbytes = 2 * n_rows * n_cols * dtype.itemsize
-    return {"n_cols": n_cols, "n_rows": n_rows, "dtype": _name(dtype), "impl": impl, "ms": t.median,
-            "ms_p20": t.p20, "ms_p80": t.p80, "gbps": bench.gbps(nbytes, t), **extra}
+    return {"n_cols": n_cols, "n_rows": n_rows, "dtype": _name(dtype), "impl": impl, **t.columns(),
+            "gbps": bench.gbps(nbytes, t), **extra}
 
 
 def _compiled_ref():
@@ -60,16 +66,23 @@ def _compiled_ref():
     return torch.compile(softmax_ref)
 
 
+def teaching_for(n_cols: int):
+    """The teaching kernel a chapter shows for rows of ``n_cols``: v2 while a row fits, else v3."""
+    from course_utils.kernels import softmax as K
+    return K.softmax_teaching if n_cols <= K.MAX_TEACHING_BLOCK else K.softmax_online_teaching
+
+
 def sweep(quick: bool = False, partial: Path | None = None):
-    """One row per (N, dtype, implementation): ours, torch.softmax, copy (the median of ROUNDS
-    interleaved rounds), and at the lengths the notebook plots, the five eager ops and torch.compile
-    of them (once)."""
+    """One row per (N, dtype, implementation): ours, teaching, torch.softmax, copy (the median of
+    ROUNDS interleaved rounds), and at the lengths the notebook plots, the five eager ops and
+    torch.compile of them (once)."""
     import pandas as pd
 
-    from course_utils.kernels.softmax import softmax, softmax_ref
+    from course_utils.kernels.softmax import softmax_ref
+    from course_utils.tuned import softmax as S
 
     reps = 10 if quick else 30
-    lengths = sorted(set(SHORT_N + LONG_N + (() if quick else BETWEEN_N)))
+    lengths = sorted(set(SHORT_N + LONG_N + DIPS_N + (() if quick else BETWEEN_N)))
     plotted = set(SHORT_N + LONG_N)
     compiled = _compiled_ref()
     rows = []
@@ -78,31 +91,21 @@ def sweep(quick: bool = False, partial: Path | None = None):
             m = rows_for(n, dtype)
             x = torch.randn(m, n, device="cuda", dtype=dtype)
             y = torch.empty_like(x)
-            impls = {"ours": lambda: softmax(x),  # noqa: B023 (called at once)
-                     "torch.softmax": lambda: torch.softmax(x, dim=-1),  # noqa: B023 (called at once)
-                     "copy": lambda: y.copy_(x)}  # noqa: B023 (called at once)
+            teaching = teaching_for(n)
+            judged = {"ours": lambda: S.softmax(x), "teaching": lambda: teaching(x),  # noqa: B023 (called at once)
+                      "torch.softmax": lambda: torch.softmax(x, dim=-1), "copy": lambda: y.copy_(x)}  # noqa: B023
+            errors: dict = {}
+            timings = bench.time_rounds(judged, rounds=ROUNDS, errors=errors, warmup=5, rep=reps)
             if n in plotted:
-                impls["eager (5 ops)"] = lambda: softmax_ref(x)  # noqa: B023 (called at once)
-                impls["torch.compile"] = lambda: compiled(x)  # noqa: B023 (called at once)
-            timings = {impl: [] for impl in impls}
-            for r in range(ROUNDS):
-                for impl, fn in impls.items():
-                    if (r and impl not in JUDGED) or timings[impl] is None:
-                        continue
-                    try:
-                        timings[impl].append(_time(fn, reps))
-                    except Exception as e:  # noqa: BLE001 - a failing implementation is a result too
-                        _log(f"  {impl} N={n} {_name(dtype)} failed: {type(e).__name__}: {str(e)[:200]}")
-                        timings[impl] = None
-            for impl, ts in timings.items():
-                if not ts:
-                    continue
-                t = sorted(ts, key=lambda t: t.median)[len(ts) // 2]
+                once = {"eager (5 ops)": lambda: softmax_ref(x), "torch.compile": lambda: compiled(x)}  # noqa: B023
+                timings.update(bench.time_rounds(once, rounds=1, errors=errors, warmup=5, rep=reps))
+            for impl, err in errors.items():
+                _log(f"  {impl} N={n} {_name(dtype)} failed: {err[:200]}")
+            for impl, t in timings.items():
                 rows.append(_row(n, m, dtype, impl, t))
                 if partial is not None:
                     pd.DataFrame(rows).to_csv(partial, index=False)
                 _log(f"  N={n:>6} {_name(dtype):>8} {impl:>14}: {rows[-1]['gbps']:7.0f} GB/s")
-    from course_utils.kernels import softmax as S
     df = pd.DataFrame(rows).assign(split_16bit=f"{S.SPLIT_BLOCK_16BIT},{S.SPLIT_WARPS_16BIT}",
                                    split_32bit=f"{S.SPLIT_BLOCK},{S.SPLIT_WARPS}")
     return df
@@ -112,6 +115,9 @@ def ratios(df):
     """Per (N, dtype): ours / torch.softmax and ours / copy, from one run."""
     piv = df.pivot_table(index=["dtype", "n_cols"], columns="impl", values="gbps")
     out = piv.assign(vs_torch=piv["ours"] / piv["torch.softmax"], vs_copy=piv["ours"] / piv["copy"])
+    if "teaching" in piv:
+        out = out.assign(teaching_vs_copy=piv["teaching"] / piv["copy"],
+                         tuned_vs_teaching=piv["ours"] / piv["teaching"])
     return out.reset_index()
 
 
@@ -140,7 +146,7 @@ def targets(df) -> list:
 def _short_candidates(n_cols):
     import triton
 
-    from course_utils.kernels import softmax as S
+    from course_utils.tuned import softmax as S
     block = triton.next_power_of_2(n_cols)
     seen, out = set(), []
     for tile, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (16384, 8), (16384, 16), (32768, 16)):
@@ -156,7 +162,7 @@ def tune(out_dir: Path, split: bool = True, long_only: bool = False):
     """Time candidate plans of the persistent and split kernels; append rows to tune.csv as we go."""
     import pandas as pd
 
-    from course_utils.kernels import softmax as S
+    from course_utils.tuned import softmax as S
     info = hardware.device_info()
     path = out_dir / ("softmax_tune_split16.csv" if long_only else "softmax_tune.csv")
     rows = []
@@ -177,11 +183,12 @@ def tune(out_dir: Path, split: bool = True, long_only: bool = False):
                 n_tiles = -(-m // p.ROWS)
                 per_sm = S.estimate_programs_per_sm(p.ROWS * p.BLOCK_SIZE, p.num_warps, info)
                 for grid_name, grid in (("all", n_tiles), ("persistent", min(n_tiles, info.sms * per_sm))):
-                    q = S.Plan("persistent", p.BLOCK_SIZE, p.ROWS, p.num_warps, grid)
+                    q = S.Plan("persistent", p.BLOCK_SIZE, p.ROWS, p.num_warps, grid,
+                               stages=1 if grid == n_tiles else S.PIPELINE_STAGES)
                     try:
-                        S._launch(q, y, x)
+                        S.launch(q, y, x)
                         err = float((y.float() - ref).abs().max())
-                        t = _time(lambda: S._launch(q, y, x), 20)  # noqa: B023 (called at once)
+                        t = _time(lambda: S.launch(q, y, x), 20)  # noqa: B023 (called at once)
                     except Exception as e:  # noqa: BLE001
                         _log(f"  {q} failed: {type(e).__name__}: {str(e)[:200]}")
                         continue
@@ -204,9 +211,9 @@ def tune(out_dir: Path, split: bool = True, long_only: bool = False):
                 cands += [S.Plan("split", b, -(-n // b), w, m * -(-n // b)) for b, w in configs]
             for q in cands:
                 try:
-                    S._launch(q, y, x)
+                    S.launch(q, y, x)
                     err = float((y.float() - ref).abs().max())
-                    t = _time(lambda: S._launch(q, y, x), 20)  # noqa: B023 (called at once)
+                    t = _time(lambda: S.launch(q, y, x), 20)  # noqa: B023 (called at once)
                 except Exception as e:  # noqa: BLE001
                     _log(f"  {q} failed: {type(e).__name__}: {str(e)[:200]}")
                     continue
@@ -243,7 +250,8 @@ def limits(out_dir: Path):
     import pandas as pd
     import triton
 
-    from course_utils.kernels import softmax as S
+    from course_utils.kernels import softmax as K
+    from course_utils.tuned import softmax as S
     info = hardware.device_info()
     spec = hardware.current()
     smem_per_sm = spec.smem_per_sm_kib * 1024 if spec else info.smem_per_block_bytes
@@ -258,8 +266,8 @@ def limits(out_dir: Path):
                  "num_warps": warps, "num_stages": 1}
 
             def run(x=x, y=y, block=block, warps=warps, n=n):
-                return S._softmax_row_kernel[(x.shape[0],)](y, x, n, x.stride(0), y.stride(0),
-                                                            BLOCK_SIZE=block, num_warps=warps)
+                return K.softmax_row_kernel[(x.shape[0],)](y, x, n, x.stride(0), y.stride(0),
+                                                           BLOCK_SIZE=block, num_warps=warps)
             try:
                 k = run()
                 torch.cuda.synchronize()
@@ -295,7 +303,7 @@ def limits(out_dir: Path):
 
 def check() -> None:
     """Every version against float64 on odd shapes, strides and edge rows (prints one line each)."""
-    from course_utils.kernels import softmax as S
+    from course_utils.tuned import softmax as S
     torch.manual_seed(int(time.time()))
     cases = [(7, 13), (1000, 1000), (33, 4097), (3, 16385), (9, 20000), (300, 100003), (2, 1_000_000)]
     for dtype in (torch.float32, torch.bfloat16):
@@ -320,9 +328,198 @@ def check() -> None:
           "| one finite ->", "one-hot" if float(y[1, 12345]) == 1.0 else "WRONG", flush=True)
 
 
+# --------------------------------------------------------------------------- loops and vector loads
+
+
+def _while_persistent_kernel_factory():
+    """The tuned persistent kernel with its tile loop written as a ``while`` loop, as the course had
+    it: the same body, for the comparison (Triton's pipeliner skips while loops)."""
+    import triton
+    import triton.language as tl
+
+    from course_utils.tuned.softmax import tile_rows
+
+    @triton.jit
+    def softmax_persistent_while_kernel(y_ptr, x_ptr, n_rows, n_cols_a, x_stride_a, y_stride_a, n_tiles,
+                                        BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr):
+        n_cols, x_row_stride, y_row_stride = n_cols_a * ALIGN, x_stride_a * ALIGN, y_stride_a * ALIGN
+        cols = tl.arange(0, BLOCK_SIZE)
+        col_mask = cols < n_cols
+        tile = tl.program_id(0)
+        while tile < n_tiles:
+            rows = tile_rows(tile, ROWS)
+            mask = (rows < n_rows)[:, None] & col_mask[None, :]
+            x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask,
+                        other=-float("inf")).to(tl.float32)
+            x = x - tl.max(x, axis=1)[:, None]
+            numerator = tl.exp(x)
+            y = numerator * (1.0 / tl.sum(numerator, axis=1))[:, None]
+            tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+            tile += tl.num_programs(0)
+
+    return softmax_persistent_while_kernel
+
+
+_WHILE_KERNEL = None
+
+
+def launch_while(p, y2, x2, num_stages: int = 3):
+    """Launch plan ``p`` (persistent) with the while-loop twin of the tuned kernel."""
+    import triton
+
+    from course_utils.tuned import softmax as S
+    global _WHILE_KERNEL
+    _WHILE_KERNEL = _WHILE_KERNEL or _while_persistent_kernel_factory()
+    n_rows, n_cols = x2.shape
+    a = S.alignment(n_cols, x2.stride(0), y2.stride(0))
+    _WHILE_KERNEL[(p.grid,)](y2, x2, n_rows, n_cols // a, x2.stride(0) // a, y2.stride(0) // a,
+                             triton.cdiv(n_rows, p.ROWS), BLOCK_SIZE=p.BLOCK_SIZE, ROWS=p.ROWS, ALIGN=a,
+                             num_warps=p.num_warps, num_stages=num_stages)
+
+
+def load_widths(ptx: str) -> dict:
+    """Global loads in PTX by bytes per instruction per thread, e.g. {16: 4} for four ld.global.v4.b32."""
+    import re
+    widths: dict = {}
+    for vec, bits in re.findall(r"\bld\.global(?:\.[a-z]+\d*)*?(?:\.v(\d))?\.[bfsu](\d+)\b", ptx):
+        nbytes = int(vec or 1) * int(bits) // 8
+        widths[nbytes] = widths.get(nbytes, 0) + 1
+    return widths
+
+
+def ptx_facts(arch: int = 90):
+    """CPU, compiled mode (``python -m benchmarks.softmax ptx``): for sm_``arch``, the async copies
+    (software pipelining) of the persistent tile loop as ``tl.range`` with 1 and 3 stages and as a
+    ``while`` loop with num_stages=3, and the widths of the loads of rows whose stride is a multiple
+    of 8 but not 16 elements, with and without the tuned shelf's ALIGN hint."""
+    import pandas as pd
+
+    from course_utils import aot
+    from course_utils.kernels import softmax as K
+    from course_utils.tuned import softmax as S
+    info = hardware.DeviceInfo.for_arch(arch)
+    rows = []
+
+    def add(what, call, **extra):
+        for r in aot.ptx_of(call, arch):
+            rows.append({"arch": arch, "what": what, "kernel": r["kernel"].rsplit(".", 1)[-1], **extra,
+                         "num_stages": r["num_stages"], **aot.async_copies(r["ptx"]),
+                         "load_bytes": " ".join(f"{k}Bx{v}" for k, v in sorted(load_widths(r["ptx"]).items())),
+                         "widest_load_bytes": max(load_widths(r["ptx"]) or [0]), "shared_bytes": r["shared_bytes"]})
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1000, 4096):
+            x, y = torch.empty(4096, n, dtype=dtype), torch.empty(4096, n, dtype=dtype)
+            kw = {"dtype": _name(dtype), "n_cols": n}
+            for stages in (1, 3):
+                add(f"persistent grid, tl.range num_stages={stages}",
+                    lambda s=stages, x=x, y=y, n=n: S.launch(S.persistent_grid_plan(4096, n, info, s), y, x), **kw)
+            add("persistent grid, while loop, num_stages=3",
+                lambda x=x, y=y, n=n: launch_while(S.persistent_grid_plan(4096, n, info, 3), y, x, 3), **kw)
+        add("teaching online kernel, tl.range num_stages=3 (default)",
+            lambda dtype=dtype: K.softmax_online_teaching(torch.empty(4, 100_000, dtype=dtype)),
+            dtype=_name(dtype), n_cols=100_000)
+        for n in (1000, 1024, 12000):
+            for hint in (False, True):
+                def plan_launch(n=n, hint=hint, dtype=dtype):
+                    saved, S.VECTOR_HINT = S.VECTOR_HINT, hint
+                    try:
+                        S.softmax(torch.empty(64, n, dtype=dtype))
+                    finally:
+                        S.VECTOR_HINT = saved
+                add(f"tuned plan, ALIGN hint {'on' if hint else 'off'}", plan_launch, dtype=_name(dtype), n_cols=n)
+    return pd.DataFrame(rows).assign(triton=__import__("triton").__version__)
+
+
+def explore(out_dir: Path):
+    """GPU: (1) the dips: bf16/fp32 rows of 1000 and 12000 (and 1024 beside them) with the ALIGN hint
+    on and off, against torch.softmax and a copy; (2) chapter 5's persistent grid with its tile loop
+    as tl.range (1, 2, 3 stages) and as the old while loop, against one tile per program. Interleaved
+    rounds, 256 MiB inputs; two CSVs."""
+    import pandas as pd
+
+    from course_utils.tuned import softmax as S
+    info = hardware.device_info()
+
+    def hinted(fn, hint):
+        def run():
+            saved, S.VECTOR_HINT = S.VECTOR_HINT, hint
+            try:
+                return fn()
+            finally:
+                S.VECTOR_HINT = saved
+        return run
+
+    dips, grids = [], []
+    for dtype in DTYPES:
+        for n in (1000, 1024, 12000):
+            m = rows_for(n, dtype)
+            x = torch.randn(m, n, device="cuda", dtype=dtype)
+            y = torch.empty_like(x)
+            ref = torch.softmax(x.float(), -1)
+            for hint in (False, True):
+                err = float((hinted(lambda: S.softmax(x), hint)().float() - ref).abs().max())  # noqa: B023
+                _log(f"  dips N={n} {_name(dtype)} hint={hint}: max err {err:.1e}")
+            impls = {"ours, ALIGN hint on": hinted(lambda: S.softmax(x), True),  # noqa: B023 (called at once)
+                     "ours, ALIGN hint off": hinted(lambda: S.softmax(x), False),  # noqa: B023
+                     "torch.softmax": lambda: torch.softmax(x, -1), "copy": lambda: y.copy_(x)}  # noqa: B023
+            for impl, t in bench.time_rounds(impls, rounds=ROUNDS, warmup=5, rep=30).items():
+                dips.append(_row(n, m, dtype, impl, t, align=S.alignment(n, n, n) if "on" in impl else 1))
+                _log(f"  dips N={n} {_name(dtype)} {impl}: {dips[-1]['gbps']:.0f} GB/s")
+        for n in (1000, 1024, 4096, 16384):
+            m = rows_for(n, dtype)
+            x = torch.randn(m, n, device="cuda", dtype=dtype)
+            y = torch.empty_like(x)
+            ref = torch.softmax(x.float(), -1)
+            full = S.plan(m, n, info, dtype.itemsize)
+            impls = {"one tile per program (the plan)": lambda p=full: S.launch(p, y, x),  # noqa: B023
+                     "copy": lambda: y.copy_(x)}  # noqa: B023
+            for stages in (1, 2, 3):
+                p = S.persistent_grid_plan(m, n, info, stages, full.ROWS, full.num_warps)
+                impls[f"persistent grid, tl.range num_stages={stages}"] = lambda p=p: S.launch(p, y, x)  # noqa: B023
+            p1 = S.persistent_grid_plan(m, n, info, 1, full.ROWS, full.num_warps)
+            impls["persistent grid, while loop"] = lambda p=p1: launch_while(p, y, x)  # noqa: B023
+            errors: dict = {}
+            for impl, fn in impls.items():
+                if impl != "copy":
+                    fn()
+                    e = float((y.float() - ref).abs().max())
+                    if not e < 1e-2:
+                        errors[impl] = f"max err {e:.1e}"
+            timings = bench.time_rounds({k: v for k, v in impls.items() if k not in errors}, rounds=ROUNDS,
+                                        errors=errors, warmup=5, rep=30)
+            for impl, t in timings.items():
+                grids.append(_row(n, m, dtype, impl, t, grid=p1.grid if "persistent" in impl else None,
+                                  rows_per_tile=full.ROWS, num_warps=full.num_warps))
+                _log(f"  grid N={n} {_name(dtype)} {impl}: {grids[-1]['gbps']:.0f} GB/s")
+            for impl, e in errors.items():
+                _log(f"  grid N={n} {_name(dtype)} {impl} FAILED: {e}")
+        for n in (65536, 262144):  # the online kernel (v3, and the plan's last resort): pipelined or not
+            from course_utils.kernels import softmax as K
+            m = rows_for(n, dtype)
+            x = torch.randn(m, n, device="cuda", dtype=dtype)
+            y = torch.empty_like(x)
+            impls = {f"online (v3), tl.range num_stages={st}":
+                     lambda st=st: K.softmax_online_kernel[(m,)](y, x, n, n, n, BLOCK_SIZE=S.ONLINE_BLOCK,  # noqa: B023
+                                                                 NUM_STAGES=st, num_warps=8) for st in (1, 2, 3)}
+            impls["copy"] = lambda: y.copy_(x)  # noqa: B023
+            errors = {}
+            for impl, t in bench.time_rounds(impls, rounds=ROUNDS, errors=errors, warmup=5, rep=30).items():
+                grids.append(_row(n, m, dtype, impl, t))
+                _log(f"  online N={n} {_name(dtype)} {impl}: {grids[-1]['gbps']:.0f} GB/s")
+            for impl, e in errors.items():
+                _log(f"  online N={n} {_name(dtype)} {impl} FAILED: {e}")
+    for name, rows in (("softmax_dips_explore", dips), ("softmax_persistent_explore", grids)):
+        df = pd.DataFrame(rows)
+        copy = df[df.impl == "copy"].set_index(["dtype", "n_cols"])["gbps"]
+        df["pct_of_copy"] = [100 * g / copy[(d, n)] for g, d, n in zip(df.gbps, df.dtype, df.n_cols)]
+        df.assign(**bench.provenance()).to_csv(out_dir / f"{name}.csv", index=False)
+        print(df[["dtype", "n_cols", "impl", "gbps", "pct_of_copy"]].round(1).to_string(index=False), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("what", choices=["sweep", "tune", "limits", "check"])
+    ap.add_argument("what", choices=["sweep", "tune", "limits", "check", "explore", "ptx"])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-split", action="store_true")
@@ -330,8 +527,10 @@ def main(argv=None) -> int:
     ap.add_argument("--split-16bit", default=None, help="BLOCK,WARPS of the split kernel for 16-bit inputs")
     a = ap.parse_args(argv)
     if a.split_16bit:
-        from course_utils.kernels import softmax as S
+        from course_utils.tuned import softmax as S
         S.SPLIT_BLOCK_16BIT, S.SPLIT_WARPS_16BIT = (int(v) for v in a.split_16bit.split(","))
+    if a.what == "ptx":  # compiles for sm_90 on any machine, in a process where TRITON_INTERPRET is unset
+        return _ptx_main(a.out or (bench.RESULTS / "ptx"))
     if not cu.on_gpu():
         print("benchmarks.softmax needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -341,6 +540,8 @@ def main(argv=None) -> int:
         check()
     elif a.what == "limits":
         limits(out)
+    elif a.what == "explore":
+        explore(out)
     elif a.what == "tune":
         tune(out, split=not a.no_split, long_only=a.long_only)
     else:
@@ -353,6 +554,18 @@ def main(argv=None) -> int:
         print(r.round(3).to_string(index=False))
         print(pd.DataFrame([t.row() for t in targets(df)]).to_string(index=False))
     return 0
+
+
+def _ptx_main(out: Path) -> int:
+    import subprocess
+
+    from course_utils import aot
+    code = ("import sys, triton, triton.language\nfrom course_utils import aot\nimport os\n"
+            "os.environ.pop('TRITON_INTERPRET', None)\nfrom benchmarks import softmax as b\n"
+            "df = b.ptx_facts(90)\nimport pathlib\nout = pathlib.Path(sys.argv[1])\n"
+            "out.mkdir(parents=True, exist_ok=True)\ndf.to_csv(out / 'softmax_ptx.csv', index=False)\n"
+            "print(df.drop(columns=['triton']).to_string(index=False))\n")
+    return subprocess.call([sys.executable, "-c", code, str(out)], env=aot.subprocess_env())
 
 
 if __name__ == "__main__":

@@ -395,6 +395,22 @@ def compile_launches(launches: list[Launch], info: hardware.DeviceInfo) -> list[
     return list(results.values())
 
 
+def ptx_of(call: Callable[[], object], arch: int) -> list[dict]:
+    """Compile every launch ``call()`` makes when pretending to be sm_``arch``: one dict per launch
+    with ``kernel``, ``ptx``, ``shared_bytes``, ``num_stages`` (TRITON_INTERPRET must be unset)."""
+    info = hardware.DeviceInfo.for_arch(arch)
+    with pretend(info, kernel_modules()) as launches:
+        call()
+    target = internals.gpu_target(arch)
+    out = []
+    for launch in launches:
+        src, options = _bind(launch, target)
+        k = internals.compile_for(src, target, options)
+        out.append({"kernel": _key_name(launch.kernel), "ptx": k.asm["ptx"], "shared_bytes": int(k.metadata.shared),
+                    "num_stages": options.num_stages})
+    return out
+
+
 def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
                progress: Callable[[str], None] | None = None) -> dict:
     """Trace and compile every case for each arch. Needs real JITFunctions (TRITON_INTERPRET unset)."""

@@ -252,3 +252,34 @@ def test_matrix_refuses_interpreted_kernels():
     """In this (interpreter) process the kernels are InterpretedFunctions: a clear error, not a crash."""
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         aot.run_matrix([80])
+
+
+# ------------------------------------------------------------------------- what the PTX says (softmax)
+
+@pytest.mark.slow
+def test_only_tl_range_loops_are_pipelined_and_aligned_rows_get_vector_loads(tmp_path):
+    """Issue 18, items 1 and 10, on sm_90 PTX: a tile loop written ``for ... in tl.range(...,
+    num_stages=3)`` has async copies, the same loop as ``while`` has none (whatever num_stages says);
+    rows of 1000 load one element per instruction unless n_cols and strides come in units of ALIGN."""
+    import pandas as pd
+    p = subprocess.run([sys.executable, "-m", "benchmarks.softmax", "ptx", "--out", str(tmp_path)], cwd=ROOT,
+                       env=_compile_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "softmax_ptx.csv")
+    copies = df.cp_async + df.cp_async_bulk
+    loops = df[df.what.str.startswith("persistent grid")]
+    assert len(loops) == 12
+    for what, rows in loops.groupby("what"):
+        if "tl.range num_stages=3" in what:
+            assert (copies[rows.index] > 0).all(), rows
+        else:  # num_stages=1, or a while loop with num_stages=3
+            assert (copies[rows.index] == 0).all(), rows
+    online = df[df.kernel == "softmax_online_kernel"]
+    assert len(online) == 2 and (copies[online.index] > 0).all()
+    plans = df[df.what.str.startswith("tuned plan")].set_index(["dtype", "n_cols", "what"]).widest_load_bytes
+    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
+        assert plans[(dtype, 1000, "tuned plan, ALIGN hint off")] == itemsize   # one element per load
+        assert plans[(dtype, 1000, "tuned plan, ALIGN hint on")] == 16
+        for n in (1024, 12000):   # multiples of 16: Triton's own specialization sees them
+            for hint in ("off", "on"):
+                assert plans[(dtype, n, f"tuned plan, ALIGN hint {hint}")] == 16

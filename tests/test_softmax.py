@@ -1,4 +1,5 @@
-"""Unit tests for course_utils.kernels.softmax (run under Triton's interpreter on the CPU)."""
+"""Unit tests for softmax: the teaching shelf (course_utils.kernels.softmax) and the tuned one
+(course_utils.tuned.softmax, reached through the old path too). Run under Triton's interpreter on the CPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from course_utils import check, env, hardware
 from course_utils.kernels import softmax as sm
 from course_utils.profile import count_launches
+from course_utils.tuned import softmax as tuned
 
 DTYPES = (torch.float32, torch.float16)
 CPU_VERSIONS = ("fused", "persistent", "online", None)
@@ -78,7 +80,7 @@ def test_online_kernel_with_leading_minus_inf_tiles():
     x[0, :700] = -math.inf
     x[1, 1500:] = -math.inf
     y = torch.empty_like(x)
-    sm._softmax_online_kernel[(4,)](y, x, 2000, x.stride(0), y.stride(0), BLOCK_SIZE=128)
+    sm.softmax_online_kernel[(4,)](y, x, 2000, x.stride(0), y.stride(0), BLOCK_SIZE=128)
     _close(y, x)
 
 
@@ -171,9 +173,12 @@ def test_plan_is_a_pure_function_of_the_device(arch):
 
 def test_ladder_is_documented():
     doc = sm.__doc__
-    for name in ("softmax_ref", "_softmax_row_kernel", "_softmax_persistent_kernel", "_softmax_online_kernel",
-                 "_softmax_split_kernel"):
+    for name in ("v1 ``softmax_ref``", "v2 ``softmax_row_kernel`` / ``softmax_teaching``",
+                 "v3 ``softmax_online_kernel`` / ``softmax_online_teaching``",
+                 "v4 ``course_utils.tuned.softmax.softmax``"):
         assert name in doc
+    for version in ("persistent", "two_block", "fused", "split", "online"):
+        assert f"``{version}``" in tuned.__doc__
 
 
 def test_benchmark_targets_from_a_synthetic_sweep():
@@ -207,3 +212,120 @@ def test_two_block_rows(n, dtype):
     check.compare("two_block softmax", out[[0, 2, 3]], ref[[0, 2, 3]])
     with pytest.raises(ValueError, match="two_block"):
         sm.softmax(check.randn((2, 100)), version="two_block")
+
+
+# ------------------------------------------------------------------------- the teaching shelf
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (3, 1000), (2, 3, 1537)])
+def test_teaching_launchers_match_float64(dtype, shape):
+    x = check.randn(shape, dtype, scale=4.0, offset=-30.0, outliers=0.02, outlier_scale=500.0)
+    for fn in (sm.softmax_teaching, sm.softmax_online_teaching):
+        y = fn(x)
+        assert y.shape == x.shape and y.dtype == dtype
+        _close(y, x)
+    _close(sm.softmax_online_teaching(x, BLOCK_SIZE=64), x)  # several tiles per row
+
+
+def test_teaching_launchers_one_launch_edges_and_errors():
+    x = check.randn((5, 300))[:, 7:250]  # strided rows, read in place
+    assert count_launches(sm.softmax_teaching, x).total == 1
+    assert count_launches(sm.softmax_online_teaching, x).total == 1
+    _close(sm.softmax_teaching(x), x)
+    e = torch.empty(0, 9, device=env.DEVICE)
+    assert count_launches(sm.softmax_teaching, e).total == 0 and sm.softmax_teaching(e).shape == (0, 9)
+    with pytest.raises(ValueError, match="softmax_online_teaching"):
+        sm.softmax_teaching(torch.empty(2, sm.MAX_TEACHING_BLOCK + 1, device=env.DEVICE))
+    with pytest.raises(ValueError, match="power of two"):
+        sm.softmax_online_teaching(x, BLOCK_SIZE=100)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        sm.softmax_teaching(torch.ones(2, 3, dtype=torch.int32))
+
+
+def test_old_paths_forward_to_the_tuned_shelf():
+    assert sm.softmax is tuned.softmax and sm.plan is tuned.plan and sm.Plan is tuned.Plan
+    assert sm._softmax_persistent_kernel is tuned.softmax_persistent_kernel
+    assert sm._softmax_row_kernel is sm.softmax_row_kernel and sm._softmax_online_kernel is sm.softmax_online_kernel
+    with pytest.raises(AttributeError):
+        sm.compile_cases_of_someone_else  # noqa: B018 - unknown names are not forwarded
+
+
+# ------------------------------------------------------------------------- past 2^31 elements
+
+
+def test_tile_rows_are_int64_where_tile_times_rows_passes_2_31():
+    """A (2_200_000_000, 1) input has 537_110 tiles of 4096 rows: 537_110 * 4096 > 2^31. Under the
+    interpreter int32 arithmetic wraps as on the GPU, so the unsafe form is caught here too."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe_kernel(out_ptr, tile, ROWS: tl.constexpr, SAFE: tl.constexpr):
+        if SAFE:
+            rows = tuned.tile_rows(tile, ROWS)
+        else:
+            rows = tile * ROWS + tl.arange(0, ROWS)
+        tl.store(out_ptr + tl.arange(0, ROWS), rows)
+
+    tile, n = 537_109, 4096
+    want = torch.arange(tile * n, (tile + 1) * n, dtype=torch.int64)
+    out = torch.zeros(n, dtype=torch.int64, device=env.DEVICE)
+    probe_kernel[(1,)](out, tile, ROWS=n, SAFE=True)
+    assert torch.equal(out.cpu(), want)
+    probe_kernel[(1,)](out, tile, ROWS=n, SAFE=False)  # the form that crashed on an H100
+    assert not torch.equal(out.cpu(), want)
+
+
+def test_the_tuned_kernels_use_int64_row_offsets():
+    import inspect
+    assert "tile_rows(tile, ROWS)" in inspect.getsource(tuned.softmax_persistent_kernel.fn)
+    for kernel in (tuned.softmax_two_block_kernel, tuned.softmax_split_kernel, sm.softmax_row_kernel,
+                   sm.softmax_online_kernel):
+        assert ".to(tl.int64) *" in inspect.getsource(kernel.fn), kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not env.on_gpu(), reason="needs a GPU with about 20 GiB free")
+@pytest.mark.parametrize("shape, dtype", [((2_200_000_000, 1), torch.float32), ((1_100_003, 2000), torch.float32),
+                                          ((2**21 + 3, 1024), torch.bfloat16)], ids=str)
+def test_past_2_31_elements_on_gpu(shape, dtype):
+    """The issue's crash: (2_200_000_000, 1) float32 (row offsets past 2^31) and two 2-D shapes."""
+    torch.cuda.empty_cache()
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    x[-1, 0] = float("-inf")
+    y = sm.softmax(x)
+    torch.cuda.synchronize()
+    if shape[1] == 1:
+        assert bool((y[:-1] == 1).all()) and bool(y[-1].isnan().all())
+    else:
+        for rows in (slice(0, 3), slice(shape[0] // 2, shape[0] // 2 + 3), slice(shape[0] - 3, shape[0])):
+            check.compare("softmax past 2^31", y[rows], torch.softmax(x[rows].double(), -1))
+        if shape[1] <= sm.MAX_TEACHING_BLOCK:
+            t = sm.softmax_teaching(x)
+            check.compare("softmax_teaching past 2^31", t[-3:], torch.softmax(x[-3:].double(), -1))
+    del x, y
+
+
+# ------------------------------------------------------------------------- vector loads
+
+
+@pytest.mark.parametrize("n_cols, strides, align", [(1000, (1000, 1000), 8), (1024, (1024, 1024), 16),
+                                                    (13, (13, 13), 1), (245, (300, 245), 1), (20, (20, 20), 4),
+                                                    (64, (96, 64), 16), (1000, (1004, 1000), 4)])
+def test_alignment_is_the_largest_power_of_two_dividing_all(n_cols, strides, align):
+    assert tuned.alignment(n_cols, *strides) == align
+
+
+@pytest.mark.parametrize("shape, cut", [((6, 1000), 1000), ((5, 48), 40), ((9, 20), 20), ((4, 4100), 4100)])
+def test_aligned_units_give_the_same_result(shape, cut):
+    """n_cols and strides passed in units of ALIGN and multiplied back inside: same numbers as ALIGN=1."""
+    x = check.randn(shape, scale=3.0)[:, :cut]
+    y_hint = tuned.softmax(x)
+    saved, tuned.VECTOR_HINT = tuned.VECTOR_HINT, False
+    try:
+        y_plain = tuned.softmax(x)
+    finally:
+        tuned.VECTOR_HINT = saved
+    _close(y_hint, x)
+    torch.testing.assert_close(y_hint, y_plain, rtol=0, atol=0)
