@@ -126,3 +126,14 @@ def host_us_per_call(fn, calls: int = 1000, warmup: int = 20) -> float:
         fn()
     sync()
     return (time.perf_counter() - t0) / calls * 1e6
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (see course_utils/aot.py)."""
+    from ..aot import dtype_name, dtypes_for
+    from ..aot import empty as e  # a CPU tensor (not this module's empty())
+
+    yield "empty", lambda: empty(e(16))
+    yield "empty10", lambda: empty10(*[e(16) for _ in range(10)])
+    for dt in dtypes_for(info):
+        yield f"add_one {dtype_name(dt)}", lambda dt=dt: add_one(e(1000, dtype=dt))
