@@ -33,9 +33,7 @@ INV_SQRT_2 = tl.constexpr(0.7071067811865476)       # 1 / sqrt(2)
 GELU_CUBIC = tl.constexpr(0.044715)
 TEACHING_BLOCK = 1024                                # elements per program of the *_teaching launchers
 
-# ----------------------------------------------------------------------------------------------
-# Kernels
-# ----------------------------------------------------------------------------------------------
+# --- Kernels -----------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -108,9 +106,7 @@ def bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, seed
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# ----------------------------------------------------------------------------------------------
-# Plain launchers: check, allocate, one kernel[grid](...) call
-# ----------------------------------------------------------------------------------------------
+# --- Plain launchers: check, allocate, one kernel[grid](...) call --------------------------------
 
 def _check(name: str, t, like: torch.Tensor | None = None) -> None:
     if not isinstance(t, torch.Tensor):
@@ -201,9 +197,7 @@ def bias_gelu_dropout_teaching(x: torch.Tensor, bias: torch.Tensor, p: float, se
     return y
 
 
-# ----------------------------------------------------------------------------------------------
-# PyTorch references (eager, unfused: one kernel per operator)
-# ----------------------------------------------------------------------------------------------
+# --- PyTorch references (eager, unfused: one kernel per operator) -------------------------------
 
 def add_ref(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x + y
@@ -232,11 +226,9 @@ def bias_gelu_dropout_ref(x: torch.Tensor, bias: torch.Tensor, p: float, seed: i
     return F.gelu(x + bias, approximate=approximate) * keep.to(x.dtype) / (1.0 - p)
 
 
-# ----------------------------------------------------------------------------------------------
-# The production names live on the tuned shelf and in course_utils.cuda; ``ew.gelu`` and
+# --- The production names live on the tuned shelf and in course_utils.cuda; ``ew.gelu`` and
 # ``from course_utils.kernels.elementwise import gelu`` keep working through this module-level
 # __getattr__ (PEP 562), which imports them on first use only.
-# ----------------------------------------------------------------------------------------------
 
 _FORWARD = {
     "course_utils.tuned.elementwise": (
