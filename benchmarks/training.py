@@ -81,7 +81,7 @@ def sweep(quick: bool = False) -> pd.DataFrame:
         row = {"impl": name, "config": f"{cfg.n_layer}x{cfg.d_model} h{cfg.n_head} N={cfg.seq_len} B={BATCH}"}
         if name in times:
             row.update(times[name].columns())
-            row["tokens_per_s"] = tokens / (times[name].ms / 1e3)
+            row["tokens_per_s"] = tokens / (times[name].median / 1e3)
             row["peak_gib"] = _peak_gib(fn)
         else:
             row["error"] = errors.get(name, "not timed")

@@ -48,7 +48,7 @@ def test_every_op_has_a_course_kernel():
 
 def test_forward_and_gradients_agree_with_torch_ops():
     a, b = gpt.twins(gpt.TINY, cu.DEVICE)
-    x, y = next(gpt.batches(gpt.tokens(), 2, gpt.TINY.seq_len, 1))
+    x, y = (t.to(cu.DEVICE) for t in next(gpt.batches(gpt.tokens(), 2, gpt.TINY.seq_len, 1)))
     la, lb = a(x, y)[1], b(x, y)[1]
     la.backward()
     lb.backward()
