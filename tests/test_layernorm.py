@@ -1,0 +1,198 @@
+"""course_utils.kernels.layernorm and course_utils.tuned.layernorm(_autograd) against float64.
+
+Small sizes under Triton's interpreter on the CPU; the GPU tests (marked gpu) add long rows, bf16,
+the chunked backward and the atomics variant.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_utils import check, env, hardware
+from course_utils.kernels import layernorm as L
+from course_utils.profile import count_launches
+from course_utils.tuned import layernorm as T
+from course_utils.tuned import layernorm_autograd as A
+
+DTYPES = env.supported_dtypes()
+TOL = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}  # relative to max(|ref|, 1)
+
+
+def _close(what, got, want, dtype):
+    err = float((got.double().cpu() - want.cpu()).abs().max() / want.abs().max().clamp_min(1.0))
+    assert err <= TOL[dtype], f"{what}: relative error {err:.2e} > {TOL[dtype]}"
+    assert not got.isnan().any(), f"{what}: NaN"
+
+
+def _inputs(m, n, dtype, offset=0.0, gap=3):
+    x = check.randn((m, n + gap), dtype, scale=2.0, offset=offset)[:, :n]  # strided rows
+    w = check.randn((n,), dtype, scale=0.5, offset=1.0)
+    b = check.randn((n,), dtype)
+    dy = check.randn((m, n), dtype)
+    return x, w, b, dy
+
+
+def _ref(x, w, b, dy, rms=False):
+    """float64 autograd: (y, dx, dw[, db])."""
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    if rms:
+        y = F.rms_norm(xd, x.shape[-1:], wd, 1e-6)
+        return (y, *torch.autograd.grad(y, (xd, wd), dy.double()))
+    bd = b.double().requires_grad_()
+    y = F.layer_norm(xd, x.shape[-1:], wd, bd, 1e-5)
+    return (y, *torch.autograd.grad(y, (xd, wd, bd), dy.double()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (37, 300), (5, 1000)])
+def test_teaching_forward_and_backward(dtype, shape):
+    x, w, b, dy = _inputs(*shape, dtype, offset=50.0)
+    y, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+    ref = _ref(x, w, b, dy)
+    _close("y", y, ref[0], dtype)
+    dx, dw, db = L.layer_norm_backward_teaching(dy, x, w, mean, rstd)
+    for what, got, want in zip(("dx", "dw", "db"), (dx, dw, db), ref[1:]):
+        _close(what, got, want, dtype)
+    y, rstd = L.rms_norm_teaching(x, w, return_stats=True)
+    ref = _ref(x, w, b, dy, rms=True)
+    _close("rms y", y, ref[0], dtype)
+    dx, dw = L.rms_norm_backward_teaching(dy, x, w, rstd)
+    _close("rms dx", dx, ref[1], dtype)
+    _close("rms dw", dw, ref[2], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (37, 300), (2, 3, 65)])
+def test_autograd_functions_match_float64_autograd(dtype, shape):
+    x, w, b, dy = _inputs(shape[0] if len(shape) == 2 else 6, shape[-1], dtype, offset=-20.0)
+    x, dy = x.reshape(*shape[:-1], shape[-1]), dy.reshape(*shape[:-1], shape[-1])
+    ref = _ref(x, w, b, dy)
+    xa, wa, ba = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = L.layer_norm_autograd(xa, wa, ba)
+    got = (y, *torch.autograd.grad(y, (xa, wa, ba), dy))
+    for what, g, r in zip(("y", "dx", "dw", "db"), got, ref):
+        _close(what, g, r, dtype)
+    ref = _ref(x, w, b, dy, rms=True)
+    y = L.rms_norm_autograd(xa, wa)
+    got = (y, *torch.autograd.grad(y, (xa, wa), dy))
+    for what, g, r in zip(("rms y", "rms dx", "rms dw"), got, ref):
+        _close(what, g, r, dtype)
+
+
+def test_layer_norm_without_bias_and_names_from_both_shelves():
+    x, w, _, dy = _inputs(5, 40, torch.float32)
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = A.layer_norm_autograd(xa, wa, None)
+    _close("y", y, F.layer_norm(x.double(), (40,), w.double(), None, 1e-5), torch.float32)
+    dx, dw = torch.autograd.grad(y, (xa, wa), dy)
+    assert dw.shape == w.shape
+    assert L.LayerNormFunction is A.LayerNormFunction and L.rms_norm_autograd is A.rms_norm_autograd
+    assert L.layer_norm is T.layer_norm and L.rms_norm is T.rms_norm
+    with pytest.raises(AttributeError):
+        L.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("plan", [T.Plan("chunked", 32, 1, 4, 0), T.Plan("tiles", 128, 4, 4, 0)])
+@pytest.mark.parametrize("atomic", [False, True])
+@pytest.mark.parametrize("rms", [False, True])
+def test_tuned_backward_every_plan(plan, atomic, rms):
+    m, n = 23, 100
+    x, w, b, dy = _inputs(m, n, torch.float32, offset=30.0)
+    grid, per = T._grid(m, plan.ROWS, 4)
+    plan = T.Plan(plan.version, plan.BLOCK_N, plan.ROWS, plan.num_warps, grid, per)
+    _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+    ref = _ref(x, w, b, dy, rms=rms)
+    if rms:
+        _, rstd = L.rms_norm_teaching(x, w, return_stats=True)
+        got = T.rms_norm_backward(dy, x, w, rstd, atomic=atomic, plan=plan)
+    else:
+        got = T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic, plan=plan)
+    for what, g, r in zip(("dx", "dw", "db"), got, ref[1:]):
+        _close(what, g, r, torch.float32)
+
+
+def test_forward_is_one_launch_and_partials_are_deterministic():
+    x, w, b, dy = _inputs(40, 200, torch.float32)
+    T.layer_norm(x, w, b)
+    assert count_launches(T.layer_norm, x, w, b).total == 1
+    assert count_launches(L.layer_norm_teaching, x, w, b).total == 1
+    _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+    assert count_launches(T.layer_norm_backward, dy, x, w, mean, rstd).total == 3  # kernel + two column sums
+    first = T.layer_norm_backward(dy, x, w, mean, rstd)
+    again = T.layer_norm_backward(dy, x, w, mean, rstd)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_outputs_are_fully_written_and_empty_inputs_launch_nothing():
+    x, w, b, _ = _inputs(6, 33, torch.float32)
+    y = L.layer_norm(x, w, b)
+    assert not y.isnan().any()
+    empty = torch.empty(0, 33)
+    assert L.layer_norm(empty, w, b).shape == (0, 33)
+    assert count_launches(L.layer_norm, empty, w, b).total == 0
+    assert count_launches(L.layer_norm_teaching, empty, w, b).total == 0
+    dx, dw, db = T.layer_norm_backward(empty, empty, w, torch.empty(0), torch.empty(0))
+    assert dx.shape == (0, 33) and torch.equal(dw, torch.zeros_like(w))
+
+
+def test_bad_inputs_get_clear_errors():
+    x, w, b, dy = _inputs(4, 16, torch.float32)
+    with pytest.raises(ValueError, match="weight must be a contiguous 1-D tensor of 16"):
+        L.layer_norm(x, w[:8], b)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        L.rms_norm(x.double(), w)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        L.layer_norm([1.0, 2.0], w, b)
+    with pytest.raises(ValueError, match="bias must have the shape"):
+        L.layer_norm(x, w, b[:3])
+    with pytest.raises(ValueError, match="dy must have the shape"):
+        L.layer_norm_backward(dy[:2], x, w, torch.zeros(4), torch.ones(4))
+    with pytest.raises(ValueError, match="at most 65536 columns"):
+        T.plan_forward(1, 70000, 4, hardware.DeviceInfo.for_arch(90), interpreter=False)
+
+
+def test_non_contiguous_columns_are_copied():
+    x, w, b, _ = _inputs(8, 24, torch.float32)
+    xt = x.t().contiguous().t()  # column-major: stride(-1) != 1
+    _close("y", L.layer_norm(xt, w, b), F.layer_norm(x.double(), (24,), w.double(), b.double()), torch.float32)
+
+
+def test_plans_are_pure_functions_of_shape_and_device():
+    for arch in (75, 80, 90):
+        info = hardware.DeviceInfo.for_arch(arch)
+        for n in (100, 1024, 4096, 16384):
+            p = T.plan_forward(4096, n, 2, info, interpreter=False)
+            assert p.ROWS * p.BLOCK_N <= max(16384, p.BLOCK_N) and 4 <= p.num_warps <= 32
+            cands = T.backward_candidates(4096, n, 2, info, interpreter=False)
+            assert cands and all(c.grid * c.rows_per_program >= 4096 for c in cands)
+            assert (n > T.CHUNKED_FROM) == all(c.version == "chunked" for c in cands)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not env.on_gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1000, 4096, 8192, 12345, 16384, 40000])
+def test_gpu_long_rows_every_backward_candidate(dtype, n):
+    m = 300
+    x, w, b, dy = _inputs(m, n, dtype, offset=10.0)
+    ref = _ref(x, w, b, dy)
+    y, mean, rstd = T._forward(x, w, b, 1e-5, False, True, "test")
+    _close("y", y, ref[0], dtype)
+    for plan in T.backward_candidates(m, n, dtype.itemsize, hardware.device_info()):
+        for atomic in (False, True):
+            got = T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic, plan=plan)
+            for what, g, r in zip(("dx", "dw", "db"), got, ref[1:]):
+                _close(f"{plan} atomic={atomic} {what}", g, r, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not env.on_gpu(), reason="needs a GPU")
+def test_gpu_int64_offsets():
+    m, n = 2**31 // 1024 + 7, 1024  # more than 2^31 elements, bf16: about 4 GiB each
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.ones(n, device="cuda", dtype=torch.bfloat16), torch.zeros(n, device="cuda", dtype=torch.bfloat16)
+    y = L.layer_norm(x, w, b)
+    tail = F.layer_norm(x[-3:].float(), (n,), w.float(), b.float())
+    assert float((y[-3:].float() - tail).abs().max()) < 3e-2
