@@ -52,9 +52,11 @@ def test_forward_and_gradients_agree_with_torch_ops():
     la, lb = a(x, y)[1], b(x, y)[1]
     la.backward()
     lb.backward()
-    check.compare("loss", lb, la.detach().double(), atol=1e-5, rtol=1e-5)
+    # float32 on the CPU; on a GPU, tl.dot and cuBLAS may round float32 products through TF32
+    atol, rtol = cu.pick(gpu=(2e-3, 2e-2), cpu=(1e-5, 1e-3))
+    check.compare("loss", lb, la.detach().double(), atol=atol, rtol=rtol)
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
-        check.compare(f"gradient of {name}", pb.grad, pa.grad.double(), atol=1e-5, rtol=1e-3)
+        check.compare(f"gradient of {name}", pb.grad, pa.grad.double(), atol=atol, rtol=rtol)
 
 
 @pytest.mark.slow
