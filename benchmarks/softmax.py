@@ -23,9 +23,12 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 import course_utils as cu
 from course_utils import bench, hardware
+from course_utils.tuned.softmax import tile_rows
 
 TITLE = "Softmax along rows: fused, persistent, online and split versions"
 INPUT_BYTES = 256 * 2**20
@@ -331,50 +334,35 @@ def check() -> None:
 # --------------------------------------------------------------------------- loops and vector loads
 
 
-def _while_persistent_kernel_factory():
+@triton.jit
+def softmax_persistent_while_kernel(y_ptr, x_ptr, n_rows, n_cols_a, x_stride_a, y_stride_a, n_tiles,
+                                    BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr):
     """The tuned persistent kernel with its tile loop written as a ``while`` loop, as the course had
     it: the same body, for the comparison (Triton's pipeliner skips while loops)."""
-    import triton
-    import triton.language as tl
-
-    from course_utils.tuned.softmax import tile_rows
-
-    @triton.jit
-    def softmax_persistent_while_kernel(y_ptr, x_ptr, n_rows, n_cols_a, x_stride_a, y_stride_a, n_tiles,
-                                        BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr):
-        n_cols, x_row_stride, y_row_stride = n_cols_a * ALIGN, x_stride_a * ALIGN, y_stride_a * ALIGN
-        cols = tl.arange(0, BLOCK_SIZE)
-        col_mask = cols < n_cols
-        tile = tl.program_id(0)
-        while tile < n_tiles:
-            rows = tile_rows(tile, ROWS)
-            mask = (rows < n_rows)[:, None] & col_mask[None, :]
-            x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask,
-                        other=-float("inf")).to(tl.float32)
-            x = x - tl.max(x, axis=1)[:, None]
-            numerator = tl.exp(x)
-            y = numerator * (1.0 / tl.sum(numerator, axis=1))[:, None]
-            tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-            tile += tl.num_programs(0)
-
-    return softmax_persistent_while_kernel
-
-
-_WHILE_KERNEL = None
+    n_cols, x_row_stride, y_row_stride = n_cols_a * ALIGN, x_stride_a * ALIGN, y_stride_a * ALIGN
+    cols = tl.arange(0, BLOCK_SIZE)
+    col_mask = cols < n_cols
+    tile = tl.program_id(0)
+    while tile < n_tiles:
+        rows = tile_rows(tile, ROWS)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask,
+                    other=-float("inf")).to(tl.float32)
+        x = x - tl.max(x, axis=1)[:, None]
+        numerator = tl.exp(x)
+        y = numerator * (1.0 / tl.sum(numerator, axis=1))[:, None]
+        tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        tile += tl.num_programs(0)
 
 
 def launch_while(p, y2, x2, num_stages: int = 3):
     """Launch plan ``p`` (persistent) with the while-loop twin of the tuned kernel."""
-    import triton
-
     from course_utils.tuned import softmax as S
-    global _WHILE_KERNEL
-    _WHILE_KERNEL = _WHILE_KERNEL or _while_persistent_kernel_factory()
     n_rows, n_cols = x2.shape
     a = S.alignment(n_cols, x2.stride(0), y2.stride(0))
-    _WHILE_KERNEL[(p.grid,)](y2, x2, n_rows, n_cols // a, x2.stride(0) // a, y2.stride(0) // a,
-                             triton.cdiv(n_rows, p.ROWS), BLOCK_SIZE=p.BLOCK_SIZE, ROWS=p.ROWS, ALIGN=a,
-                             num_warps=p.num_warps, num_stages=num_stages)
+    softmax_persistent_while_kernel[(p.grid,)](y2, x2, n_rows, n_cols // a, x2.stride(0) // a, y2.stride(0) // a,
+                                               triton.cdiv(n_rows, p.ROWS), BLOCK_SIZE=p.BLOCK_SIZE, ROWS=p.ROWS,
+                                               ALIGN=a, num_warps=p.num_warps, num_stages=num_stages)
 
 
 def load_widths(ptx: str) -> dict:
