@@ -10,6 +10,7 @@ first bad index, got vs expected, and a hint of where to look.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -17,7 +18,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import env
-from .profile import count_launches
+from .profile import count_launches, triton_launch_hook
+
+
+def track_loads():
+    """:func:`course_utils.checkers.loads.track_loads` (imported late: checkers import this module)."""
+    from .checkers.loads import track_loads as _track
+    return _track()
 
 
 class CheckFailure(AssertionError):
@@ -159,6 +166,20 @@ def compare(what: str, got: torch.Tensor, expected: torch.Tensor, *, dtype: torc
     raise CheckFailure(msg)
 
 
+def check_loads_inside(case: str, loads, inputs: Sequence[torch.Tensor]) -> None:
+    """Raise if a masked-in lane of a recorded load read outside every input (a missing load mask).
+
+    Only under the interpreter (see :mod:`course_utils.checkers.loads`); on a GPU nothing is recorded."""
+    from .checkers.loads import outside
+
+    bad = outside(loads, list(inputs))
+    if bad:
+        raise CheckFailure(f"{case}: your kernel loaded {bad} element(s) outside its inputs (lanes past the "
+                           "end of the last tile): pass mask=offsets < n_elements to every tl.load, not only to "
+                           "tl.store. A masked-off lane must not load: past the end of a buffer there may be no "
+                           "memory at all.")
+
+
 def verdict(name: str, detail: str = "passed") -> None:
     """Print the deterministic line a passing check cell shows (same text on CPU and GPU)."""
     print(f"PASS {name}: {detail}")
@@ -172,6 +193,78 @@ def check_launches(what: str, fn: Callable, *args, expected: int, **kwargs) -> N
             f"{what}: expected {expected} kernel launch(es), counted {counts}. "
             + ("A fused version does all its work in one Triton kernel: no torch ops on the data "
                "before or after it." if expected == 1 else ""))
+
+
+class _NoTorch:
+    paused = 0
+
+
+def check_kernel_launches(what: str, fn: Callable, *args, expected: int = 1, **kwargs) -> None:
+    """Raise unless ``fn`` launches exactly ``expected`` Triton kernels of the student's own, and no
+    torch operator that computes (an ``F.gelu`` or ``torch.softmax`` is one launch too, but not a kernel)."""
+    launched: list[tuple[str, str]] = []
+
+    def record(original, kernel, a, kw):
+        launched.append((getattr(kernel, "__name__", "kernel"), getattr(getattr(kernel, "fn", None), "__module__", "")))
+
+    def run():
+        with triton_launch_hook(record, _NoTorch()):
+            fn(*args, **kwargs)
+    counts = count_launches(run)
+    if counts.torch:
+        ops = ", ".join(f"aten.{k}" for k in counts.torch)
+        raise CheckFailure(f"{what}: the work ran in torch ({ops}), not in a Triton kernel of yours: write it as "
+                           f"a @triton.jit kernel launched with kernel[grid](...), no torch ops on the data.")
+    theirs = [n for n, m in launched if not m.startswith("course_utils")]
+    course = [n for n, m in launched if m.startswith("course_utils")]
+    if course:
+        raise CheckFailure(f"{what}: it launched the course's own kernel ({', '.join(course)}): launch yours.")
+    if len(theirs) != expected:
+        raise CheckFailure(f"{what}: expected {expected} launch(es) of your Triton kernel, counted {len(theirs)}"
+                           + (f" ({', '.join(theirs)})" if theirs else "") + ".")
+
+
+def _referenced(fn, depth: int = 3, seen=None):
+    """(name, object) for every global and module attribute ``fn``'s code can reach, through the
+    student's own helper functions and closures."""
+    seen = set() if seen is None else seen
+    code = getattr(fn, "__code__", None)
+    if code is None or id(code) in seen or depth < 0:
+        return
+    seen.add(id(code))
+    glb = getattr(fn, "__globals__", {})
+    codes = [code]
+    while codes:
+        c = codes.pop()
+        codes += [k for k in c.co_consts if inspect.iscode(k)]
+        names = set(c.co_names)
+        for n in names:
+            if n in glb:
+                v = glb[n]
+                yield n, v
+                if inspect.ismodule(v):
+                    for attr in names:
+                        if hasattr(v, attr):
+                            yield f"{n}.{attr}", getattr(v, attr)
+                elif inspect.isfunction(v) and v.__module__ == getattr(fn, "__module__", None):
+                    yield from _referenced(v, depth - 1, seen)
+    for cell in getattr(fn, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):
+            v = cell.cell_contents
+            if inspect.isfunction(v):
+                yield from _referenced(v, depth - 1, seen)
+
+
+def refuse_answer_key(what: str, fn: Callable, forbidden: dict[str, object]) -> None:
+    """Raise if the student's ``fn`` calls one of the course's answers (``{description: object}``),
+    under any name: the check judges the student's work, not the course's."""
+    wanted = {id(o): d for d, o in forbidden.items()}
+    if id(fn) in wanted:
+        raise CheckFailure(f"{what}: this is the course's own {wanted[id(fn)]}: write it yourself.")
+    for name, obj in _referenced(fn):
+        if id(obj) in wanted:
+            raise CheckFailure(f"{what}: your code calls {name}, the course's {wanted[id(obj)]}: that is the "
+                               "answer the check compares with. Write the computation yourself.")
 
 
 def require(condition: bool, message: str) -> None:
@@ -213,13 +306,15 @@ def check_elementwise(name: str, fn: Callable, ref: Callable, *, n_inputs: int =
             before = [x.tensor.clone() for x in xs]
             out = Guarded((n,), dtype) if with_out else None
             try:
-                got = fn(*[x.tensor for x in xs], out=out.tensor) if with_out else fn(*[x.tensor for x in xs])
+                with track_loads() as loads:
+                    got = fn(*[x.tensor for x in xs], out=out.tensor) if with_out else fn(*[x.tensor for x in xs])
             except NotImplementedError:
                 raise
             except CheckFailure:
                 raise
             except Exception as e:  # a crash in the student's code: say where
                 raise CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
+            check_loads_inside(case, loads, [x.tensor for x in xs])
             if with_out:
                 got = out.tensor if got is None else got
                 out.check(case, hint)
@@ -233,7 +328,7 @@ def check_elementwise(name: str, fn: Callable, ref: Callable, *, n_inputs: int =
         x = [randn((sizes[-1],), dtypes[0]) for _ in range(n_inputs)]
         kw = {"out": torch.empty_like(x[0])} if with_out else {}
         fn(*x, **kw)  # compile (and autotune) first: only the second call is counted
-        check_launches(name, fn, *x, expected=launches, **kw)
+        check_kernel_launches(name, fn, *x, expected=launches, **kw)
     detail = "matches the float64 reference on every size and dtype tried"
     if with_out:
         detail += ", no writes outside the output"

@@ -33,13 +33,18 @@ def _takes_out(fn: Callable) -> bool:
         return False
 
 
-def _call(case: str, fn: Callable, *args, out=None):
+def _call(case: str, fn: Callable, *args, out=None, inputs=()):
+    """Call the student's function; with ``inputs``, fail on any load outside them (interpreter)."""
     try:
-        return fn(*args, out=out) if out is not None else fn(*args)
+        with check.track_loads() as loads:
+            got = fn(*args, out=out) if out is not None else fn(*args)
     except (NotImplementedError, CheckFailure):
         raise
     except Exception as e:  # the student's code crashed: say where
         raise CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
+    if inputs:
+        check.check_loads_inside(case, loads, list(inputs))
+    return got
 
 
 def _dname(dtype) -> str:
@@ -82,11 +87,19 @@ def check_n_programs(n_programs: Callable) -> None:
 # ------------------------------------------------------------------------------ chapter 4
 
 def check_gelu(gelu: Callable) -> None:
-    """``gelu(x[, out])``: tanh-approximation GELU, stable for large |x|, any length, one launch."""
+    """``gelu(x[, out])``: tanh-approximation GELU, stable for large |x|, any length, one launch.
+
+    Both forms pass: ``0.5 x (1 + tanh(a))`` and ``x * sigmoid(2a) = x / (1 + exp(-2a))`` are the
+    same function. The tolerance is absolute where GELU is tiny (x in [-9, -1]): there the tanh form
+    in float32 cancels ``1 + tanh(a)`` and keeps almost no correct relative digit, but its error
+    stays below ``atol`` (1e-5 in float32); the sigmoid form is accurate there too, and is what the
+    course's kernel uses.
+    """
     check.check_elementwise(
         "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0, launches=1,
-        hint="load, compute in float32 (x.to(tl.float32)), store with the mask; build tanh from "
-             "tl.exp(-2 * |a|), whose argument is never positive, so it cannot overflow.")
+        hint="load with the mask, compute in float32 (x.to(tl.float32)), store with the mask; either "
+             "x / (1 + tl.exp(-2 * a)) (clamp a first, or exp overflows to inf and x / inf = 0 is still "
+             "right) or tanh built from tl.exp(-2 * |a|), whose argument is never positive.")
 
 
 def _chain_shapes():
@@ -113,7 +126,8 @@ def check_bias_gelu_scale(fn: Callable) -> None:
             scale = rng.choice([-1, 1]) * rng.uniform(0.2, 3.0)
             before = [x.tensor.clone(), b.tensor.clone()]
             out = check.Guarded(shape, dtype) if with_out else None
-            got = _call(case, fn, x.tensor, b.tensor, scale, out=out.tensor if out else None)
+            got = _call(case, fn, x.tensor, b.tensor, scale, out=out.tensor if out else None,
+                        inputs=(x.tensor, b.tensor))
             if with_out:
                 got = out.tensor if got is None else got
                 out.check(case)
@@ -125,13 +139,13 @@ def check_bias_gelu_scale(fn: Callable) -> None:
     x = check.randn((9, 31))
     b = check.randn((31,))
     fn(x, b, 0.5)  # compile first
-    check.check_launches("bias + GELU + scale", fn, x, b, 0.5, expected=1)
+    check.check_kernel_launches("bias + GELU + scale", fn, x, b, 0.5, expected=1)
     verdict("bias + GELU + scale", "matches the float64 reference on every shape and dtype tried, 1 kernel launch")
 
 
 def _dropout_case(fn, case, x, b, p, seed, with_out):
     out = check.Guarded(x.shape, x.dtype) if with_out else None
-    got = _call(case, fn, x, b, p, seed, out=out.tensor if out else None)
+    got = _call(case, fn, x, b, p, seed, out=out.tensor if out else None, inputs=(x, b))
     if with_out:
         got = out.tensor if got is None else got
         out.check(case)
@@ -141,12 +155,34 @@ def _dropout_case(fn, case, x, b, p, seed, with_out):
     return got
 
 
+def _same_mask_as_reference(case, zero, decisive, shape, p, seed) -> None:
+    """The elements kept must be those of ``tl.rand(seed, offsets) >= p`` over the flat offsets."""
+    keep = ew.dropout_keep_mask(shape, p, seed).cpu().flatten()
+    kept = (~zero).flatten()
+    d = decisive.flatten()
+    wrong = (kept != keep) & d
+    if not wrong.any():
+        return
+    i = int(wrong.nonzero()[0])
+    n = keep.numel()
+    idx = torch.arange(n)
+    for period in (2 ** k for k in range(4, 17)):
+        if period < n and bool(((kept == keep[idx % period]) | ~d).all()):
+            raise CheckFailure(f"{case}: your mask repeats every {period} elements: every tile draws the same "
+                               "random numbers. Pass the element's global offsets (pid * BLOCK_SIZE + "
+                               "tl.arange(0, BLOCK_SIZE)) to tl.rand, not tl.arange alone.")
+    raise CheckFailure(f"{case}: element {i} was {'kept' if kept[i] else 'dropped'}, but tl.rand(seed, offsets) "
+                       f">= p {'drops' if kept[i] else 'keeps'} it ({int(wrong.sum())} element(s) differ): draw "
+                       "tl.rand(seed, offsets) with the flat element offsets and keep where it is >= p.")
+
+
 def check_bias_gelu_dropout(fn: Callable) -> None:
     """``fn(x, bias, p, seed[, out])`` = dropout(gelu(x + bias), p) with the mask drawn in the kernel.
 
     Judged on: every element is 0 or gelu(x + bias) / (1 - p); the kept fraction is 1 - p (within
-    6 standard deviations); neighbouring elements are independent; the same seed gives the same
-    output and another seed another mask; one kernel launch.
+    6 standard deviations); neighbouring elements are independent; the elements kept are those
+    ``tl.rand(seed, offsets) >= p`` keeps (a mask that repeats every tile is named); the same seed
+    gives the same output and another seed another mask; one launch of the student's kernel.
     """
     rng = _rng()
     with_out = _takes_out(fn)
@@ -203,9 +239,10 @@ def check_bias_gelu_dropout(fn: Callable) -> None:
             if torch.equal((other == 0).cpu(), zero):
                 raise CheckFailure(f"{case}: seeds {seed} and {seed + 1} dropped the same elements: pass the "
                                    "seed to tl.rand.")
+            _same_mask_as_reference(case, zero, decisive, shape, p, seed)
     x = check.randn((9, 31))
     b = check.randn((31,))
     fn(x, b, 0.5, 1)  # compile first
-    check.check_launches("bias + GELU + dropout", fn, x, b, 0.5, 1, expected=1)
+    check.check_kernel_launches("bias + GELU + dropout", fn, x, b, 0.5, 1, expected=1)
     verdict("bias + GELU + dropout", "0 or gelu(x + bias) / (1 - p) everywhere, keep rate 1 - p, "
             "reproducible from the seed, 1 kernel launch")

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from .. import check, env
+from .loads import reads_per_element
 
 OFFSET = 100.0      # exp(100) overflows fp16 and exp(100 + outliers) overflows fp32
 OUTLIER = 1000.0
@@ -62,7 +63,17 @@ def _launch_checked(what, kernel, x, y, block, case, hint):
                                  "y_row_stride, BLOCK_SIZE=...)." + (f"\nHint: {hint}" if hint else "")) from e
 
 
-def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None):
+def _rounded_once(dtype) -> tuple[float, float]:
+    """(atol, rtol) of a result computed in float32 and rounded once to ``dtype``: half a unit in the
+    last place, plus float32's own error. Computing in fp16 or bf16 rounds several times and fails."""
+    if dtype == torch.float16:
+        return 2.0**-25, 2.0**-11 + 1e-5
+    if dtype == torch.bfloat16:
+        return 1e-30, 2.0**-8 + 1e-5
+    return check.tolerance(dtype)
+
+
+def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, passes=None):
     for dtype in dtypes:
         for n_rows, n_cols in shapes:
             case = _case(what, dtype, n_rows, n_cols)
@@ -73,10 +84,40 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None):
             if extra_rows is not None:
                 extra_rows(x)
             before = x.clone()
-            yg = check.Guarded((n_rows, n_cols), dtype)
-            _launch_checked(what, kernel, x, yg.tensor, block_of(n_cols), case, hint)
+            # y has its own row stride, neither n_cols nor x's: a kernel that ignores y_row_stride
+            # writes rows in the wrong place (and the gap columns between them must stay untouched)
+            y_gap = 3
+            yg = check.Guarded((n_rows, n_cols + y_gap), dtype)
+            gap_before = yg.tensor[:, n_cols:].clone()
+            y = yg.tensor[:, :n_cols]
+            block = block_of(n_cols)
+            with check.track_loads() as loads:
+                _launch_checked(what, kernel, x, y, block, case, hint)
+            if not torch.equal(yg.tensor[:, n_cols:].isnan(), gap_before.isnan()):
+                raise check.CheckFailure(f"{case}: your kernel wrote outside the rows of y, into the gap between "
+                                         "them: mask tl.store with offsets < n_cols, and find row pid at y_ptr + "
+                                         "pid * y_row_stride (y's rows are not n_cols apart here).")
             yg.check(case, hint)
-            check.compare(case, yg.tensor, _ref(before), dtype=dtype, hint=hint)
+            if loads.widths and max(loads.widths) > block:
+                raise check.CheckFailure(f"{case}: your kernel loads {max(loads.widths)} lanes at once but was "
+                                         f"launched with BLOCK_SIZE={block}: tile the row with "
+                                         "tl.arange(0, BLOCK_SIZE), so any row length works.")
+            if passes is not None and loads.active:
+                reads = reads_per_element(loads, x)
+                if reads > passes + 0.01:
+                    raise check.CheckFailure(
+                        f"{case}: your kernel read each element of x {reads:.2g} times; the online softmax "
+                        f"reads it {passes} times: one loop keeps the running max and sum together "
+                        "(rescaling the sum when the max grows), a second one writes. Separate max and sum "
+                        "loops are the three-pass softmax this chapter replaces.")
+            check.compare(case, y, _ref(before), dtype=dtype, hint=hint)
+            atol, rtol = _rounded_once(dtype)
+            if dtype != torch.float32:
+                check.compare(case, y, _ref(before), dtype=dtype, atol=atol, rtol=rtol,
+                              hint="a result computed in float32 and rounded once is within half a unit in the "
+                                   "last place: load, then x.to(tl.float32), and round only at the store "
+                                   "(y.to(y_ptr.dtype.element_ty)); computing in the input dtype rounds at "
+                                   "every step")
             xg.check(f"{case}, the input buffer")
             if not torch.equal(x, before):
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y")
@@ -93,10 +134,25 @@ def check_row_kernel(kernel, name: str = "fused softmax, one row per program") -
                         "no writes outside the output")
 
 
+def check_launcher(fused_softmax, name: str = "fused_softmax") -> None:
+    """Judge a launcher ``fused_softmax(x)``: the softmax of rows, in one launch of the student's kernel."""
+    for shape in ((9, 777), (4, 1)):
+        x = check.randn(shape, offset=50.0)
+        try:
+            got = fused_softmax(x)
+        except (NotImplementedError, check.CheckFailure):
+            raise
+        except Exception as e:
+            raise check.CheckFailure(f"{name}{shape}: your launcher raised {type(e).__name__}: {e}") from e
+        check.compare(f"{name}{shape}", got, torch.softmax(x.double(), -1), dtype=x.dtype)
+    check.check_kernel_launches(name, fused_softmax, x, expected=1)
+    check.verdict(name, "matches torch.softmax in one kernel launch")
+
+
 def check_long_row_kernel(kernel, name: str = "online softmax, long rows", block_size: int = 128) -> None:
     """Judge a long-row kernel launched with a fixed BLOCK_SIZE much shorter than the rows."""
     shapes = env.pick(gpu=((1, 1), (3, 127), (7, 1000), (5, 20000), (2, 100003)),
-                      cpu=((1, 1), (3, 127), (7, 1000), (2, 3001)))
+                      cpu=((1, 1), (3, 127), (7, 1000), (2, 3001), (1, 4500)))  # longer than one 4096 tile
     hint = ("keep a running max m and sum s over the tiles: when the max grows from m to m_new, rescale "
             "s by exp(m - m_new) before adding the tile's exp(x - m_new); a second loop writes "
             "exp(x - m) / s. Lanes or tiles that have seen only -inf must not turn into NaN.")
@@ -107,7 +163,7 @@ def check_long_row_kernel(kernel, name: str = "online softmax, long rows", block
         if x.shape[1] > block_size + 2:
             x[0, : block_size + 2] = float("-inf")
 
-    _judge_rows(name, kernel, shapes, lambda n: block_size, _dtypes(), hint, extra_rows=leading_minus_inf)
+    _judge_rows(name, kernel, shapes, lambda n: block_size, _dtypes(), hint, extra_rows=leading_minus_inf, passes=2)
     check.verdict(name, f"matches the float64 softmax with BLOCK_SIZE={block_size} on every shape and dtype "
                         "tried, rows that start with -inf, strided rows, no writes outside the output")
 
