@@ -392,3 +392,30 @@ def test_cuda_cpp_version_says_why_it_is_unavailable():
     elif reason is None:  # pragma: no cover - GPU with nvcc
         x = check.randn((1001,))
         check.compare("gelu_cuda", ew.gelu_cuda(x), ew.gelu_ref(x.double()))
+
+
+_PTX_PROBE = """
+import os
+import triton, triton.language  # Triton's own library decorated with the interpreter off
+import torch
+import course_utils
+os.environ.pop("TRITON_INTERPRET", None)  # import course_utils switched it on (no GPU)
+from course_utils import triton_internals as ti
+from course_utils.kernels import elementwise as ew
+t = ti.gpu_target(90)
+x = torch.empty(4096)
+src, opt = ti.bind(ew.gelu_kernel, (x, x, 4096), dict(BLOCK_SIZE=1024, APPROXIMATE=True), t)
+ptx = ti.compile_for(src, t, opt).asm["ptx"]
+print("div.full.f32" in ptx, "div.rn.f32" in ptx)
+"""
+
+
+@pytest.mark.slow
+def test_gelu_math_division_compiles_as_its_docstring_says():
+    """gelu_math's docstring: on sm_90 ``/`` is div.full.f32 (approximate), not the correctly rounded
+    div.rn.f32 (issue 18 item 2). Compiled ahead of time, no GPU needed."""
+    from course_utils.aot import subprocess_env
+    out = subprocess.run([sys.executable, "-c", _PTX_PROBE], capture_output=True, text=True, timeout=300,
+                         env=subprocess_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stdout
