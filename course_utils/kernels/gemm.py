@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .. import env, hardware
-from .elementwise import dropout_keep_mask, gelu_math
+from .elementwise import gelu_math
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -190,11 +190,26 @@ def linear_gelu_ref(x, w, b, *, gelu: bool = True, p: float = 0.0, seed: int = 0
     if gelu:
         y = F.gelu(y, approximate="tanh")
     if p > 0.0:
+        from .elementwise import dropout_keep_mask   # lives on the tuned shelf: imported when used
         y = y * dropout_keep_mask(y.shape, p, seed, device=y.device).to(y.dtype) / (1.0 - p)
     if out is not None:
         out.copy_(y)
         return out
     return y
+
+
+def compile_cases(info):
+    """The teaching launches ``python -m course_utils.aot`` compiles for ``info`` (tuned: tuned/gemm.py)."""
+    from ..aot import dtype_name, dtypes_for, empty
+    for dt in dtypes_for(info):
+        name = dtype_name(dt)
+        yield f"matmul_teaching {name}", lambda dt=dt: matmul_teaching(empty(100, 72, dtype=dt), empty(72, 40, dtype=dt))
+        yield (f"linear_gelu_teaching {name} dropout, w transposed",
+               lambda dt=dt: linear_gelu_teaching(empty(100, 72, dtype=dt), empty(40, 72, dtype=dt).T,
+                                                  empty(40, dtype=dt), p=0.1, seed=1))
+    # past 2^31 elements of x (nothing is allocated): the int64 row offsets compile
+    yield "matmul_teaching 2^31+", lambda: matmul_teaching(empty(2**20 + 1, 2048, dtype=torch.float16),
+                                                          empty(2048, 64, dtype=torch.float16))
 
 
 # PEP 562: the production names live on the tuned shelf; forwarded lazily so that importing this

@@ -234,3 +234,29 @@ def linear_gelu(x, w, b=None, *, gelu: bool = True, p: float = 0.0, seed: int = 
 def matmul(a, b, *, config: TileConfig | None = None):
     """``a @ b`` by the tuned kernel (no epilogue)."""
     return linear_gelu(a, b, None, gelu=False, config=config)
+
+
+def compile_cases(info):
+    """The launches ``python -m course_utils.aot`` compiles for ``info``: every candidate tile of the MLP
+    and decode shapes (16-bit), the first one of odd shapes, transposed weights with dropout, no
+    epilogue, float32, and more than 2^31 elements of x."""
+    from ..aot import dtype_name, dtypes_for, empty
+
+    def case(m, k, n, dt, cfg, w_t=False, **kw):
+        w = empty(n, k, dtype=dt).T if w_t else empty(k, n, dtype=dt)
+        return lambda: linear_gelu(empty(m, k, dtype=dt), w, empty(n, dtype=dt), config=cfg, **kw)
+
+    for dt in dtypes_for(info):
+        name = dtype_name(dt)
+        shapes = [(333, 1000, 520)] if dt == torch.float32 else [(4096, 4096, 16384), (1, 4096, 16384),
+                                                                  (64, 4096, 16384)]
+        for m, k, n in shapes:
+            for cfg in gemm_configs(info, m, n, k, dt):
+                yield f"linear_gelu {name} {m}x{k}x{n} {cfg}", case(m, k, n, dt, cfg)
+        cfg = gemm_configs(info, 256, 512, 512, dt)[0]
+        yield f"linear_gelu {name} w transposed, dropout {cfg}", case(256, 512, 512, dt, cfg, True, p=0.1, seed=1)
+        yield f"linear_gelu {name} odd 37x53x45 {cfg}", case(37, 53, 45, dt, cfg)
+        yield f"matmul {name} {cfg}", lambda dt=dt, cfg=cfg: matmul(empty(256, 512, dtype=dt), empty(512, 512, dtype=dt),
+                                                                   config=cfg)
+    cfg = gemm_configs(info, 2**20, 2048, 2048, torch.float16)[0]
+    yield "linear_gelu 2^31+", case(2**20 + 1, 2048, 64, torch.float16, cfg)
