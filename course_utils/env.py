@@ -42,31 +42,12 @@ elif MODE == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
 DEVICE = torch.device("cuda" if MODE == "cuda" else "cpu")
 
 
-def _patch_interpreter_index() -> None:
-    """Let loops like ``for i in range(0, n, BLOCK)`` run under the interpreter with NumPy >= 2.4.
-
-    Triton 3.6's interpreter turns a scalar into an index with ``int(array)``, which NumPy 2.4
-    refuses for 1-element arrays of rank 1 ("only 0-dimensional arrays can be converted to Python
-    scalars"). ``.item()`` accepts them; the patch changes nothing else.
-    """
-    try:
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover - no triton (macOS)
-        return
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_course_patched", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    patched._course_patched = True
-    interpreter._patch_lang_tensor = patched
-
-
 if MODE == "interpreter":
-    _patch_interpreter_index()
+    # Triton 3.6's interpreter on NumPy >= 2.4 (``for i in range(0, n, BLOCK)``); the one documented
+    # place for Triton internals says whether the assumption still holds (a no-op without Triton).
+    from .triton_internals import patch_interpreter_index
+
+    patch_interpreter_index()
 
 
 def on_gpu() -> bool:

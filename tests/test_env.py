@@ -97,3 +97,41 @@ def test_range_loops_with_runtime_bounds_run_under_the_interpreter():
     _sum_tiles[(1,)](x, out, x.numel(), BLOCK=16)
     expected = torch.nn.functional.pad(x, (0, 12)).view(-1, 16).sum(0)
     torch.testing.assert_close(out, expected)
+
+
+# ------------------------------------------------------------------ versions: floors and the one-line message
+
+
+def test_version_problem_names_installed_and_needed_versions_in_one_line():
+    from course_utils import versions as v
+    assert v.problem("2.13.0+cpu", "3.6.0") is None and v.problem("2.8.0", "3.4.0") is None
+    old = v.problem("2.5.1+cu121", "3.1.0")
+    assert "\n" not in old and "torch 2.5.1+cu121" in old and "triton 3.1.0" in old
+    assert "torch >= 2.8" in old and "triton >= 3.4" in old
+    assert "torch 2.9.0" not in v.problem("2.9.0", "3.3.1")  # only what does not fit is named
+    missing = v.problem("2.13.0", None)
+    assert "\n" not in missing and "Linux wheels only" in missing and "Colab" in missing and "WSL" in missing
+    assert v.parse("3.4.0rc1") == (3, 4) and v.parse("2.13.0+cpu") == (2, 13) and v.parse("dev") is None
+
+
+def test_declared_floors_are_the_checked_ones():
+    import re
+    from pathlib import Path
+
+    from course_utils import versions as v
+    root = Path(__file__).resolve().parent.parent
+    torch_min, triton_min = ".".join(map(str, v.TORCH_MIN)), ".".join(map(str, v.TRITON_MIN))
+    for name in ("pyproject.toml", "environment.yml"):
+        text = (root / name).read_text()
+        assert re.search(rf"torch(-cpu)?>={re.escape(torch_min)}\b", text), f"{name}: torch floor is not {torch_min}"
+        assert f"triton>={triton_min}" in text, f"{name}: triton floor is not {triton_min}"
+
+
+@pytest.mark.slow
+def test_import_without_triton_says_what_to_do():
+    e = {k: v for k, v in os.environ.items() if k not in ("COURSE_MODE", "TRITON_INTERPRET")}
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['triton'] = None; import course_utils"],
+                       capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "Triton is not installed" in ln]
+    assert len(lines) == 1 and "Colab" in lines[0] and "WSL" in lines[0]

@@ -24,7 +24,7 @@ pipi() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
 if ! "$PY" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: NVIDIA GPU found, installing a CUDA build of torch"
-    pipi "torch>=2.5"
+    pipi "torch>=2.8"   # floors: course_utils/versions.py
   elif "$PY" -m pip download -q --no-index --no-deps -d "$(mktemp -d)" "$CPU_TORCH" >/dev/null 2>&1; then
     echo "setup: installing $CPU_TORCH, a CPU build this machine keeps on local disk"
     pipi "$CPU_TORCH"

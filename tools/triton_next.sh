@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The course under the NEWEST Triton that pip installs, so that an upgrade that breaks it is caught
+# before a student finds it (make test-triton-next; make test runs it).
+#
+# A second virtual environment, $NEXT (build/venv-triton-next), that sees every package of $VENV
+# through a .pth file and has only its own triton, upgraded to the newest release on each run
+# (pip compares with the index and downloads only when there is a newer one). Then, under Triton's
+# interpreter, the CPU unit tests ($TESTS_MARK) and the compile matrix (python -m course_utils.aot).
+#   VENV=.venv  NEXT=build/venv-triton-next  TRITON_NEXT=triton  (a requirement, e.g. triton==3.9.0)
+set -euo pipefail
+VENV=${VENV:-.venv}
+NEXT=${NEXT:-build/venv-triton-next}
+TRITON_NEXT=${TRITON_NEXT:-triton}
+WORKERS=${WORKERS:-2}
+TESTS_MARK=${TESTS_MARK:-not slow and not browser and not gpu}
+
+if [ "$(uname -s)" != Linux ]; then
+  echo "triton-next: skipped: Triton ships Linux wheels only"
+  exit 0
+fi
+BASE_PY="$VENV/bin/python"
+if [ ! -x "$NEXT/bin/python" ]; then
+  "$BASE_PY" -m venv "$NEXT"
+fi
+PY="$NEXT/bin/python"
+BASE_SITE=$("$BASE_PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+NEXT_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# Everything of $VENV (torch, pytest, the editable course_utils...) after $NEXT's own packages.
+echo "import site; site.addsitedir('$(cd "$BASE_SITE" && pwd)')" > "$NEXT_SITE/zz_base_venv.pth"
+
+t0=$(date +%s)
+"$PY" -m pip install -q --disable-pip-version-check --upgrade --no-deps "$TRITON_NEXT"
+t1=$(date +%s)
+read -r TORCH_V TRITON_V TRITON_AT < <("$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, triton.__file__)")
+case "$TRITON_AT" in
+  "$(cd "$NEXT_SITE" && pwd)"/*) ;;
+  *) echo "triton-next: triton comes from $TRITON_AT, not from $NEXT" >&2; exit 1 ;;
+esac
+echo "triton-next: torch $TORCH_V | triton $TRITON_V (pinned: $("$BASE_PY" -c 'import triton; print(triton.__version__)')); installed in $((t1 - t0)) s"
+export TRITON_INTERPRET=1 COURSE_MODE=interpreter
+"$PY" -m pytest -q -n "$WORKERS" --dist loadfile tests -m "$TESTS_MARK" -p no:cacheprovider
+t2=$(date +%s)
+"$PY" -m course_utils.aot
+t3=$(date +%s)
+echo "triton-next: triton $TRITON_V passed: install $((t1 - t0)) s, unit tests $((t2 - t1)) s, compile matrix $((t3 - t2)) s"
