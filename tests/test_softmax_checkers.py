@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+import course_utils as cu
 from course_utils import check
 from course_utils.checkers import softmax as checks
 from course_utils.kernels import softmax as sm
@@ -126,8 +127,84 @@ def _nan_on_minus_inf(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SI
         start += BLOCK_SIZE
 
 
+@triton.jit
+def _y_stride_ignored(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_cols
+    x = tl.load(x_ptr + pid * x_row_stride + offsets, mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(y_ptr + pid * n_cols + offsets, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _input_dtype_math(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_cols
+    x = tl.load(x_ptr + pid * x_row_stride + offsets, mask=mask, other=-float("inf"))  # fp16 stays fp16
+    e = tl.exp(x - tl.max(x, axis=0)).to(x.dtype)
+    y = e / tl.sum(e, axis=0).to(x.dtype)
+    tl.store(y_ptr + pid * y_row_stride + offsets, y.to(x.dtype).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _two_pass(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr):
+    """The online softmax as exercise 6.2 teaches it: for ... in tl.range, two passes over the row."""
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    m = -float("inf")
+    s = 0.0
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        cols = start + offsets
+        x = tl.load(x_ptr + pid * x_row_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
+        m = m_new
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        cols = start + offsets
+        mask = cols < n_cols
+        x = tl.load(x_ptr + pid * x_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_ptr + pid * y_row_stride + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _three_pass(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr):
+    """Right numbers, but max, sum and write each read the row: not the online lesson."""
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    m = -float("inf")
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        cols = start + offsets
+        x = tl.load(x_ptr + pid * x_row_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m = tl.maximum(m, tl.max(x, axis=0))
+    safe = tl.where(m == -float("inf"), 0.0, m)
+    s = 0.0
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        cols = start + offsets
+        x = tl.load(x_ptr + pid * x_row_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        s += tl.sum(tl.exp(x - safe), axis=0)
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        cols = start + offsets
+        mask = cols < n_cols
+        x = tl.load(x_ptr + pid * x_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_ptr + pid * y_row_stride + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _one_wide_tile(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr):
+    """Ignores BLOCK_SIZE and loads the row as one 4096-wide tile: wrong past 4096 columns."""
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, 4096)
+    mask = offsets < n_cols
+    x = tl.load(x_ptr + pid * x_row_stride + offsets, mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(y_ptr + pid * y_row_stride + offsets, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def test_row_checker_passes_the_course_kernel(capsys):
-    checks.check_row_kernel(sm._softmax_row_kernel)
+    checks.check_row_kernel(sm.softmax_row_kernel)
     assert capsys.readouterr().out.startswith("PASS fused softmax")
 
 
@@ -136,7 +213,9 @@ def test_row_checker_passes_the_course_kernel(capsys):
     (_zero_padding, "differ"),
     (_unstable_exp, "NaN"),
     (_wrong_stride, "differ"),
-    (_no_store_mask, "outside its buffer"),
+    (_no_store_mask, "outside"),
+    (_y_stride_ignored, "y_row_stride"),            # issue 17: ignoring y_row_stride
+    (_input_dtype_math, "half a unit|differ"),      # issue 17: computing in the input dtype
 ])
 def test_row_checker_fails_wrong_kernels(kernel, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -153,14 +232,38 @@ def test_row_checker_reports_a_crash():
 
 
 def test_long_row_checker_passes_the_course_kernel(capsys):
-    checks.check_long_row_kernel(sm._softmax_online_kernel)
+    checks.check_long_row_kernel(_two_pass)
     assert "PASS online softmax, long rows" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kernel", [_first_tile_only, _no_correction, _nan_on_minus_inf])
-def test_long_row_checker_fails_wrong_kernels(kernel):
-    with pytest.raises(check.CheckFailure):
+@pytest.mark.parametrize("kernel, words", [
+    (_first_tile_only, ""), (_no_correction, ""), (_nan_on_minus_inf, ""),
+    (_y_stride_ignored, "y_row_stride"),
+    (_one_wide_tile, "lanes at once" if not cu.on_gpu() else "differ|NaN"),   # issue 17: a 4096-wide tile
+    (_three_pass, "3 times" if not cu.on_gpu() else None),                     # issue 18 item 15
+])
+def test_long_row_checker_fails_wrong_kernels(kernel, words):
+    if words is None:
+        pytest.skip("passes over the row are counted under the interpreter only")
+    with pytest.raises(check.CheckFailure, match=words):
         checks.check_long_row_kernel(kernel)
+
+
+def _launcher(kernel):
+    def fused_softmax(x):
+        y = torch.empty_like(x)
+        kernel[(x.shape[0],)](y, x, x.shape[1], x.stride(0), y.stride(0), BLOCK_SIZE=triton.next_power_of_2(x.shape[1]))
+        return y
+    return fused_softmax
+
+
+def test_launcher_checker(capsys):
+    checks.check_launcher(_launcher(_two_pass))
+    assert capsys.readouterr().out == "PASS fused_softmax: matches torch.softmax in one kernel launch\n"
+    with pytest.raises(check.CheckFailure, match="ran in torch"):      # issue 17: torch.softmax in 5.1
+        checks.check_launcher(lambda x: torch.softmax(x, -1))
+    with pytest.raises(check.CheckFailure, match="course's own kernel"):
+        checks.check_launcher(sm.softmax_teaching)
 
 
 # ----------------------------------------------------------------------------- update rule
