@@ -6,7 +6,8 @@ Backward: one kernel reads x and dy once, writes dx, and sums dy * x_hat and dy 
 one float32 partial row per program; ``column_sum_kernel`` adds the partials up (deterministic).
 ``atomic=True`` adds each program's sums into one float32 row with ``tl.atomic_add`` instead: one
 launch fewer, but the order of the additions changes from run to run (the notebook measures both).
-Tiles, warps and programs per SM come from :func:`plan`, tuned on an H100 (benchmarks/layernorm.py).
+Tiles, warps and programs per SM come from :func:`plan_forward` and :func:`backward_candidates`
+(tables measured on an H100 with benchmarks/layernorm.py); the kernels are in ``layernorm_kernels.py``.
 """
 
 from __future__ import annotations
@@ -15,151 +16,10 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from .. import env, hardware
 from ..kernels.layernorm import as_rows, column_sum
-
-
-@triton.jit
-def _norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
-                     eps, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     STATS: tl.constexpr):
-    """Rows pid * ROWS + [0, ROWS): y = (x - mean) * rstd * w + b (RMSNorm: x * rstd * w)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < n_rows
-    col_mask = cols < n_cols
-    mask = row_mask[:, None] & col_mask[None, :]
-    rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if RMS:
-        xc = x
-    else:
-        mean = tl.sum(x, axis=1) / n_cols
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    y = xc * rstd[:, None] * w[None, :]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows64 * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STATS:
-        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
-        if not RMS:
-            tl.store(mean_ptr + rows, mean, mask=row_mask)
-
-
-@triton.jit
-def _norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
-                     x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
-                     ROWS: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
-    """dx for the rows [pid * rows_per_program, ...) in tiles of ROWS, and their sums of dy * x_hat
-    and dy: stored as partial row pid (ATOMIC=False) or added into dw/db with atomics."""
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    first = pid * rows_per_program
-    end = tl.minimum(first + rows_per_program, n_rows)
-    start = first
-    while start < end:
-        rows = start + tl.arange(0, ROWS)
-        row_mask = rows < end
-        mask = row_mask[:, None] & col_mask[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(x_ptr + rows64 * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows64 * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-        if RMS:
-            x_hat = x * rstd[:, None]
-        else:
-            x_hat = (x - tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]) * rstd[:, None]
-        g = dy * w[None, :]
-        c1 = tl.sum(g * x_hat, axis=1) / n_cols
-        if RMS:
-            dx = (g - x_hat * c1[:, None]) * rstd[:, None]
-        else:
-            dx = (g - x_hat * c1[:, None] - (tl.sum(g, axis=1) / n_cols)[:, None]) * rstd[:, None]
-        tl.store(dx_ptr + rows64 * dx_row_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += tl.sum(dy * x_hat, axis=0)
-        db += tl.sum(dy, axis=0)
-        start += ROWS
-    if ATOMIC:
-        tl.atomic_add(dw_ptr + cols, dw, mask=col_mask)
-        if not RMS:
-            tl.atomic_add(db_ptr + cols, db, mask=col_mask)
-    else:
-        out = pid.to(tl.int64) * n_cols + cols
-        tl.store(dw_ptr + out, dw, mask=col_mask)
-        if not RMS:
-            tl.store(db_ptr + out, db, mask=col_mask)
-
-
-@triton.jit
-def _norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, dw_out_ptr, db_out_ptr,
-                             n_rows, n_cols, x_row_stride, dy_row_stride, dx_row_stride, rows_per_program,
-                             CHUNK: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
-    """Long rows (more than registers hold next to two accumulators of a row): one row at a time in
-    chunks of CHUNK columns. Pass 1 sums g * x_hat and g; pass 2 reads the row again (from L2: one
-    row per program is in flight), writes dx and adds dy * x_hat, dy into this program's partial row
-    of dw/db, which stays in L2 (it is written on the first row, read and rewritten on the next).
-    ATOMIC: the partial row is then added into dw_out/db_out with atomics."""
-    pid = tl.program_id(0)
-    offsets = tl.arange(0, CHUNK)
-    part = pid.to(tl.int64) * n_cols
-    first = pid * rows_per_program
-    end = tl.minimum(first + rows_per_program, n_rows)
-    row = first
-    while row < end:
-        r64 = row.to(tl.int64)
-        rstd = tl.load(rstd_ptr + row)
-        mean = 0.0 if RMS else tl.load(mean_ptr + row)
-        acc1 = tl.zeros((CHUNK,), dtype=tl.float32)
-        acc2 = tl.zeros((CHUNK,), dtype=tl.float32)
-        start = 0
-        while start < n_cols:  # pass 1: c1 = mean(g * x_hat), c2 = mean(g)
-            cols = start + offsets
-            mask = cols < n_cols
-            x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32) * \
-                tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            acc1 += g * (x - mean) * rstd
-            acc2 += g
-            start += CHUNK
-        c1 = tl.sum(acc1, axis=0) / n_cols
-        c2 = 0.0 if RMS else tl.sum(acc2, axis=0) / n_cols
-        keep = row > first  # the first row writes the partial row, the next ones add to it
-        start = 0
-        while start < n_cols:  # pass 2: dx, and the partial sums of dw and db
-            cols = start + offsets
-            mask = cols < n_cols
-            x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            x_hat = (x - mean) * rstd
-            g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            dx = (g - x_hat * c1 - c2) * rstd
-            tl.store(dx_ptr + r64 * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            dw = tl.load(dw_ptr + part + cols, mask=mask & keep, other=0.0) + dy * x_hat
-            tl.store(dw_ptr + part + cols, dw, mask=mask)
-            if not RMS:
-                db = tl.load(db_ptr + part + cols, mask=mask & keep, other=0.0) + dy
-                tl.store(db_ptr + part + cols, db, mask=mask)
-            start += CHUNK
-        tl.debug_barrier()  # this row's partial sums are stored before any thread reads them again
-        row += 1
-    if ATOMIC:
-        start = 0
-        while start < n_cols:
-            cols = start + offsets
-            mask = (cols < n_cols) & (first < end)
-            tl.atomic_add(dw_out_ptr + cols, tl.load(dw_ptr + part + cols, mask=mask, other=0.0), mask=mask)
-            if not RMS:
-                tl.atomic_add(db_out_ptr + cols, tl.load(db_ptr + part + cols, mask=mask, other=0.0), mask=mask)
-            start += CHUNK
-
+from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_fwd_kernel
 
 # --------------------------------------------------------------------------- plans
 
@@ -261,7 +121,7 @@ def _forward(x, weight, bias, eps, rms: bool, stats: bool, what: str):
     if x.numel():
         p = plan_forward(n_rows, n_cols, x.element_size(), hardware.device_info())
         dummy = y  # pointers the kernel never touches (no bias, no statistics)
-        _norm_fwd_kernel[(p.grid,)](y, x2, weight, dummy if bias is None else bias, dummy if mean is None else mean,
+        norm_fwd_kernel[(p.grid,)](y, x2, weight, dummy if bias is None else bias, dummy if mean is None else mean,
                                     dummy if rstd is None else rstd, n_rows, n_cols, x2.stride(0), y.stride(0), eps,
                                     BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, HAS_BIAS=bias is not None,
                                     STATS=stats, num_warps=p.num_warps)
@@ -277,7 +137,7 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
         shape = (n_cols,) if atomic else (p.grid, n_cols)
         dw = (torch.zeros if atomic else torch.empty)(shape, dtype=torch.float32, device=dev)
         db = dw if rms else (torch.zeros_like(dw) if atomic else torch.empty_like(dw))
-        _norm_bwd_kernel[(p.grid,)](dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols,
+        norm_bwd_kernel[(p.grid,)](dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols,
                                     *strides, p.rows_per_program, BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms,
                                     ATOMIC=atomic, num_warps=p.num_warps)
         return dw, None if rms else db
@@ -285,7 +145,7 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
     db = dw if rms else torch.empty_like(dw)
     dw_out = torch.zeros(n_cols, dtype=torch.float32, device=dev) if atomic else dw
     db_out = dw_out if rms or not atomic else torch.zeros_like(dw_out)
-    _norm_bwd_chunked_kernel[(p.grid,)](dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, dw_out, db_out,
+    norm_bwd_chunked_kernel[(p.grid,)](dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, dw_out, db_out,
                                         n_rows, n_cols, *strides, p.rows_per_program, CHUNK=p.BLOCK_N, RMS=rms,
                                         ATOMIC=atomic, num_warps=p.num_warps)
     return (dw_out, None if rms else db_out) if atomic else (dw, None if rms else db)
@@ -347,3 +207,36 @@ def layer_norm_backward(dy, x, weight, mean, rstd, *, atomic: bool = False, plan
 def rms_norm_backward(dy, x, weight, rstd, *, atomic: bool = False, plan: Plan | None = None):
     """(dx, dw) of RMSNorm from the saved float32 ``rstd``."""
     return _backward(dy, x, weight, None, rstd, True, atomic, "rms_norm_backward", plan)[:2]
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (see course_utils/aot.py): both shelves."""
+    from ..aot import dtype_name, dtypes_for, empty
+    from ..kernels import layernorm as K
+    for dt in dtypes_for(info):
+        name = dtype_name(dt)
+        for m, n in ((7, 1000),):
+            x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
+            yield f"teaching layer_norm {name} {m}x{n}", lambda x=x, w=w: K.layer_norm_teaching(x, w, w)
+            yield f"teaching rms_norm {name} {m}x{n}", lambda x=x, w=w: K.rms_norm_teaching(x, w)
+            yield f"teaching backward {name} {m}x{n}", lambda x=x, w=w, st=st: K.layer_norm_backward_teaching(
+                x, x, w, st, st)
+            yield f"teaching rms backward {name} {m}x{n}", lambda x=x, w=w, st=st: K.rms_norm_backward_teaching(
+                x, x, w, st)
+        for n in (1000, 4096, 16384, 40000):  # a tile of rows, one row, the longest rows
+            m = max(1, 2**26 // (n * dt.itemsize))
+            x, w = empty(m, n, dtype=dt), empty(n, dtype=dt)
+            yield f"layer_norm {name} N={n}", lambda x=x, w=w: layer_norm(x, w, w)
+            yield f"rms_norm {name} N={n}", lambda x=x, w=w: rms_norm(x, w)
+            if n == 4096:
+                yield f"layer_norm with stats {name} N={n}", lambda x=x, w=w: _forward(x, w, w, 1e-5, False, True, "")
+        for n in (1024, 8192):  # tiles; tiles and the chunked candidates
+            m = 2**26 // (n * dt.itemsize)
+            x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
+            for i, p in enumerate(backward_candidates(m, n, dt.itemsize, info, interpreter=False)):
+                for rms, atomic in ((False, False),) + (((True, False), (False, True), (True, True)) if i == 0 else ()):
+                    yield (f"backward {p.version} {name} N={n} BLOCK_N={p.BLOCK_N} w={p.num_warps} rms={rms} "
+                           f"atomic={atomic}", lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
+                               x, x, w, st, st, rms, atomic, "aot", p))
+    yield "layer_norm int64 offsets", lambda: layer_norm(empty(2**21, 1024, dtype=torch.float16),
+                                                         empty(1024, dtype=torch.float16))

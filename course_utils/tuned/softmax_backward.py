@@ -119,3 +119,17 @@ class SoftmaxFunction(torch.autograd.Function):
 def softmax_autograd(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax that autograd can differentiate, on the course's kernels."""
     return SoftmaxFunction.apply(x, dim)
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (see course_utils/aot.py): both shelves."""
+    from ..aot import dtype_name, dtypes_for, empty
+    from ..kernels.softmax_backward import softmax_backward_teaching
+    for dt in dtypes_for(info):
+        y = empty(33, 1000, dtype=dt)
+        yield f"teaching softmax backward {dtype_name(dt)}", lambda y=y: softmax_backward_teaching(y, y)
+        for n in (1000, 1024, 4096, 16384, 100003):
+            y = empty(max(1, 2**26 // (n * dt.itemsize)), n, dtype=dt)
+            yield f"softmax backward {dtype_name(dt)} N={n}", lambda y=y: softmax_backward(y, y)
+    y = empty(2**21, 1024, dtype=torch.float16)
+    yield "softmax backward int64 offsets", lambda: softmax_backward(y, y)

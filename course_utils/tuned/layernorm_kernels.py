@@ -1,0 +1,150 @@
+"""The tuned LayerNorm/RMSNorm kernels (chapter 10; their plans and launchers: ``tuned/layernorm.py``).
+
+``norm_fwd_kernel``: a tile of ROWS rows x BLOCK_N columns per program (RMS and bias as constexprs,
+mean/rstd stored only when a backward pass needs them). ``norm_bwd_kernel``: dx for a contiguous run of
+rows in tiles of ROWS, plus that run's sums of dy * x_hat and dy (partial row, or atomics).
+``norm_bwd_chunked_kernel``: the same for rows too long for registers, one row at a time in chunks.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
+                     eps, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     STATS: tl.constexpr):
+    """Rows pid * ROWS + [0, ROWS): y = (x - mean) * rstd * w + b (RMSNorm: x * rstd * w)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / n_cols
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows64 * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STATS:
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+        if not RMS:
+            tl.store(mean_ptr + rows, mean, mask=row_mask)
+
+
+@triton.jit
+def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
+                     x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
+                     ROWS: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+    """dx for the rows [pid * rows_per_program, ...) in tiles of ROWS, and their sums of dy * x_hat
+    and dy: stored as partial row pid (ATOMIC=False) or added into dw/db with atomics."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    first = pid * rows_per_program
+    end = tl.minimum(first + rows_per_program, n_rows)
+    start = first
+    while start < end:
+        rows = start + tl.arange(0, ROWS)
+        row_mask = rows < end
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + rows64 * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows64 * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        if RMS:
+            x_hat = x * rstd[:, None]
+        else:
+            x_hat = (x - tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]) * rstd[:, None]
+        g = dy * w[None, :]
+        c1 = tl.sum(g * x_hat, axis=1) / n_cols
+        if RMS:
+            dx = (g - x_hat * c1[:, None]) * rstd[:, None]
+        else:
+            dx = (g - x_hat * c1[:, None] - (tl.sum(g, axis=1) / n_cols)[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows64 * dx_row_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(dy * x_hat, axis=0)
+        db += tl.sum(dy, axis=0)
+        start += ROWS
+    if ATOMIC:
+        tl.atomic_add(dw_ptr + cols, dw, mask=col_mask)
+        if not RMS:
+            tl.atomic_add(db_ptr + cols, db, mask=col_mask)
+    else:
+        out = pid.to(tl.int64) * n_cols + cols
+        tl.store(dw_ptr + out, dw, mask=col_mask)
+        if not RMS:
+            tl.store(db_ptr + out, db, mask=col_mask)
+
+
+@triton.jit
+def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, dw_out_ptr, db_out_ptr,
+                             n_rows, n_cols, x_row_stride, dy_row_stride, dx_row_stride, rows_per_program,
+                             CHUNK: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+    """Long rows (more than registers hold next to two accumulators of a row): one row at a time in
+    chunks of CHUNK columns. Pass 1 sums g * x_hat and g; pass 2 reads the row again (from L2: one
+    row per program is in flight), writes dx and adds dy * x_hat, dy into this program's partial row
+    of dw/db, which stays in L2 (it is written on the first row, read and rewritten on the next).
+    ATOMIC: the partial row is then added into dw_out/db_out with atomics."""
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, CHUNK)
+    part = pid.to(tl.int64) * n_cols
+    first = pid * rows_per_program
+    end = tl.minimum(first + rows_per_program, n_rows)
+    row = first
+    while row < end:
+        r64 = row.to(tl.int64)
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0 if RMS else tl.load(mean_ptr + row)
+        acc1 = tl.zeros((CHUNK,), dtype=tl.float32)
+        acc2 = tl.zeros((CHUNK,), dtype=tl.float32)
+        start = 0
+        while start < n_cols:  # pass 1: c1 = mean(g * x_hat), c2 = mean(g)
+            cols = start + offsets
+            mask = cols < n_cols
+            x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32) * \
+                tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            acc1 += g * (x - mean) * rstd
+            acc2 += g
+            start += CHUNK
+        c1 = tl.sum(acc1, axis=0) / n_cols
+        c2 = 0.0 if RMS else tl.sum(acc2, axis=0) / n_cols
+        keep = row > first  # the first row writes the partial row, the next ones add to it
+        start = 0
+        while start < n_cols:  # pass 2: dx, and the partial sums of dw and db
+            cols = start + offsets
+            mask = cols < n_cols
+            x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            x_hat = (x - mean) * rstd
+            g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            dx = (g - x_hat * c1 - c2) * rstd
+            tl.store(dx_ptr + r64 * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw = tl.load(dw_ptr + part + cols, mask=mask & keep, other=0.0) + dy * x_hat
+            tl.store(dw_ptr + part + cols, dw, mask=mask)
+            if not RMS:
+                db = tl.load(db_ptr + part + cols, mask=mask & keep, other=0.0) + dy
+                tl.store(db_ptr + part + cols, db, mask=mask)
+            start += CHUNK
+        tl.debug_barrier()  # this row's partial sums are stored before any thread reads them again
+        row += 1
+    if ATOMIC:
+        start = 0
+        while start < n_cols:
+            cols = start + offsets
+            mask = (cols < n_cols) & (first < end)
+            tl.atomic_add(dw_out_ptr + cols, tl.load(dw_ptr + part + cols, mask=mask, other=0.0), mask=mask)
+            if not RMS:
+                tl.atomic_add(db_out_ptr + cols, tl.load(db_ptr + part + cols, mask=mask, other=0.0), mask=mask)
+            start += CHUNK
