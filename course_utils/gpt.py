@@ -160,8 +160,36 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
     return loss.detach()
 
 
-def optimizer(model: nn.Module, lr: float = 3e-4) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+def optimizer(model: nn.Module, lr: float = 3e-4, capturable: bool = False) -> torch.optim.Optimizer:
+    """AdamW; ``capturable=True`` keeps its step counts on the GPU so that a CUDA graph can hold it."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, capturable=capturable)
+
+
+def graphed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, warmup: int = 3):
+    """A whole training step (forward, backward, AdamW) captured as one CUDA graph (chapter 1).
+
+    Returns ``(replay, loss)``: ``replay()`` runs one step on whatever ``x`` and ``y`` hold (copy the
+    next batch into them first), ``loss`` is the tensor the graph writes the loss into. The warm-up
+    steps on a side stream let every launcher make its choices (tiles, compilation) before the
+    capture, where nothing may synchronize with the host.
+    """
+    if not x.is_cuda:
+        raise RuntimeError("graphed_step needs the model and the batch on a CUDA GPU")
+    opt = optimizer(model, capturable=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            train_step(model, opt, x, y)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+    return graph.replay, loss
 
 
 def train(model: nn.Module, data: torch.Tensor, *, steps: int, batch: int, seed: int = 0, lr: float = 3e-4,
