@@ -11,6 +11,7 @@ first bad index, got vs expected, and a hint of where to look.
 from __future__ import annotations
 
 import contextlib
+import dis
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -225,8 +226,8 @@ def check_kernel_launches(what: str, fn: Callable, *args, expected: int = 1, **k
 
 
 def _referenced(fn, depth: int = 3, seen=None):
-    """(name, object) for every global and module attribute ``fn``'s code can reach, through the
-    student's own helper functions and closures."""
+    """(dotted name, object) for every global, and attribute chain of one, that ``fn``'s code loads,
+    through the student's own helper functions, nested functions and closures."""
     seen = set() if seen is None else seen
     code = getattr(fn, "__code__", None)
     if code is None or id(code) in seen or depth < 0:
@@ -237,20 +238,24 @@ def _referenced(fn, depth: int = 3, seen=None):
     while codes:
         c = codes.pop()
         codes += [k for k in c.co_consts if inspect.iscode(k)]
-        names = set(c.co_names)
-        for n in names:
-            if n in glb:
-                v = glb[n]
-                yield n, v
-                if inspect.ismodule(v):
-                    for attr in names:
-                        if hasattr(v, attr):
-                            yield f"{n}.{attr}", getattr(v, attr)
-                elif inspect.isfunction(v) and v.__module__ == getattr(fn, "__module__", None):
-                    yield from _referenced(v, depth - 1, seen)
+        cur, name = None, ""
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str) and ins.argval in glb:
+                cur, name = glb[ins.argval], ins.argval
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and cur is not None and isinstance(ins.argval, str):
+                cur, name = getattr(cur, ins.argval, None), f"{name}.{ins.argval}"
+                if cur is None:
+                    continue
+            else:
+                cur = None
+                continue
+            yield name, cur
+            if inspect.isfunction(cur) and cur.__module__ == getattr(fn, "__module__", None):
+                yield from _referenced(cur, depth - 1, seen)
     for cell in getattr(fn, "__closure__", None) or ():
         with contextlib.suppress(ValueError):
             v = cell.cell_contents
+            yield "a closure variable", v
             if inspect.isfunction(v):
                 yield from _referenced(v, depth - 1, seen)
 

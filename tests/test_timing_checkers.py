@@ -212,8 +212,18 @@ def stub(fn, warmup, reps, sync, clock):
 
 def test_time_call_reference_passes(capsys):
     check_time_call(good)
-    check_time_call(timing.reference_time_call)
     assert capsys.readouterr().out.startswith("PASS time_call:")
+
+
+def test_time_call_calling_the_answer_key_fails():
+    """Issue 17: the course's reference timer is the answer the check compares with."""
+    ref = timing.reference_time_call
+
+    def wrapper(fn, warmup=10, reps=100, sync=None, clock=None):
+        return ref(fn, warmup, reps, sync, clock)
+    for answer in (timing.reference_time_call, wrapper):
+        with pytest.raises(CheckFailure, match="reference timer"):
+            check_time_call(answer)
 
 
 @pytest.mark.parametrize("wrong, says", [
@@ -268,7 +278,7 @@ def make_graphed(fn, example_x):
     return run
 
 
-def _variant(copy_in=True, replay=True, clone=True, shape_check=True, eager=False):
+def _variant(copy_in=True, replay=True, clone=True, shape_check="full", eager=False):
     def make(fn, example_x):
         if eager:
             return lambda x: fn(x) if x.shape == example_x.shape else (_ for _ in ()).throw(ValueError())
@@ -279,8 +289,12 @@ def _variant(copy_in=True, replay=True, clone=True, shape_check=True, eager=Fals
             static_out = fn(static_x)
 
         def run(x):
-            if shape_check and x.shape != static_x.shape:
+            if shape_check == "len" and len(x) != len(static_x):
+                raise ValueError("new length")
+            if shape_check in ("shape", "full") and x.shape != static_x.shape:
                 raise ValueError("new shape")
+            if shape_check == "full" and x.dtype != static_x.dtype:
+                raise ValueError("new dtype")
             if copy_in:
                 static_x.copy_(x)
             if replay:
@@ -299,6 +313,8 @@ def test_make_graphed_reference_passes(capsys):
     (_variant(copy_in=False), "copy the new values into it"),
     (_variant(clone=False), "return a copy"),
     (_variant(shape_check=False), "must raise ValueError|accepted x of shape"),
+    (_variant(shape_check="len"), "checking len.x. is not enough"),        # issue 17, 1.2
+    (_variant(shape_check="shape"), "dtype float64"),
     (_variant(eager=True), "one by one"),
 ] + ([] if cu.on_gpu() else [(_variant(replay=False), "replay")]))
 def test_make_graphed_wrong_answers_fail_and_say_why(wrong, says):

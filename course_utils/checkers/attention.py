@@ -5,7 +5,8 @@
 (rounded) inputs. Every call draws fresh inputs; sequence lengths are not multiples of any tile;
 one case has scores of large magnitude (an ``exp`` without the running max overflows there) and
 one has a large common offset on the scores; the output is NaN-poisoned inside guard zones when
-``fn`` takes ``out``.
+``fn`` takes ``out``; the work must be one launch of the student's own Triton kernel (SDPA, or the
+course's kernel, is the answer key, not an answer).
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = 
                 extra = ("the random case passes but this one does not: subtract the running max before "
                          "exp, and rescale l and the accumulator by exp(m_old - m_new) when the max grows.")
             check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=extra)
+    q, k, v = _inputs(1, 2, 33, 16, dtypes[0], 1.0, 0.0)
+    kwargs = {"causal": causal, **({"out": torch.empty_like(q)} if with_out else {})}
+    check.check_kernel_launches(name, fn, q, k, v, expected=1, **kwargs)
     mask = "with the causal mask, " if causal else ""
     check.verdict(name, f"matches float64 attention {mask}on ragged sequence lengths, large-magnitude and "
                         "offset scores, every dtype tried")

@@ -4,8 +4,11 @@ a :class:`course_utils.bench.SimulatedGPU` whose behaviour the checker controls.
 Every call builds fresh simulated GPUs with random bandwidths, L2 sizes, launch overheads and
 compile times, so only a benchmark that follows the protocol (warm up, synchronize, time on the
 device, flush L2 or use a working set of at least 4x L2, take the median) lands within tolerance
-of the true kernel time. A passing check prints one deterministic line; a failing one raises
-:class:`course_utils.check.CheckFailure` saying which rule the numbers point to.
+of the true kernel time. The simulated GPUs are sealed (:class:`SealedGPU`): the student's code
+cannot read their bandwidth or true kernel time, and the course's answers (``bench.time_ms`` in
+8.1, ``bench.attainable_tflops``) are refused under any name. A passing check prints one
+deterministic line; a failing one raises :class:`course_utils.check.CheckFailure` saying which rule
+the numbers point to.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import contextlib
 import math
 import os
 import random
+import sys
 
 from .. import bench
-from ..check import CheckFailure, verdict
+from ..check import CheckFailure, refuse_answer_key, verdict
 
 TIMER_TOLERANCE = 0.05      # relative error allowed on a kernel's time
 BANDWIDTH_TOLERANCE = 0.05  # relative error allowed on a measured bandwidth
@@ -24,6 +28,55 @@ BANDWIDTH_TOLERANCE = 0.05  # relative error allowed on a measured bandwidth
 
 def _rng() -> random.Random:
     return random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+SEALED = {"hbm_gbps": "its DRAM bandwidth", "l2_gbps": "its L2 bandwidth", "latency_us": "its kernel latency",
+          "jit_ms": "its compile time", "true_ms": "the true kernel time", "_queue_end": "its queue",
+          "_host": "its host clock", "_rng": "its noise"}
+
+
+class SealedGPU(bench.SimulatedGPU):
+    """A simulated GPU whose answers (bandwidth, true time...) only the course's own code can read.
+
+    The student gets the interface a real GPU has: kernels, events, synchronize, flush_l2, l2_bytes,
+    a host clock. Reading ``gpu.hbm_gbps`` or calling ``gpu.true_ms(k)`` is reading the answer.
+    A trace records the order of kernel calls and event records (a timed first call: no warm-up).
+    """
+
+    def __getattribute__(self, name):
+        if name in SEALED and not sys._getframe(1).f_globals.get("__name__", "").startswith("course_utils"):
+            raise CheckFailure(f"your code read gpu.{name}, {SEALED[name]}: that is what the exercise asks you "
+                               "to measure. Use only kernels, events, synchronize, flush_l2, l2_bytes and host_time.")
+        return object.__getattribute__(self, name)
+
+    def kernel(self, nbytes: int, name: str = ""):
+        k = super().kernel(nbytes, name)
+        gpu = self
+        original = type(k).__call__
+
+        class Traced(type(k)):
+            def __call__(self):
+                gpu.trace.append("call")
+                return original(self)
+        k.__class__ = Traced
+        return k
+
+    def Event(self, enable_timing: bool = True):  # noqa: N802  (mirrors torch.cuda.Event)
+        e = super().Event(enable_timing)
+        gpu, original = self, type(e).record
+
+        class Traced(type(e)):
+            def record(self):
+                gpu.trace.append("record")
+                return original(self)
+        e.__class__ = Traced
+        return e
+
+
+def _timed_first_call(gpu) -> bool:
+    """True when the first kernel call came after the first event record (no warm-up)."""
+    t = gpu.trace
+    return "call" in t and "record" in t and t.index("record") < t.index("call")
 
 
 def random_gpu(rng: random.Random | None = None, **overrides) -> bench.SimulatedGPU:
@@ -36,7 +89,9 @@ def random_gpu(rng: random.Random | None = None, **overrides) -> bench.Simulated
                   noise=0.01, spike_prob=0.15, spike=rng.uniform(2.5, 4), sync_us=rng.uniform(3, 10),
                   seed=rng.randrange(2**31))
     params.update(overrides)
-    return bench.SimulatedGPU(**params)
+    gpu = SealedGPU(**params)
+    gpu.trace = []
+    return gpu
 
 
 @contextlib.contextmanager
@@ -96,6 +151,9 @@ def check_timer(time_kernel, n_gpus: int = 4) -> None:
     """Exercise 8.1: ``time_kernel(gpu, fn) -> ms`` must report the kernel's own (cold-L2) time."""
     if not callable(time_kernel):
         raise CheckFailure(f"time_kernel must be a function, got {type(time_kernel).__name__}")
+    from .. import timing
+    refuse_answer_key("time_kernel", time_kernel, {"benchmark harness (bench.time_ms), which exercise 8.1 asks "
+                                                   "you to write yourself": timing.time_ms})
     rng = _rng()
     with _no_harness():
         for i in range(n_gpus):
@@ -112,6 +170,10 @@ def check_timer(time_kernel, n_gpus: int = 4) -> None:
                 except Exception as e:
                     raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
                 got = _number(what, got)
+                if _timed_first_call(gpu):
+                    raise CheckFailure(f"{what}: no warm-up: the first call of fn, which compiles, ran after you "
+                                       "started recording events. Call fn() a few times and gpu.synchronize() "
+                                       "before timing (here the median hid it; a mean or a short run would not).")
                 true = gpu.true_ms(kernel)
                 ratio = got / true
                 if abs(ratio - 1) > TIMER_TOLERANCE:
@@ -171,6 +233,7 @@ def check_attainable(attainable) -> None:
     """Exercise 8.3: ``attainable(intensity, peak_tflops, bw_gbps) -> TFLOP/s`` (the roofline)."""
     if not callable(attainable):
         raise CheckFailure(f"attainable must be a function, got {type(attainable).__name__}")
+    refuse_answer_key("attainable", attainable, {"roofline (bench.attainable_tflops)": bench.attainable_tflops})
     rng = _rng()
     cases = []
     for _ in range(20):

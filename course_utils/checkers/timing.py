@@ -112,6 +112,8 @@ def check_time_call(time_call) -> None:
     """Judge ``time_call(fn, warmup=, reps=, sync=, clock=) -> microseconds per call``."""
     if not callable(time_call):
         raise CheckFailure(f"time_call must be a function, got {type(time_call).__name__}")
+    check.refuse_answer_key("time_call", time_call, {"reference timer (checkers.timing.reference_time_call)":
+                                                     reference_time_call})
     rng = random.Random()
     scenarios = [
         # (what it shows, launch_us, work_us, compile_us, warmup, reps)
@@ -221,20 +223,22 @@ def check_graphed(make_graphed) -> None:
     if chain_ops:
         raise CheckFailure(f"{name}: run(x) launched the chain's ops one by one ({counts}): capture fn "
                            "once in make_graphed, and in run only copy x in, replay, and copy out")
-    bad_shape = (1, cols)  # broadcasts into the captured input without an error from copy_
-    try:
-        call(_fresh(bad_shape), f"a {bad_shape[0]}x{bad_shape[1]} tensor")
-    except CheckFailure as e:
-        if isinstance(e.__cause__, ValueError):
-            pass
-        else:
-            raise CheckFailure(f"{name}: run(x) with x of shape {bad_shape} (the graph was captured for "
-                               f"{(rows, cols)}) must raise ValueError, it raised "
-                               f"{type(e.__cause__).__name__}: {e.__cause__}") from e
-    else:
-        raise CheckFailure(f"{name}: run(x) accepted x of shape {bad_shape}, but the graph replays "
-                           f"the shapes it captured, {(rows, cols)}: check x.shape (and dtype) and raise "
-                           "ValueError; a new shape needs a new capture")
+    # Each of these would be silently broadcast or cast by static_x.copy_(x): checking len(x) only
+    # (or the shape without the dtype) lets them through.
+    wrong = [(_fresh((1, cols)), f"x of shape {(1, cols)}"), (_fresh((rows, 1)), f"x of shape {(rows, 1)} "
+             "(same len(x): checking len(x) is not enough)"),
+             (_fresh((rows, cols), torch.float64), "x of dtype float64 (copy_ would cast it silently)")]
+    for bad, what in wrong:
+        try:
+            call(bad, what)
+        except CheckFailure as e:
+            if isinstance(e.__cause__, ValueError):
+                continue
+            raise CheckFailure(f"{name}: run({what}) must raise ValueError (the graph was captured for "
+                               f"{(rows, cols)} float32), it raised {type(e.__cause__).__name__}: {e.__cause__}") from e
+        raise CheckFailure(f"{name}: run() accepted {what}, but the graph replays the shape and dtype it "
+                           f"captured, {(rows, cols)} float32: compare x.shape and x.dtype with the captured "
+                           "input's and raise ValueError; a new shape or dtype needs a new capture")
     verdict("make_graphed", "one replay instead of one launch per op, matches eager on fresh inputs, "
                             "copies new inputs in, returns outputs the next replay cannot overwrite, "
                             "refuses a new shape")

@@ -15,9 +15,19 @@ import random
 from collections.abc import Callable
 
 from .. import traffic as T
-from ..check import CheckFailure, verdict
+from ..check import CheckFailure, refuse_answer_key, verdict
 
 ITEMSIZES = {1: "int8", 2: "bfloat16", 4: "float32", 8: "float64"}
+
+
+def _answers() -> dict:
+    """The course's calculators: what the checks compare with, so a student's code may not call them."""
+    found = {f"calculator traffic.{n}": getattr(T, n) for n in
+             ("elementwise_chain", "softmax", "bias_gelu_dropout", "estimate_time", "speedup", "gelu_eager",
+              "layernorm", "gemm_epilogue", "attention") if hasattr(T, n)}
+    found["reference checkers.traffic.reference_speedup"] = reference_speedup
+    found["reference checkers.traffic._ref_kernel_time_us"] = _ref_kernel_time_us
+    return found
 
 
 def _rng() -> random.Random:
@@ -66,6 +76,7 @@ def _sizes(rng: random.Random) -> list[int]:
 
 def check_chain_bytes(fn: Callable) -> None:
     """``fn(n_ops, numel, itemsize) -> (unfused_bytes, fused_bytes)`` for a chain of unary ops."""
+    refuse_answer_key("chain_bytes", fn, _answers())
     rng = _rng()
     what = "chain_bytes"
     cases = [(3, 1000, 4), (5, 16384, 2), (1, 1, 2)] + [(rng.randrange(1, 17), n, rng.choice(list(ITEMSIZES)))
@@ -93,6 +104,7 @@ def check_chain_bytes(fn: Callable) -> None:
 
 def check_softmax_bytes(fn: Callable) -> None:
     """``fn(rows, cols, itemsize) -> (unfused_bytes, fused_bytes)`` under the 5-op convention."""
+    refuse_answer_key("softmax_bytes", fn, _answers())
     rng = _rng()
     what = "softmax_bytes"
     cases = [(4, 6, 4), (4096, 4096, 2), (1, 1, 4)] + [
@@ -120,6 +132,7 @@ def check_softmax_bytes(fn: Callable) -> None:
 def check_bias_gelu_dropout_bytes(fn: Callable) -> None:
     """``fn(rows, cols, itemsize) -> (unfused, fused)`` for dropout(gelu(x + bias)), bias per
     column, dropout mask generated in the kernel."""
+    refuse_answer_key("bias_gelu_dropout_bytes", fn, _answers())
     rng = _rng()
     what = "bias_gelu_dropout_bytes"
     cases = [(37, 129, 4), (1024, 4096, 2), (1, 1, 2)] + [
@@ -154,6 +167,7 @@ def _ref_kernel_time_us(nbytes, flops, hbm_gbps, peak_tflops, launch_us):
 
 def check_kernel_time(fn: Callable) -> None:
     """``fn(nbytes, flops, hbm_gbps, peak_tflops, launch_us) -> microseconds`` of one kernel."""
+    refuse_answer_key("kernel_time_us", fn, _answers())
     rng = _rng()
     what = "kernel_time_us"
     cases = [(2 * 10**9, 0, 2000, 100, 10), (1000, 10**12, 1000, 100, 0), (0, 0, 3350, 989, 10)]
@@ -211,6 +225,7 @@ def reference_speedup(comparison: T.Comparison, gpu: str, dtype: str = "bfloat16
 def check_fusion_speedup(fn: Callable) -> None:
     """``fn(comparison, gpu, dtype) -> estimated speedup`` with the student's time model, on every
     candidate fusion, on an H100 (bf16) and on a T4 (fp16: it has no bf16)."""
+    refuse_answer_key("fusion_speedup", fn, _answers())
     what = "fusion_speedup"
     n = 0
     for gpu, dtype in (("h100-sxm", "bfloat16"), ("t4", "float16")):
