@@ -1,4 +1,7 @@
-"""The compile matrix: every kernel of the course, configured as its launcher would configure it on a
+"""(Over 300 lines: recording, compiling and the command line share the fresh-process boot below; the
+``_cases_*`` of other owners' modules, about 80 lines, leave as those modules define compile_cases.)
+
+The compile matrix: every kernel of the course, configured as its launcher would configure it on a
 T4 (sm_75), an A100 (sm_80) or an H100 (sm_90), compiled ahead of time to PTX and cubin on a
 machine with no GPU.
 

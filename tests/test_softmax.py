@@ -328,4 +328,7 @@ def test_aligned_units_give_the_same_result(shape, cut):
     finally:
         tuned.VECTOR_HINT = saved
     _close(y_hint, x)
-    torch.testing.assert_close(y_hint, y_plain, rtol=0, atol=0)
+    _close(y_plain, x)
+    # Same arithmetic; on a GPU wider loads give each thread other lanes, so the reductions may add in
+    # another order: 1-2 ulp apart (H100: at most 2.4e-7 relative). The interpreter gives equal bits.
+    torch.testing.assert_close(y_hint, y_plain, rtol=5e-7 if env.on_gpu() else 0, atol=0)

@@ -1,4 +1,5 @@
 """Softmax, the production path ``make bench`` times: a plan per shape and device, extra kernels.
+(Over 300 lines: three kernels, the plan that picks among them and its launcher belong together.)
 
 ``softmax(x, dim=-1)`` picks a version through :func:`plan`, a pure function of the shape and a
 :class:`course_utils.hardware.DeviceInfo` (ask it what a T4, an A100 or an H100 would get):
@@ -9,11 +10,11 @@
 - ``split`` (long rows, GPU): a row over several programs that exchange their (max, sum);
 - ``online`` (anything else, and long rows under the interpreter): the teaching online kernel.
 
-Vector loads: Triton knows an integer argument is a multiple of 16 only when it is; a row stride of
-1000 is a multiple of 8, which it cannot see, so every load of such a row is one element wide
-(``ld.global.b16`` for bf16: PTX in results/ptx/softmax_vector_loads.csv). The tuned kernels take
-n_cols and the row strides in units of ALIGN elements (the largest power of two <= 16 dividing all
-three) and multiply by the constexpr ALIGN inside, which Triton does see: 16-byte loads again.
+Vector loads: Triton sees that an integer argument is a multiple of 16, not of 8, so rows of 1000
+load one element per instruction (sm_90 PTX: results/ptx/softmax_ptx.csv). The kernels take n_cols
+and row strides in units of ALIGN (the largest power of two <= 16 dividing all three) and multiply by
+the constexpr inside: 16-byte loads again. H100, one run of interleaved rounds: bf16 rows of 1000
+from 91% to 101% of the copy bandwidth (results/h100-80gb-hbm3/softmax_dips_explore.csv).
 """
 
 from __future__ import annotations
@@ -170,8 +171,7 @@ def warps_for(tile_elements: int) -> int:
 
 def estimate_programs_per_sm(tile_elements: int, num_warps: int, info: hardware.DeviceInfo) -> int:
     """Occupancy without compiling: registers ~ 2 fp32 values per element held + 32 of overhead."""
-    per_thread = tile_elements // (32 * num_warps)
-    regs = min(255, 32 + 2 * per_thread)
+    regs = min(255, 32 + 2 * (tile_elements // (32 * num_warps)))
     by_regs = REGISTERS_PER_SM // (regs * 32 * num_warps)
     return max(1, min(by_regs, max_warps_per_sm(info) // num_warps))
 
@@ -189,8 +189,10 @@ def plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo, itemsize: int = 4,
         num_warps, n_tiles = warps_for(rows * block), triton.cdiv(n_rows, rows)
         if interpreter:  # every program costs Python time under the interpreter: few and long
             return Plan("persistent", block, rows, num_warps, min(n_tiles, 8))
-        # Measured on an H200 (results/h200/softmax_tune.csv): one tile per program beat a grid of
-        # SMs x occupancy at every N, so the grid covers all tiles (and the loop runs once: 1 stage).
+        # One tile per program beat a grid of SMs x occupancy at every N on an H200
+        # (results/h200/softmax_tune.csv) and on an H100 with the tile loop pipelined or not (99-101%
+        # of copy against 90-96%: results/h100-80gb-hbm3/softmax_persistent_explore.csv). So the grid
+        # covers all tiles and the loop runs once (1 stage: nothing to overlap).
         return Plan("persistent", block, rows, num_warps, n_tiles)
     if interpreter:
         return Plan("online", ONLINE_BLOCK, 1, 8, n_rows)
@@ -208,8 +210,7 @@ def plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo, itemsize: int = 4,
 
 
 def _two_block_plan(n_rows: int, n_cols: int) -> Plan:
-    """One program of 32 warps per row of 16K-24K columns (H100: fp32 98-99% of copy, bf16 with tails
-    up to 4096 80-100%; results/h100-80gb-hbm3/softmax_split_explore.csv)."""
+    """32 warps per row of 16K-24K columns (H100: fp32 98-99% of copy, bf16 tails <= 4096 80-100%)."""
     return Plan("two_block", MAX_FUSED_BLOCK, 1, MAX_WARPS, n_rows, triton.next_power_of_2(n_cols - MAX_FUSED_BLOCK))
 
 
@@ -327,9 +328,7 @@ def launch(p: Plan, y2: torch.Tensor, x2: torch.Tensor) -> None:
 
 
 def compile_cases(info):
-    """The launches ``python -m course_utils.aot`` compiles for ``info``: every version the plan or a
-    forced version can launch, in every dtype, rows whose stride is a multiple of 8 only (1000), and
-    more than 2^31 rows (nothing is allocated: CPU tensors are lazy and nothing runs)."""
+    """What ``python -m course_utils.aot`` compiles: every version, dtype, ALIGN 8 (1000), > 2^31 rows."""
     from ..aot import dtype_name, dtypes_for, empty
     # persistent, two_block (just over 16K), 32-warp rows (16-bit) or split, split, online
     shapes = [(64, 1000), (16, 4096), (4, 16384), (4, 17000), (4, 30000), (2, 65536), (1, 2**19)]
