@@ -169,7 +169,9 @@ def graphed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, warmup: int
     """A whole training step (forward, backward, AdamW) captured as one CUDA graph (chapter 1).
 
     Returns ``(replay, loss)``: ``replay()`` runs one step on whatever ``x`` and ``y`` hold (copy the
-    next batch into them first), ``loss`` is the tensor the graph writes the loss into. The warm-up
+    next batch into them first), ``loss`` is the tensor the graph writes the loss into. ``replay``
+    keeps ``x``, ``y`` and the optimizer alive: a graph replays raw addresses, and memory freed and
+    reused after the capture would be read as a batch. The warm-up
     steps on a side stream let every launcher make its choices (tiles, compilation) before the
     capture, where nothing may synchronize with the host.
     """
@@ -189,7 +191,12 @@ def graphed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, warmup: int
             _, loss = model(x, y)
         loss.backward()
         opt.step()
-    return graph.replay, loss
+
+    def replay():  # holds x, y, the graph and the optimizer: the graph reads and writes their memory
+        graph.replay()
+        return x, y, opt
+
+    return replay, loss
 
 
 def train(model: nn.Module, data: torch.Tensor, *, steps: int, batch: int, seed: int = 0, lr: float = 3e-4,
