@@ -171,7 +171,7 @@ def check_timer(time_kernel, n_gpus: int = 4) -> None:
                     raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
                 got = _number(what, got)
                 if _timed_first_call(gpu):
-                    raise CheckFailure(f"{what}: no warm-up: the first call of fn, which compiles, ran after you "
+                    raise CheckFailure(f"{what}: no warm-up: the first call of fn (its compilation) ran after you "
                                        "started recording events. Call fn() a few times and gpu.synchronize() "
                                        "before timing (here the median hid it; a mean or a short run would not).")
                 true = gpu.true_ms(kernel)

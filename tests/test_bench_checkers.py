@@ -1,0 +1,63 @@
+"""Chapter 8's checkers fail the answers that read the answer: issue 17 item 3 and issue 18 item 16."""
+
+import statistics
+
+import pytest
+
+from course_utils import bench
+from course_utils.check import CheckFailure
+from course_utils.checkers import bench as checks
+from course_utils.timing import time_ms
+
+
+def protocol(gpu, fn, rep=50, warmup=3):
+    for _ in range(warmup):
+        fn()
+    gpu.synchronize()
+    starts = [gpu.Event() for _ in range(rep)]
+    ends = [gpu.Event() for _ in range(rep)]
+    for s, e in zip(starts, ends):
+        gpu.flush_l2()
+        s.record()
+        fn()
+        e.record()
+    gpu.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def test_the_protocol_passes(capsys):
+    checks.check_timer(protocol)
+    assert capsys.readouterr().out.startswith("PASS time_kernel")
+
+
+def test_no_warm_up_fails_although_the_median_hides_it():
+    with pytest.raises(CheckFailure, match="no warm-up"):
+        checks.check_timer(lambda gpu, fn, rep=50: protocol(gpu, fn, rep, warmup=0))
+
+
+def test_time_ms_imported_by_name_is_still_the_harness():
+    def escaped(gpu, fn, rep=50):   # from course_utils.bench import time_ms: escapes a patched bench.time_ms
+        return time_ms(fn, device=gpu, rep=rep)
+    with pytest.raises(CheckFailure, match="harness"):
+        checks.check_timer(escaped)
+
+
+def test_reading_the_true_time_or_the_bandwidth_fails():
+    with pytest.raises(CheckFailure, match="true_ms"):
+        checks.check_timer(lambda gpu, fn, rep=50: gpu.true_ms(fn))
+    with pytest.raises(CheckFailure, match="hbm_gbps"):
+        checks.check_bandwidth(lambda gpu: gpu.hbm_gbps)
+
+
+def test_bandwidth_by_the_protocol_passes(capsys):
+    def copy_bandwidth(gpu):
+        k = gpu.kernel(8 * gpu.l2_bytes)
+        return bench.gbps(k.nbytes, bench.time_ms(k, device=gpu))
+    checks.check_bandwidth(copy_bandwidth)
+    assert capsys.readouterr().out.startswith("PASS copy_bandwidth")
+
+
+def test_attainable_calling_the_course_roofline_fails():
+    with pytest.raises(CheckFailure, match="attainable_tflops"):
+        checks.check_attainable(lambda i, p, b: bench.attainable_tflops(i, p, b))
+    checks.check_attainable(lambda i, p, b: min(p, i * b / 1e3))
