@@ -6,7 +6,7 @@
 # through a .pth file and has only its own triton, upgraded to the newest release on each run
 # (pip compares with the index and downloads only when there is a newer one). Then, under Triton's
 # interpreter, the CPU unit tests ($TESTS_MARK) and the compile matrix (python -m course_utils.aot).
-#   VENV=.venv  NEXT=build/venv-triton-next  TRITON_NEXT=triton  (a requirement, e.g. triton==3.9.0)
+#   BASE_PY=.venv/bin/python  NEXT=build/venv-triton-next  TRITON_NEXT=triton  (a requirement, e.g. triton==3.9.0)
 set -euo pipefail
 VENV=${VENV:-.venv}
 NEXT=${NEXT:-build/venv-triton-next}
@@ -18,15 +18,19 @@ if [ "$(uname -s)" != Linux ]; then
   echo "triton-next: skipped: Triton ships Linux wheels only"
   exit 0
 fi
-BASE_PY="$VENV/bin/python"
+BASE_PY=${BASE_PY:-$VENV/bin/python}
 if [ ! -x "$NEXT/bin/python" ]; then
   "$BASE_PY" -m venv "$NEXT"
 fi
 PY="$NEXT/bin/python"
-BASE_SITE=$("$BASE_PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 NEXT_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-# Everything of $VENV (torch, pytest, the editable course_utils...) after $NEXT's own packages.
-echo "import site; site.addsitedir('$(cd "$BASE_SITE" && pwd)')" > "$NEXT_SITE/zz_base_venv.pth"
+# Every package directory the base interpreter sees (its venv, and the system's when the venv was made
+# with --system-site-packages), after $NEXT's own packages: only triton differs.
+"$BASE_PY" -c "
+import sys
+dirs = [p for p in sys.path if p.endswith(('site-packages', 'dist-packages'))]
+print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in dirs))
+" > "$NEXT_SITE/zz_base_venv.pth"
 
 t0=$(date +%s)
 "$PY" -m pip install -q --disable-pip-version-check --upgrade --no-deps "$TRITON_NEXT"
