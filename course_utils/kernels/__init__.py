@@ -1,7 +1,10 @@
-"""Triton kernels of the course, one module per op family.
+"""The teaching shelf: Triton kernels a student reads, one module per op family.
 
-Each module keeps, in this order: the ``@triton.jit`` kernel(s), the launcher with the bare op
-name (``gelu(x)``), and the PyTorch reference (``gelu_ref(x)``). Its docstring lists its version
-ladder, one line per version. Import a module explicitly (``from course_utils.kernels import
+Each module keeps, in this order: the ``@triton.jit`` teaching kernel(s) under public names
+(``gelu_kernel``, ``softmax_row_kernel``), plain ``kernel[grid](...)`` launchers named
+``<op>_teaching``, and the PyTorch reference ``<op>_ref``; its docstring lists the version ladder,
+one line per version. The fast paths ``make bench`` times live in :mod:`course_utils.tuned`; the
+production names (``gelu``, ``softmax``, ``flash_attention``...) stay importable from here through
+each module's lazy ``__getattr__``. Import a module explicitly (``from course_utils.kernels import
 elementwise``): importing this package compiles nothing.
 """
