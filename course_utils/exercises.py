@@ -3,7 +3,8 @@
 A solution notebook marks the code a student writes between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION`` (nbgrader's convention). The exercise replaces each such block with a stub
 that raises ``NotImplementedError`` naming the exercise, strips every output and execution count,
-and keeps cell ids (the grader matches cells by id). Check cells carry the tag
+keeps cell ids (the grader matches cells by id, else by content), and ends with a line telling the
+student how to grade their own work (``make grade NB=...``). Check cells carry the tag
 ``nbval-check-output`` and are saved, in the solution only, with their expected output.
 
     python -m course_utils.exercises write              # solutions/*.ipynb -> exercises/
@@ -94,6 +95,30 @@ def make_exercise(solution: nbformat.NotebookNode, label: str = "solution") -> n
     return nb
 
 
+SELF_CHECK_ID = "self-check"
+
+
+def self_check_cell(name: str):
+    """The last cell of every exercise notebook: how a student grades their own work."""
+    cell = nbformat.v4.new_markdown_cell(
+        "## Check your work\n\n"
+        f"Save this notebook, then run `make grade NB=exercises/{name}` in the course folder (or\n"
+        f"`python -m course_utils.grade exercises/{name}`; give the path of your copy if you saved it\n"
+        "elsewhere). It is the grader your instructor runs: it runs your notebook in a fresh kernel with\n"
+        "the checks as they are on disk, and for every check that fails it says why and which of your\n"
+        "cells to look at. Changing the check cells or the course's code does not help: the grader\n"
+        "uses its own copies and reports the attempt.")
+    cell["id"] = SELF_CHECK_ID
+    return cell
+
+
+def exercise_file(solution, name: str):
+    """The exercise notebook as written to ``exercises/``: the exercise plus the self-check line."""
+    nb = make_exercise(solution, name)
+    nb.cells.append(self_check_cell(name))
+    return nb
+
+
 def dumps(nb) -> str:
     return nbformat.writes(nb) + ("" if nbformat.writes(nb).endswith("\n") else "\n")
 
@@ -109,7 +134,7 @@ def write(check_only: bool = False) -> int:
     for path in solution_paths():
         target = EXERCISES / path.name
         expected_names.add(path.name)
-        text = dumps(make_exercise(nbformat.read(path, as_version=4), path.name))
+        text = dumps(exercise_file(nbformat.read(path, as_version=4), path.name))
         current = target.read_text() if target.exists() else None
         if current != text:
             differ += 1

@@ -11,6 +11,7 @@ import nbformat
 import pytest
 
 from course_utils import exercises, grade, integrity
+from course_utils.grade import guard
 
 CHEAT = '''import course_utils.checkers.softmax as S
 import course_utils.check as C
@@ -74,28 +75,28 @@ def test_honest_use_of_the_course_is_not_flagged():
 
 
 def test_guard_sees_what_the_scan_cannot():
-    guard = integrity.arm("from course_utils.checkers import softmax as checks")
-    guard.verify()
+    g = guard.arm("from course_utils.checkers import softmax as checks")
+    g.verify()
     mod = sys.modules["course_utils.checkers.softmax"]
     original = mod.check_row_kernel
     try:
         for name, m in list(sys.modules.items()):   # the scan does not follow loop variables
             if name.endswith("checkers.softmax"):
                 m.check_row_kernel = lambda *a: None
-        with pytest.raises(integrity.IntegrityError, match="check_row_kernel"):
-            guard.verify()
+        with pytest.raises(guard.IntegrityError, match="check_row_kernel"):
+            g.verify()
     finally:
         mod.check_row_kernel = original
-    guard.verify()
+    g.verify()
     code = original.__code__
     try:
         original.__code__ = (lambda kernel, name="x": None).__code__
-        with pytest.raises(integrity.IntegrityError, match="code swapped"):
-            guard.verify()
+        with pytest.raises(guard.IntegrityError, match="code swapped"):
+            g.verify()
     finally:
         original.__code__ = code
-    namespace = {}
-    exec("guard.bind(['checks'])", {"guard": guard, "__builtins__": __builtins__}, namespace)
+    exec("g.bind(['checks'])", namespace := {"g": g})
+    assert namespace["checks"] is mod
 
 
 def _exercise_with(chapter, cell_id, source, extra=None):

@@ -22,7 +22,6 @@ import copy
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +34,8 @@ import nbformat
 
 from .. import integrity
 from ..exercises import ROOT, SOLUTIONS, is_check_cell, make_exercise
-from .match import Cell, align, coerce, exercise_cells_for, import_source, names_used, read_cells
+from .guard import changed_files, sandbox
+from .match import Cell, align, coerce, exercise_cells_for, identify, import_source, names_used, read_cells
 
 CELL_TIMEOUT = 300  # seconds a single cell may run before it counts as hung
 _ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*[A-Za-z]")  # junit escapes ESC as #x1B
@@ -124,7 +124,7 @@ def merge(solution, student: list[Cell], label: str):
     guard = f"__grader_{token}"
     imports = import_source(sol)
     merged = copy.deepcopy(exercise)
-    merged.cells = [_code_cell(f"import course_utils.integrity as _ci_{token}\n"
+    merged.cells = [_code_cell(f"import course_utils.grade.guard as _ci_{token}\n"
                                f"{guard} = _ci_{token}.arm({imports!r})\ndel _ci_{token}", "grader-arm")]
     bound = {n.asname or n.name.split(".")[0] for stmt in ast.parse(imports).body for n in stmt.names}
     checks: list[Check] = []
@@ -248,42 +248,6 @@ def _junit_cases(junit: Path) -> dict[int, tuple[bool, str]]:
     return cases
 
 
-def identify(student: list[Cell], solutions: Path) -> Path | None:
-    """The solution a notebook of any file name answers: the one whose check cells it holds most of."""
-    best, best_score = None, 0.0
-    for path in sorted(solutions.glob("*.ipynb")):
-        sol = [coerce(c, k + 1) for k, c in enumerate(nbformat.read(path, as_version=4).cells)]
-        ex = [c["source"] for c in make_exercise(nbformat.read(path, as_version=4), path.name).cells]
-        pairs = align(sol, ex, student)
-        checks = sum(sol[i].is_check for i in pairs)
-        score = sum(1 for _ in pairs) + 10 * checks
-        if checks and score > best_score:
-            best, best_score = path, score
-    return best
-
-
-def _sandbox(tmp: Path) -> tuple[Path, dict[Path, bytes]]:
-    """A private copy of the course package for one notebook (the rest of the checkout linked in).
-
-    The notebook imports this copy, so nothing it does can change the course's files that later
-    notebooks are graded with; comparing the copy afterwards shows whether it tried.
-    """
-    root = tmp / "course"
-    root.mkdir()
-    shutil.copytree(ROOT / "course_utils", root / "course_utils", ignore=shutil.ignore_patterns("__pycache__"))
-    for entry in ROOT.iterdir():
-        if entry.name not in ("course_utils", ".git", ".venv") and not (root / entry.name).exists():
-            (root / entry.name).symlink_to(entry)
-    files = {f: f.read_bytes() for f in sorted((root / "course_utils").rglob("*")) if f.is_file()}
-    return root, files
-
-
-def _changed(files: dict[Path, bytes], root: Path) -> list[str]:
-    now = {f for f in (root / "course_utils").rglob("*") if f.is_file() and "__pycache__" not in f.parts}
-    out = [str(f.relative_to(root)) for f, data in files.items() if not f.exists() or f.read_bytes() != data]
-    return out + [str(f.relative_to(root)) for f in sorted(now - set(files))]
-
-
 def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = CELL_TIMEOUT,
                    solution_path: Path | None = None) -> Report:
     """Grade one student notebook against ``solutions/<same name>`` (or the solution it matches)."""
@@ -307,7 +271,7 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
     if not to_run:
         return report
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        root, files = _sandbox(Path(tmp))
+        root, files = sandbox(Path(tmp), ROOT)
         work = Path(tmp) / "work"
         work.mkdir()
         nb_path = work / "graded.ipynb"
@@ -316,7 +280,7 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
         n_code = sum(c.get("cell_type") == "code" for c in merged.cells)
         finished, output = _run_nbval(nb_path, junit, cell_timeout, cell_timeout * 2 + 30 * n_code + 120, root)
         cases = _junit_cases(junit)
-        changed = _changed(files, root)
+        changed = changed_files(files, root)
     if changed:
         report.integrity.passed = False
         report.integrity.reason = "; ".join(filter(None, [

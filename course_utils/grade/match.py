@@ -16,7 +16,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..exercises import BEGIN, CHECK_TAG
+import nbformat
+
+from ..exercises import BEGIN, CHECK_TAG, make_exercise
 
 _DEF = re.compile(r"^(?:async\s+)?def\s+(\w+)|^class\s+(\w+)", re.MULTILINE)
 _MARK = re.compile(r"^\s*#\s*(Exercise\s+[\w.\-]+)", re.IGNORECASE | re.MULTILINE)
@@ -175,3 +177,17 @@ def exercise_cells_for(solution: list[Cell], k: int) -> list[int]:
         prev = max([i for i, c in enumerate(solution[:k]) if c.is_check], default=-1)
         found = [i for i in exercises if i > prev]
     return found
+
+
+def identify(student: list[Cell], solutions: Path) -> Path | None:
+    """The solution a notebook of any file name answers: the one whose check cells it holds most of."""
+    best, best_score = None, 0.0
+    for path in sorted(solutions.glob("*.ipynb")):
+        sol = [coerce(c, k + 1) for k, c in enumerate(nbformat.read(path, as_version=4).cells)]
+        ex = [c["source"] for c in make_exercise(nbformat.read(path, as_version=4), path.name).cells]
+        pairs = align(sol, ex, student)
+        checks = sum(sol[i].is_check for i in pairs)
+        score = sum(1 for _ in pairs) + 10 * checks
+        if checks and score > best_score:
+            best, best_score = path, score
+    return best
