@@ -353,6 +353,33 @@ def atomics(out_dir: Path, runs: int = 10):
     return df
 
 
+def parts(out_dir: Path):
+    """Where forward + backward spends its time (ours, LayerNorm): forward without and with the saved
+    statistics, the backward alone, and the autograd pair timed with events and in a CUDA graph (no
+    host in the way). Written to layernorm_parts.csv."""
+    import pandas as pd
+
+    from course_utils.kernels import layernorm as L
+    from course_utils.tuned import layernorm as T
+    rows = []
+    for dtype in DTYPES:
+        for n in (1024, 4096, 16384):
+            m, x, w, b, dy = _inputs(n, dtype, grad=True)
+            xd, wd, bd = x.detach(), w.detach(), b.detach()
+            _, mean, rstd = T._forward(xd, wd, bd, EPS, False, True, "parts")
+            auto = _fwd_bwd(lambda x, w, b: L.layer_norm_autograd(x, w, b, EPS), (x, w, b), dy)
+            impls = {"forward": lambda: T.layer_norm(xd, wd, bd, EPS),  # noqa: B023
+                     "forward + stats": lambda: T._forward(xd, wd, bd, EPS, False, True, "parts"),  # noqa: B023
+                     "backward": lambda: T.layer_norm_backward(dy, xd, wd, mean, rstd),  # noqa: B023
+                     "autograd fwd+bwd": auto,
+                     "autograd fwd+bwd (graph)": (auto, lambda f, **k: bench.time_ms(f, cuda_graph=True, **k))}
+            for k, t in bench.time_rounds(impls, ROUNDS, warmup=3, rep=20).items():
+                rows.append({"n_cols": n, "n_rows": m, "dtype": _name(dtype), "part": k, **t.columns()})
+    df = pd.DataFrame(rows).assign(**bench.provenance())
+    df.to_csv(out_dir / "layernorm_parts.csv", index=False)
+    return df
+
+
 def check() -> None:
     """Every op against float64 autograd on odd shapes, strided rows and offset rows (one line each)."""
     from course_utils.kernels import layernorm as L
@@ -387,7 +414,7 @@ def check() -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("what", choices=["sweep", "tune", "check", "atomics"])
+    ap.add_argument("what", choices=["sweep", "tune", "check", "atomics", "parts"])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv)
@@ -400,6 +427,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.what == "check":
         check()
+        return 0
+    if a.what == "parts":
+        print(parts(out).pivot_table(index=["dtype", "n_cols"], columns="part", values="ms").round(3).to_string())
         return 0
     if a.what == "atomics":
         print(atomics(out).to_string(index=False))
