@@ -373,8 +373,11 @@ def parts(out_dir: Path):
                      "backward": lambda: T.layer_norm_backward(dy, xd, wd, mean, rstd),  # noqa: B023
                      "autograd fwd+bwd": auto,
                      "autograd fwd+bwd (graph)": (auto, lambda f, **k: bench.time_ms(f, cuda_graph=True, **k))}
-            for k, t in bench.time_rounds(impls, ROUNDS, warmup=3, rep=20).items():
+            errors: dict = {}
+            for k, t in bench.time_rounds(impls, ROUNDS, errors=errors, warmup=3, rep=20).items():
                 rows.append({"n_cols": n, "n_rows": m, "dtype": _name(dtype), "part": k, **t.columns()})
+            for k, e in errors.items():
+                rows.append({"n_cols": n, "n_rows": m, "dtype": _name(dtype), "part": k, "error": e[:300]})
     df = pd.DataFrame(rows).assign(**bench.provenance())
     df.to_csv(out_dir / "layernorm_parts.csv", index=False)
     return df
