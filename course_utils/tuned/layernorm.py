@@ -160,8 +160,19 @@ def _choose(cands: list[Plan], key, launch) -> Plan:
         times: dict = {}
         for _ in range(CHOICE_ROUNDS):  # a clock drift during the choice reaches every candidate
             for c in cands:
-                t = do_bench(lambda c=c: launch(c), warmup=3, rep=10, return_mode="median")
-                times[c] = min(t, times.get(c, t))
+                if c in times and times[c] is None:
+                    continue
+                try:
+                    t = do_bench(lambda c=c: launch(c), warmup=3, rep=10, return_mode="median")
+                except Exception as e:  # a candidate this GPU cannot compile (registers, shared memory)
+                    if "resource" not in f"{type(e).__name__} {e}".lower():
+                        raise
+                    times[c] = None
+                    continue
+                times[c] = min(t, times.get(c) or t)
+        times = {c: t for c, t in times.items() if t is not None}
+        if not times:
+            raise RuntimeError(f"no backward plan of {cands} compiled on this GPU")
         _BEST[key] = min(times, key=times.get)
     return _BEST[key]
 
