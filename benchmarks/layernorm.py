@@ -116,7 +116,7 @@ def _inputs(n, dtype, grad: bool):
     return m, x, w, b, dy
 
 
-def sweep(quick: bool = False):
+def sweep(quick: bool = False, partial: Path | None = None):
     """One row per (op, N, dtype, impl): the median of ROUNDS interleaved rounds (bench.time_rounds);
     an implementation that fails gets a row with its error instead of a time."""
     import pandas as pd
@@ -144,6 +144,8 @@ def sweep(quick: bool = False):
                 nbytes = MN_FACTOR[op] * m * n * dtype.itemsize
                 rows.append({"op": op, "n_cols": n, "n_rows": m, "dtype": _name(dtype), "impl": impl,
                              **t.columns(), "gbps": bench.gbps(nbytes, t)})
+            if partial is not None:
+                pd.DataFrame(rows).to_csv(partial, index=False)
             _log(f"  N={n:>5} {_name(dtype):>8}: " + ", ".join(
                 f"{r['op']}/{r['impl']} {r['gbps']:.0f}" for r in rows if r["n_cols"] == n and
                 r["dtype"] == _name(dtype) and r["impl"] in ("ours", "copy")))
@@ -440,7 +442,7 @@ def main(argv=None) -> int:
     if a.what == "tune":
         print(tune_table(tune(out)).to_string(index=False))
         return 0
-    df = sweep(a.quick).assign(**bench.provenance())
+    df = sweep(a.quick, partial=out / "layernorm_partial.csv").assign(**bench.provenance())
     df.to_csv(out / "layernorm.csv", index=False)
     print(ratios(df).round(3).to_string(index=False))
     print(pd.DataFrame([t.row() for t in targets(df)]).to_string(index=False))
