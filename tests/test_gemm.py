@@ -166,3 +166,22 @@ def test_gpu_more_than_2_31_elements():
     exp = _ref(x[tail], w, b)
     _close(T.linear_gelu(x, w, b)[tail], exp, torch.float16)
     _close(G.linear_gelu_teaching(x, w, b, block_m=64, block_n=64)[tail], exp, torch.float16)
+
+
+def test_tile_order_is_the_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def order_kernel(out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        pid = tl.program_id(0)
+        pid_m, pid_n = G.grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        tl.store(out_ptr + 2 * pid, pid_m)
+        tl.store(out_ptr + 2 * pid + 1, pid_n)
+
+    for tiles_m, tiles_n, group in ((5, 3, 2), (4, 4, 1), (7, 2, 3), (1, 5, 8)):
+        out = torch.empty(2 * tiles_m * tiles_n, dtype=torch.int32, device=DEV)
+        order_kernel[(tiles_m * tiles_n,)](out, tiles_m * 16 - 3, tiles_n * 16, BLOCK_M=16, BLOCK_N=16, GROUP_M=group)
+        got = [tuple(p) for p in out.view(-1, 2).tolist()]
+        assert got == G.tile_order(tiles_m, tiles_n, group)
+        assert sorted(got) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]

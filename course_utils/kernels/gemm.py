@@ -58,6 +58,26 @@ def epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed,
     return acc
 
 
+@triton.jit
+def tile_matmul(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The BLOCK_M x BLOCK_N tile of A @ B at rows offs_m and columns offs_n, summed in float32."""
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    # C tile = sum over k0 of A[rows, k0:k0+BLOCK_K] @ B[k0:k0+BLOCK_K, cols]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        mask_k = k < K                                   # the last K tile is ragged: read zeros there
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
 @triton.jit(do_not_specialize=["seed"])
 def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -69,24 +89,22 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)   # int64: rows * stride may pass 2^31
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-
-    # C tile = sum over k0 of A[rows, k0:k0+BLOCK_K] @ B[k0:k0+BLOCK_K, cols], summed in float32
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        mask_k = k < K                                   # the last K tile is ragged: read zeros there
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
+    acc = tile_matmul(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed, HAS_BIAS, GELU, DROPOUT)
     tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-             acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+             acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def tile_order(num_pid_m: int, num_pid_n: int, group_m: int) -> list[tuple[int, int]]:
+    """(pid_m, pid_n) of programs 0, 1, 2, ...: :func:`grouped_tile` in Python, for tables and plots."""
+    out = []
+    for pid in range(num_pid_m * num_pid_n):
+        in_group = group_m * num_pid_n
+        first = (pid // in_group) * group_m
+        size = min(num_pid_m - first, group_m)
+        out.append((first + (pid % in_group) % size, (pid % in_group) // size))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,7 +208,7 @@ def linear_gelu_ref(x, w, b, *, gelu: bool = True, p: float = 0.0, seed: int = 0
     if gelu:
         y = F.gelu(y, approximate="tanh")
     if p > 0.0:
-        from .elementwise import dropout_keep_mask   # lives on the tuned shelf: imported when used
+        from .elementwise import dropout_keep_mask  # lives on the tuned shelf: imported when used
         y = y * dropout_keep_mask(y.shape, p, seed, device=y.device).to(y.dtype) / (1.0 - p)
     if out is not None:
         out.copy_(y)
@@ -203,7 +221,8 @@ def compile_cases(info):
     from ..aot import dtype_name, dtypes_for, empty
     for dt in dtypes_for(info):
         name = dtype_name(dt)
-        yield f"matmul_teaching {name}", lambda dt=dt: matmul_teaching(empty(100, 72, dtype=dt), empty(72, 40, dtype=dt))
+        yield (f"matmul_teaching {name}",
+               lambda dt=dt: matmul_teaching(empty(100, 72, dtype=dt), empty(72, 40, dtype=dt)))
         yield (f"linear_gelu_teaching {name} dropout, w transposed",
                lambda dt=dt: linear_gelu_teaching(empty(100, 72, dtype=dt), empty(40, 72, dtype=dt).T,
                                                   empty(40, dtype=dt), p=0.1, seed=1))

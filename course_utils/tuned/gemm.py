@@ -162,7 +162,8 @@ def _launch(cfg: TileConfig, x, w, c, bias, M, N, K, p, seed, gelu):
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         _gemm_tma_persistent[(min(sms * cfg.per_sm, tiles),)](
             x, w, c, bias, M, N, K, lx[1], lw[1], *scalars,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_SMS=sms * cfg.per_sm,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            NUM_SMS=sms * cfg.per_sm,
             X_T=lx[0], W_T=lw[0], FLATTEN=cfg.flatten, WS=cfg.ws, SUBTILE=cfg.subtile, **flags,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return
@@ -256,7 +257,7 @@ def compile_cases(info):
         cfg = gemm_configs(info, 256, 512, 512, dt)[0]
         yield f"linear_gelu {name} w transposed, dropout {cfg}", case(256, 512, 512, dt, cfg, True, p=0.1, seed=1)
         yield f"linear_gelu {name} odd 37x53x45 {cfg}", case(37, 53, 45, dt, cfg)
-        yield f"matmul {name} {cfg}", lambda dt=dt, cfg=cfg: matmul(empty(256, 512, dtype=dt), empty(512, 512, dtype=dt),
-                                                                   config=cfg)
+        yield (f"matmul {name} {cfg}",
+               lambda dt=dt, cfg=cfg: matmul(empty(256, 512, dtype=dt), empty(512, 512, dtype=dt), config=cfg))
     cfg = gemm_configs(info, 2**20, 2048, 2048, torch.float16)[0]
     yield "linear_gelu 2^31+", case(2**20 + 1, 2048, 64, torch.float16, cfg)

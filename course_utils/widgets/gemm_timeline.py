@@ -83,7 +83,8 @@ def _bar(segments: list[dict], t_end: float, t_us: float) -> str:
                      f"{s['name']}</div>")
     cursor = (f"<div style='position:absolute;left:{100.0 * t_us / t_end:.3f}%;top:0;height:100%;"
               "border-left:2px solid #c00'></div>")
-    return f"<div style='position:relative;height:22px;background:#fafafa;border:1px solid #999'>{''.join(cells)}{cursor}</div>"
+    frame = "position:relative;height:22px;background:#fafafa;border:1px solid #999"
+    return f"<div style='{frame}'>{''.join(cells)}{cursor}</div>"
 
 
 def _line(label: str, side: dict, n_kernels: int) -> str:
