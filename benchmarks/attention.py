@@ -174,10 +174,9 @@ def targets(df) -> list:
 # Backward: correctness on the GPU and the tile sweep (one device call)
 # --------------------------------------------------------------------------------------------------
 TUNE_BWD = [TB.BwdConfig(32, 128, 128, 32, 4, 5), TB.BwdConfig(32, 128, 128, 32, 4, 3),
-            TB.BwdConfig(64, 128, 128, 64, 8, 3), TB.BwdConfig(64, 128, 128, 64, 8, 2),
-            TB.BwdConfig(32, 64, 64, 32, 4, 4), TB.BwdConfig(64, 64, 64, 64, 4, 3),
-            TB.BwdConfig(32, 128, 128, 32, 8, 4), TB.BwdConfig(16, 128, 128, 16, 4, 5),
-            TB.BwdConfig(32, 128, 128, 32, 4, 3, True), TB.BwdConfig(64, 128, 128, 64, 8, 2, True)]
+            TB.BwdConfig(64, 128, 128, 64, 8, 3), TB.BwdConfig(32, 64, 64, 32, 4, 4),
+            TB.BwdConfig(64, 64, 64, 64, 4, 3), TB.BwdConfig(32, 128, 128, 32, 4, 3, True),
+            TB.BwdConfig(64, 128, 128, 64, 8, 3, True)]
 
 
 def _rel(a, b) -> float:

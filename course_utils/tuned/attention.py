@@ -354,3 +354,33 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, return_lse=False, conf
     global last_config
     last_config = config
     return (o, lse) if return_lse else o
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py): every tile the
+    tuned launcher may pick at d=128 and 256, both masks, padded head dims, grouped-query heads, the
+    log-sum-exp, the teaching kernel, and heads past 2^31 elements (int64 offsets)."""
+    from ..aot import dtype_name, dtypes_for, empty
+    from ..kernels.attention import flash_attention_teaching
+
+    def qkv(d, dt, heads=2, kv_heads=2, n=256):
+        return empty(1, heads, n, d, dtype=dt), empty(1, kv_heads, n, d, dtype=dt), empty(1, kv_heads, n, d, dtype=dt)
+
+    for dt in dtypes_for(info):
+        n = dtype_name(dt)
+        for d in (128, 256):
+            for cfg in attention_configs(info, d, dt, False):
+                yield (f"flash_attention {n} d={d} {cfg}",
+                       lambda d=d, dt=dt, c=cfg: flash_attention(*qkv(d, dt), config=c))
+        for d, causal in ((64, False), (64, True), (128, True), (80, True), (40, False)):
+            cfg = attention_configs(info, d, dt, causal)[0]
+            yield (f"flash_attention {n} d={d} causal={causal} lse gqa {cfg}",
+                   lambda d=d, dt=dt, c=causal, cfg=cfg: flash_attention(*qkv(d, dt, 4, 2), c, return_lse=True,
+                                                                         config=cfg))
+            yield (f"flash_attention_teaching {n} d={d} causal={causal}",
+                   lambda d=d, dt=dt, c=causal: flash_attention_teaching(*qkv(d, dt), c, return_lse=True))
+    big = (2**17 + 64, 2**17 + 64, 64)  # 2^31 + 2^20 elements per tensor at d=256: nothing is allocated
+    dt = torch.float16
+    cfg = attention_configs(info, 256, dt, True)[0]
+    yield "flash_attention 2^31+ elements", lambda: flash_attention(*qkv(256, dt, *big), True, config=cfg)
+    yield "flash_attention_teaching 2^31+ elements", lambda: flash_attention_teaching(*qkv(256, dt, *big), True)

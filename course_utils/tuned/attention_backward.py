@@ -312,3 +312,35 @@ def flash_attention_autograd(q, k, v, causal=False, sm_scale=None):
     """Differentiable FlashAttention: q (B, H, N, d), k/v (B, H_kv, N_kv, d), H a multiple of H_kv,
     d <= 256, float16/bfloat16/float32; causal aligned bottom-right when N_kv != N."""
     return FlashAttentionFunction.apply(q, k, v, bool(causal), sm_scale)
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py): every backward
+    tile the launcher may pick, dQ by its own pass and by atomics, causal or not, padded head dims,
+    grouped-query heads, the teaching kernels, and heads past 2^31 elements."""
+    from ..aot import dtype_name, dtypes_for, empty
+    from ..kernels.attention_backward import flash_attention_backward_teaching
+
+    def args(d, dt, heads=2, kv_heads=2, n=256):
+        q, o, do = (empty(1, heads, n, d, dtype=dt) for _ in range(3))
+        k, v = (empty(1, kv_heads, n, d, dtype=dt) for _ in range(2))
+        return q, k, v, o, empty(1, heads, n, dtype=torch.float32), do
+
+    for dt in dtypes_for(info):
+        n = dtype_name(dt)
+        for d in (64, 128, 80):
+            for causal in (False, True):
+                for cfg in backward_configs(info, d, dt)[: 1 if d == 80 else None]:
+                    for c in (cfg, BwdConfig(**{**cfg.__dict__, "atomic_dq": True})):
+                        yield (f"flash_attention_backward {n} d={d} causal={causal} {c}",
+                               lambda d=d, dt=dt, k=causal, c=c: flash_attention_backward(*args(d, dt, 4, 2), k,
+                                                                                          config=c))
+            yield (f"flash_attention_backward_teaching {n} d={d}",
+                   lambda d=d, dt=dt: flash_attention_backward_teaching(*args(d, dt, 4, 2), True))
+    big = (2**17 + 64, 2**17 + 64, 64)
+    dt = torch.float16
+    cfg = backward_configs(info, 256, dt)[0]
+    yield "flash_attention_backward 2^31+ elements", lambda: flash_attention_backward(*args(256, dt, *big), True,
+                                                                                      config=cfg)
+    yield ("flash_attention_backward_teaching 2^31+ elements",
+           lambda: flash_attention_backward_teaching(*args(256, dt, *big), True))
