@@ -87,9 +87,9 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
             (lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS))
         lig = None if lg is None else (lambda x, w, b: lg[0].apply(x, w, b, EPS))
         args = (x, w, b)
-    key = "rms" if rms else "ln"
-    if key not in compiled:
-        compiled[key] = torch.compile(torch_fn, dynamic=False)  # one graph per shape, as a model of fixed shape gets
+    key = ("rms" if rms else "ln", op)
+    if key not in compiled:  # one graph per shape and op, as a model of fixed shape gets
+        compiled[key] = torch.compile(torch_fn, dynamic=False)
     fns = {"ours": ours, "torch": torch_fn, "torch.compile": compiled[key]}
     if lig is not None:
         fns["liger"] = lig
@@ -128,6 +128,10 @@ def sweep(quick: bool = False, partial: Path | None = None):
     rows = []
     for dtype in DTYPES:
         for n in ns:
+            # torch.compile's graphs are dropped between cases: dynamo stops compiling a function after
+            # torch._dynamo.config.recompile_limit (8) shapes and silently runs it eagerly from then on.
+            torch.compiler.reset()
+            compiled.clear()
             m, x, w, b, dy = _inputs(n, dtype, grad=True)
             out = torch.empty_like(x)
             impls = {("copy", "copy"): lambda: out.copy_(x.detach())}  # noqa: B023 (called at once)
