@@ -118,3 +118,20 @@ def test_nbformat_44_notebook_passes_end_to_end(tmp_path):
     nbformat.write(toy_solution(), sol_dir / "toy.ipynb")
     r = grade.grade_notebook(_write(tmp_path / "toy.ipynb", raw), sol_dir)
     assert r.ok and r.passed == 2, grade.table([r])
+
+
+def test_an_edited_given_cell_without_ids_is_the_students(tmp_path):
+    """Chapter 5's launcher is given code: a student's torch.softmax in its place must be what runs."""
+    sol = nbformat.read(exercises.SOLUTIONS / "05_softmax.ipynb", as_version=4)
+    raw = json.loads(nbformat.writes(exercises.make_exercise(sol)))
+    for c in raw["cells"]:
+        if c.get("id") == "launcher":
+            c["source"] = "def fused_softmax(x):\n    return torch.softmax(x, -1)"
+        c.pop("id")
+    path = tmp_path / "mine.ipynb"
+    path.write_text(json.dumps(raw))
+    merged, checks, _ = grade.merge(sol, match.read_cells(path), "mine.ipynb")
+    srcs = _sources(merged)
+    assert "def fused_softmax(x):\n    return torch.softmax(x, -1)" in srcs
+    assert not any("softmax_row_kernel[(x.shape[0]" in s for s in srcs), "the given launcher came back"
+    assert "def fused_softmax" in checks[1].look_at

@@ -108,11 +108,12 @@ def score(sol: Cell, ex_source: str, st: Cell) -> float:
         return 90.0 if s == _norm(sol.source) else 0.0
     if s and s in (_norm(ex_source), _norm(sol.source)):
         return 90.0
-    if sol.cell_type == "code" and sol.is_exercise:
+    if sol.cell_type == "code":  # a cell that defines the same functions, or has the same marker
         shared = sol.defs & st.defs
         if shared or (sol.marker and sol.marker == st.marker):
             return 50.0 + len(shared)
-        return 0.0
+        if sol.is_exercise:
+            return 0.0
     m = difflib.SequenceMatcher(None, _norm(ex_source), s, autojunk=False)
     if m.real_quick_ratio() < 0.6 or m.quick_ratio() < 0.6:
         return 0.0
@@ -167,7 +168,7 @@ def exercise_cells_for(solution: list[Cell], k: int) -> list[int]:
     check = solution[k]
     exercises = [i for i, c in enumerate(solution[:k]) if c.cell_type == "code" and c.is_exercise]
     used = names_used(check.source)
-    found = [i for i in exercises if solution[i].defs & used]
+    found = [i for i, c in enumerate(solution[:k]) if c.cell_type == "code" and not c.is_check and c.defs & used]
     if not found:
         words = {w for w in re.findall(r"[a-z_]{4,}", check.source.splitlines()[0].lower())}
         found = [i for i in exercises
