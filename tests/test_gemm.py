@@ -185,3 +185,12 @@ def test_tile_order_is_the_kernels():
         got = [tuple(p) for p in out.view(-1, 2).tolist()]
         assert got == G.tile_order(tiles_m, tiles_n, group)
         assert sorted(got) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+
+
+def test_bench_targets_from_the_recorded_run():
+    import math
+
+    from benchmarks import gemm as gemm_bench
+    from course_utils import bench
+    targets = gemm_bench.targets(bench.recorded("gemm"))
+    assert len(targets) == 6 and all(t.issue == 14 and math.isfinite(t.measured) for t in targets)
