@@ -1,4 +1,5 @@
 """The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
+(Over 300 lines: each internal's assumption, its check and its one use belong in this one file.)
 
 A student's call never comes here: kernels launch through ``kernel[grid](...)`` only. What needs
 internals is tooling:
@@ -64,6 +65,11 @@ INTERNALS = {i.name: i for i in (
              "triton.backends.compiler exports GPUTarget(backend, arch, warp_size); triton.compile(src, "
              "target=, options=) returns a kernel with .asm['ptx'/'cubin'] and .metadata.shared",
              "aot (compiling for sm_75/80/90 on a machine without a GPU)"),
+    Internal("InterpreterBuilder.create_masked_load", WRITTEN_FOR,
+             "under the interpreter every tl.load calls triton.runtime.interpreter.InterpreterBuilder."
+             "create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile); "
+             "ptrs.data and mask.data are NumPy arrays, ptrs.get_element_ty().primitive_bitwidth the element bits",
+             "interpreter_load_hook (checkers: loads outside the inputs, passes over a row)"),
     Internal("interpreter._patch_lang_tensor", WRITTEN_FOR,
              "triton.runtime.interpreter._patch_lang_tensor(tensor, scope) installs the methods of "
              "tl.tensor under the interpreter (scope.set_attr(tensor, name, fn)); its __index__ calls "
@@ -135,6 +141,12 @@ def _check(name: str) -> str:
                 return f"ASTSource's parameters are now {got}"
             GPUTarget("cuda", 90, 32), make_backend  # noqa: B018 - constructible, importable
             return "" if callable(getattr(triton, "compile", None)) else "triton.compile is gone"
+        if name == "InterpreterBuilder.create_masked_load":
+            from triton.runtime.interpreter import InterpreterBuilder
+            got = _params(getattr(InterpreterBuilder.create_masked_load, "_course_original",
+                                  InterpreterBuilder.create_masked_load))
+            want = ["self", "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile"]
+            return "" if got == want else f"its parameters are now {got}, expected {want}"
         if name == "interpreter._patch_lang_tensor":
             from triton.runtime import interpreter
             original = getattr(interpreter, "_patch_lang_tensor", None)
@@ -250,6 +262,33 @@ def compile_for(src, target, options):
     """``triton.compile`` for a target that need not be present: PTX and cubin in ``.asm``."""
     import triton
     return triton.compile(src, target=target, options=options.__dict__)
+
+
+@contextlib.contextmanager
+def interpreter_load_hook(on_load: Callable[[object, object], None]) -> Iterator[bool]:
+    """Under the interpreter, call ``on_load(ptrs, mask)`` before every ``tl.load`` of the block
+    (``ptrs.data``/``mask.data``: NumPy arrays of addresses and lanes). Yields True when hooked,
+    False where it cannot be (no interpreter, or the internal changed: :func:`problems` says how)."""
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # pragma: no cover - no triton
+        yield False
+        return
+    if _check("InterpreterBuilder.create_masked_load"):
+        yield False
+        return
+    original = InterpreterBuilder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        on_load(ptrs, mask)
+        return original(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+
+    create_masked_load._course_original = original
+    InterpreterBuilder.create_masked_load = create_masked_load
+    try:
+        yield True
+    finally:
+        InterpreterBuilder.create_masked_load = original
 
 
 def patch_interpreter_index() -> bool:

@@ -70,8 +70,33 @@ def test_interpreter_patch_is_idempotent():
     assert not getattr(getattr(patched, "_course_original", None), "_course_patched", False)
 
 
-@pytest.mark.skipif(not ti.is_interpreted(__import__("triton").jit(lambda: None)),
-                    reason="the patch is for the interpreter (TRITON_INTERPRET=1)")
+INTERPRETER = pytest.mark.skipif(not ti.is_interpreted(__import__("triton").jit(lambda: None)),
+                                 reason="for the interpreter (TRITON_INTERPRET=1)")
+
+
+@INTERPRETER
+def test_interpreter_load_hook_sees_every_load_and_restores():
+    import numpy as np
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    @triton.jit
+    def copy_kernel(x_ptr, y_ptr, n, BLOCK_SIZE: tl.constexpr):
+        offsets = tl.arange(0, BLOCK_SIZE)
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n), mask=offsets < n)
+
+    before = InterpreterBuilder.create_masked_load
+    seen = []
+    x, y = torch.arange(10, dtype=torch.float32), torch.zeros(10)
+    with ti.interpreter_load_hook(lambda ptrs, mask: seen.append(int(np.asarray(mask.data).sum()))) as hooked:
+        copy_kernel[(1,)](x, y, 10, BLOCK_SIZE=16)
+    assert hooked and seen == [10] and torch.equal(x, y)
+    assert InterpreterBuilder.create_masked_load is before
+
+
+@INTERPRETER
 def test_interpreter_runs_range_over_a_runtime_bound():
     """What the patch is for: ``for start in range(0, n_cols, BLOCK_SIZE)`` with n_cols a kernel argument."""
     import torch
