@@ -9,6 +9,7 @@ import sys
 
 import nbformat
 import pytest
+import torch
 
 from course_utils import exercises, grade, integrity
 from course_utils.grade import guard
@@ -146,3 +147,58 @@ def test_honest_student_calling_course_check_passes(tmp_path):
     nbformat.write(nb, path)
     r = grade.grade_notebook(path)
     assert r.ok, grade.table([r])
+
+
+def _swap(obj, attr, value):
+    old = getattr(obj, attr)
+    setattr(obj, attr, value)
+    return lambda: setattr(obj, attr, old)
+
+
+def _tamper_sys_modules():
+    import types
+    old = sys.modules["course_utils.check"]
+    sys.modules["course_utils.check"] = types.ModuleType("course_utils.check")
+    return lambda: sys.modules.__setitem__("course_utils.check", old)
+
+
+def _tamper_tolerances():
+    from course_utils import check
+    old = check.TOLERANCES[torch.float32]
+    check.TOLERANCES[torch.float32] = (1.0, 1.0)
+    return lambda: check.TOLERANCES.__setitem__(torch.float32, old)
+
+
+def _tamper_code():
+    from course_utils import check
+    old = check.compare.__code__
+    check.compare.__code__ = (lambda *a, **k: None).__code__
+    return lambda: setattr(check.compare, "__code__", old)
+
+
+RUN_TIME = {
+    "a checker function replaced": lambda: _swap(sys.modules["course_utils.checkers.softmax"],
+                                                 "check_row_kernel", print),
+    "check_launches made a no-op (the cheat of issue 17)": lambda: _swap(sys.modules["course_utils.check"],
+                                                                          "check_launches", lambda *a, **k: None),
+    "a __code__ swap": _tamper_code,
+    "builtins.print replaced": lambda: _swap(__import__("builtins"), "print", lambda *a, **k: None),
+    "sys.modules edited": _tamper_sys_modules,
+    "torch.softmax replaced": lambda: _swap(torch, "softmax", lambda x, dim: x),
+    "a method of a course class replaced": lambda: _swap(sys.modules["course_utils.check"].Guarded, "check",
+                                                         lambda self, *a: None),
+    "a course constant edited": _tamper_tolerances,
+    "a torch.Tensor method replaced": lambda: _swap(torch.Tensor, "isnan", lambda self: self),
+}
+
+
+@pytest.mark.parametrize("name", RUN_TIME)
+def test_run_time_guard_catches_tampering(name):
+    g = guard.arm("from course_utils import check")
+    restore = RUN_TIME[name]()
+    try:
+        with pytest.raises(guard.IntegrityError):
+            g.verify("this check")
+    finally:
+        restore()
+    g.verify("this check")

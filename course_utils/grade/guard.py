@@ -59,6 +59,17 @@ _IPYTHON_OWN = {"input", "exit", "quit", "get_ipython", "display", "_", "__", "_
                 "credits", "license", "runfile", "__debug__"}
 
 
+def _tensor_methods() -> dict:
+    t = sys.modules["torch"].Tensor
+    out = {}
+    for k in dir(t):
+        if not k.startswith("__") or k in ("__getitem__", "__setitem__", "__eq__", "__sub__", "__add__"):
+            v = getattr(t, k, None)
+            if callable(v):
+                out[k] = _record(v)
+    return out
+
+
 class Guard:
     """The state recorded by :func:`arm`; calling :meth:`verify` raises if any of it changed."""
 
@@ -76,8 +87,7 @@ class Guard:
             if lib in sys.modules:
                 self.modules[lib] = sys.modules[lib]
         self.attrs = {n: self._attrs(n, m) for n, m in self.modules.items() if not n.startswith("triton")}
-        self.attrs["torch.Tensor"] = {k: _record(v) for k, v in vars(sys.modules["torch"].Tensor).items()
-                                      if callable(v)} if "torch" in sys.modules else {}
+        self.attrs["torch.Tensor"] = _tensor_methods() if "torch" in sys.modules else {}
         self.hooks = self._hooks()
 
     @staticmethod
@@ -113,8 +123,8 @@ class Guard:
             if sys.modules.get(name) is not module:
                 out.append(f"sys.modules[{name!r}] was replaced")
         for name, rec in self.attrs.items():
-            if name == "torch.Tensor":
-                space = vars(sys.modules["torch"].Tensor)
+            if name == "torch.Tensor":  # its methods, inherited ones (TensorBase's) included
+                space = {k: getattr(sys.modules["torch"].Tensor, k, _MISSING) for k in rec}
             else:
                 space = vars(self.modules[name])
             for k, was in rec.items():
