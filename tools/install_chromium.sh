@@ -12,12 +12,12 @@
 set -euo pipefail
 is_ci() { case "${CI:-}" in true|True|TRUE|1|yes) return 0 ;; *) return 1 ;; esac; }
 missing() {
-  echo "install_chromium: $1; the browser test will be skipped (as root: bash tools/install_chromium.sh," \
-       "or sudo apt-get install -y chromium)" >&2
   if is_ci; then
-    echo "install_chromium: CI=true: the browser test must run, so this is a failure" >&2
+    echo "install_chromium: $1; CI=true: the browser test must run, so this is a failure" >&2
     exit 1
   fi
+  echo "install_chromium: $1; the browser test will be skipped (as root: bash tools/install_chromium.sh," \
+       "or sudo apt-get install -y chromium)" >&2
   exit 0
 }
 find_chromium() {
