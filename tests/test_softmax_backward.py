@@ -62,7 +62,7 @@ def test_one_launch_empty_and_errors():
     S.softmax_backward(y, dy)
     assert count_launches(S.softmax_backward, y, dy).total == 1
     assert count_launches(S.softmax_backward_teaching, y, dy).total == 1
-    e = torch.empty(0, 5)
+    e = torch.empty(0, 5, device=env.DEVICE)
     assert S.softmax_backward(e, e).shape == (0, 5) and count_launches(S.softmax_backward, e, e).total == 0
     with pytest.raises(ValueError, match="dy must have the shape and dtype of y"):
         S.softmax_backward(y, dy[:3])
