@@ -233,14 +233,18 @@ def _referenced(fn, depth: int = 3, seen=None):
     if code is None or id(code) in seen or depth < 0:
         return
     seen.add(id(code))
-    glb = getattr(fn, "__globals__", {})
+    glb = dict(getattr(fn, "__globals__", {}))
+    for var, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        with contextlib.suppress(ValueError):
+            glb[var] = cell.cell_contents  # a closure variable resolves like a global
     codes = [code]
     while codes:
         c = codes.pop()
         codes += [k for k in c.co_consts if inspect.iscode(k)]
         cur, name = None, ""
         for ins in dis.get_instructions(c):
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str) and ins.argval in glb:
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and isinstance(ins.argval, str) \
+                    and ins.argval in glb:
                 cur, name = glb[ins.argval], ins.argval
             elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and cur is not None and isinstance(ins.argval, str):
                 cur, name = getattr(cur, ins.argval, None), f"{name}.{ins.argval}"
@@ -252,12 +256,6 @@ def _referenced(fn, depth: int = 3, seen=None):
             yield name, cur
             if inspect.isfunction(cur) and cur.__module__ == getattr(fn, "__module__", None):
                 yield from _referenced(cur, depth - 1, seen)
-    for cell in getattr(fn, "__closure__", None) or ():
-        with contextlib.suppress(ValueError):
-            v = cell.cell_contents
-            yield "a closure variable", v
-            if inspect.isfunction(v):
-                yield from _referenced(v, depth - 1, seen)
 
 
 def refuse_answer_key(what: str, fn: Callable, forbidden: dict[str, object]) -> None:

@@ -67,9 +67,38 @@ def test_wrong_values_report_first_bad_index():
 def test_unfused_version_fails_the_launch_count():
     def two_launches(x, y):
         return (x + y) * 1.0
-    with pytest.raises(check.CheckFailure, match="expected 1 kernel launch"):
+    with pytest.raises(check.CheckFailure, match="ran in torch .aten.add, aten.mul"):
         check.check_elementwise("add", two_launches, torch.add, n_inputs=2, sizes=(7,),
                                 dtypes=(torch.float32,), launches=1)
+
+
+def test_a_torch_op_is_one_launch_but_not_a_kernel():
+    """Issue 17: "one launch" must count the student's Triton kernel, not any aten kernel."""
+    with pytest.raises(check.CheckFailure, match="not in a Triton kernel of yours"):
+        check.check_kernel_launches("add", torch.add, torch.ones(3), torch.ones(3), expected=1)
+
+
+def test_refuse_answer_key_sees_aliases_helpers_and_closures():
+    from course_utils import traffic as T
+    from course_utils.traffic import softmax as renamed
+    forbidden = {"calculator": T.softmax}
+
+    def direct(r, c, b):
+        return T.softmax(r, c, "fp32")
+
+    def helper(r, c, b):
+        return direct(r, c, b)
+
+    def aliased(r, c, b):
+        return renamed(r, c, "fp32")
+
+    def outer():
+        f = T.softmax
+        return lambda r, c, b: f(r, c, "fp32")
+    for fn in (direct, helper, aliased, outer(), T.softmax):
+        with pytest.raises(check.CheckFailure, match="calculator"):
+            check.refuse_answer_key("softmax_bytes", fn, forbidden)
+    check.refuse_answer_key("softmax_bytes", lambda r, c, b: (8 * r * c * b, 2 * r * c * b), forbidden)
 
 
 def test_writing_the_input_is_caught():
