@@ -15,6 +15,8 @@ NEXT=${NEXT:-build/venv-triton-next}
 TRITON_NEXT=${TRITON_NEXT:-triton}
 WORKERS=${WORKERS:-2}
 TESTS_MARK=${TESTS_MARK:-not slow and not browser and not gpu}
+TESTS=${TESTS:-tests}          # a narrower selection for a quick check of this script
+AOT_ARGS=${AOT_ARGS:-}         # e.g. "--module elementwise"
 
 if [ "$(uname -s)" != Linux ]; then
   echo "triton-next: skipped: Triton ships Linux wheels only"
@@ -44,7 +46,7 @@ case "$TRITON_AT" in
 esac
 echo "triton-next: torch $TORCH_V | triton $TRITON_V (pinned: $("$BASE_PY" -c 'import triton; print(triton.__version__)')); installed in $((t1 - t0)) s"
 export TRITON_INTERPRET=1 COURSE_MODE=interpreter
-"$PY" -m pytest -q -n "$WORKERS" --dist loadfile tests -m "$TESTS_MARK" -p no:cacheprovider
+"$PY" -m pytest -q -n "$WORKERS" --dist loadfile $TESTS -m "$TESTS_MARK" -p no:cacheprovider
 # (a failing unit test stops here: set -e)
 t2=$(date +%s)
 # The compile matrix (sm_75, sm_80, sm_90), in two processes when there are two workers: sm_90 (the
@@ -53,12 +55,12 @@ LOGS="$NEXT/aot-logs"
 mkdir -p "$LOGS"
 rc=0
 if [ "$WORKERS" -ge 2 ]; then
-  "$PY" -m course_utils.aot --quiet --arch 90 >"$LOGS/sm90.log" 2>&1 & p90=$!
-  "$PY" -m course_utils.aot --quiet --arch 75 80 >"$LOGS/sm75_80.log" 2>&1 & p7580=$!
+  "$PY" -m course_utils.aot --quiet $AOT_ARGS --arch 90 >"$LOGS/sm90.log" 2>&1 & p90=$!
+  "$PY" -m course_utils.aot --quiet $AOT_ARGS --arch 75 80 >"$LOGS/sm75_80.log" 2>&1 & p7580=$!
   wait "$p90" || rc=1
   wait "$p7580" || rc=1
 else
-  "$PY" -m course_utils.aot --quiet >"$LOGS/all.log" 2>&1 || rc=1
+  "$PY" -m course_utils.aot --quiet $AOT_ARGS >"$LOGS/all.log" 2>&1 || rc=1
 fi
 grep -h -E "^(FAIL|compile matrix:)|Error" "$LOGS"/*.log || true
 t3=$(date +%s)
