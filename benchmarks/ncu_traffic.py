@@ -288,11 +288,12 @@ def chain_timings(max_ops: int = 8, quick: bool = False) -> list[dict]:
             fused()
             torch.testing.assert_close(y.float(), eager(x, k).float(), rtol=2e-2, atol=2e-2)
             comp = T.elementwise_chain(k, n, "bf16")
-            for impl, fn, traffic in (("eager", lambda: eager(x, k), comp.unfused), ("fused", fused, comp.fused)):
-                t = bench.time_ms(fn, rep=50)
+            # eager and fused in interleaved rounds, the median round kept (bench.time_rounds)
+            timed = bench.time_rounds({"eager": lambda: eager(x, k), "fused": fused}, rep=50)  # noqa: B023
+            for impl, traffic in (("eager", comp.unfused), ("fused", comp.fused)):
+                t = timed[impl]
                 rows.append({"size": label, "tensor_bytes": nbytes, "dtype": "bfloat16", "ops": k,
-                             "impl": impl, "kernels": traffic.launches, "ms": t.median, "ms_p20": t.p20,
-                             "ms_p80": t.p80, "bytes": traffic.total_bytes,
+                             "impl": impl, "kernels": traffic.launches, **t.columns(), "bytes": traffic.total_bytes,
                              "gbps": bench.gbps(traffic.total_bytes, t), "l2_bytes": l2})
     return rows
 
