@@ -39,8 +39,7 @@ def torch_ops() -> Ops:
 COURSE_CANDIDATES: dict[str, list[tuple[str, str, str]]] = {
     "layer_norm": [("course_utils.tuned.layernorm", "layer_norm_autograd", "chapter 10's LayerNorm, fwd + bwd"),
                    ("course_utils.kernels.layernorm", "layer_norm_autograd", "chapter 10's LayerNorm, fwd + bwd")],
-    "linear_gelu": [("course_utils.autograd.gemm", "linear_gelu", "chapter 9's GEMM with the bias + GELU epilogue"),
-                    ("course_utils.autograd.registry", "_matmul_then_bias_gelu",
+    "linear_gelu": [("course_utils.autograd.registry", "_matmul_then_bias_gelu",
                      "cuBLAS matmul, then chapter 4's fused bias + GELU (fwd and bwd kernels)")],
     "attention": [("course_utils.tuned.attention_backward", "flash_attention_autograd",
                    "chapter 7's FlashAttention forward + chapter 11's backward"),
@@ -54,15 +53,20 @@ def _matmul_then_bias_gelu(x, w, b):
     return bias_gelu(F.linear(x, w), b)
 
 
+def _find_one(module: str, attr: str, what: str):
+    try:
+        return getattr(importlib.import_module(module), attr), what, []
+    except (ImportError, AttributeError) as e:
+        return None, None, [f"{module}.{attr}: {type(e).__name__}: {e}"]
+
+
 def _find(op: str):
     reasons = []
-    for module, attr, what in COURSE_CANDIDATES[op]:
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            reasons.append(f"{module}.{attr}: {type(e).__name__}: {e}")
-            continue
-        return fn, what, reasons
+    for candidate in COURSE_CANDIDATES[op]:
+        fn, what, why = _find_one(*candidate)
+        if fn is not None:
+            return fn, what, reasons
+        reasons += why
     return None, None, reasons
 
 
@@ -81,9 +85,21 @@ def _attention_causal(fn):
     return attention
 
 
-def course_ops() -> Ops:
-    """The course's kernels for every op, or a ``RuntimeError`` naming each op that has none."""
+# Chapter 9's GEMM for linear_gelu instead (its backward recomputes z: four GEMMs a step, see .gemm)
+GEMM_EPILOGUE = ("course_utils.autograd.gemm", "linear_gelu", "chapter 9's GEMM with the bias + GELU epilogue, "
+                 "z recomputed in backward")
+
+
+def course_ops(gemm_epilogue: bool = False) -> Ops:
+    """The course's kernels for every op, or a ``RuntimeError`` naming each op that has none.
+
+    ``linear_gelu`` is cuBLAS's matmul followed by the course's fused bias + GELU, or, with
+    ``gemm_epilogue=True``, chapter 9's GEMM with the epilogue in the same kernel (all four GEMMs
+    of a step then run on the course's kernel, which reaches about 95% of cuBLAS's speed).
+    """
     found = {op: _find(op) for op in COURSE_CANDIDATES}
+    if gemm_epilogue:
+        found["linear_gelu"] = _find_one(*GEMM_EPILOGUE)
     missing = [f"{op} ({'; '.join(r)})" for op, (fn, _, r) in found.items() if fn is None]
     if missing:
         raise RuntimeError("the course has no kernel yet for: " + ", ".join(missing))
