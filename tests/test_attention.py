@@ -250,7 +250,7 @@ def _offsets_probe(out_ptr, b, h, stride_b, stride_h, row0, row_stride, col_stri
 
 @pytest.mark.parametrize("args", [
     (3, 5, 2**29, 2**27, 2**20, 4096, 1),              # head start and row offset each past 2^31
-    (1, 7, 123_456_789, 3_000_001, 70_000, 40_000, 9),  # odd strides (a (batch, seq, heads, d) view)
+    (2, 7, 123_456_789, 3_000_001, 70_000, 40_000, 9),  # odd strides (a (batch, seq, heads, d) view)
     (0, 0, 0, 0, 2**31 - 20, 1, 2**24)])               # a column stride that overflows on its own
 def test_offsets_past_2_31_are_exact(args):
     """The int64 offset helpers every attention kernel uses, at values past 2^31 (CPU: no allocation)."""

@@ -1,5 +1,8 @@
 """FlashAttention forward, the tuned shelf (v2 of ``course_utils.kernels.attention``).
 
+(Over 300 lines: the kernel, its three load paths, the per-device tiles and the timed choice that
+the backward shares belong together; the compile cases are the last 25 lines.)
+
 v1 in base 2 (the scale folded into log2 e), masks only on the ragged or diagonal tiles, causal
 tiles above the diagonal never visited, software pipelining (``tl.range(num_stages=)``), tiles chosen
 per device (:func:`attention_configs`) and timed once per shape; on sm_90 the candidates include
@@ -18,8 +21,6 @@ import triton.language as tl
 
 from .. import env, hardware
 from ..kernels.attention import DTYPES, LOG2E, MAX_HEAD_DIM, block_d, head_offset, prepare, tile_offsets
-
-INT32_MAX = 2**31 - 1
 
 
 @triton.jit
@@ -44,11 +45,8 @@ def attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_src, v_src, kv_row,
                          BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                          TMA: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          NUM_STAGES: tl.constexpr):
-    """Key/value tiles [lo, hi): unmasked (MASKED=False) or with the ragged/causal mask.
-
-    ``k_src``/``v_src`` are pointers (TMA=0) or tensor descriptors (TMA=1, 2) whose rows start at
-    ``kv_row`` for this head; descriptors fill the padded head-dim columns with zeros.
-    """
+    """Key/value tiles [lo, hi), unmasked or (MASKED) with the ragged/causal mask; k_src/v_src are
+    pointers (TMA=0) or descriptors (rows from ``kv_row``; they zero-fill the padded head dim)."""
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -95,8 +93,7 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
                           CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, TMA: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, Q_REGS: tl.constexpr,
                           EVEN_D: tl.constexpr):
-    """TMA=0: pointers; 1: a tensor descriptor per head, made on the device; 2: descriptors made on
-    the host over the flattened (batch*heads*seq, head_dim) tensors (contiguous inputs only)."""
+    """TMA=0: pointers; 1: descriptors per head, made on the device; 2: made on the host (flattened)."""
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
     pid_m = pid % n_m_tiles
@@ -119,16 +116,12 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
         v_in = v_src
         q = q_src.load([pid_bh * n_q + start_m, 0])
     elif TMA == 1:  # one descriptor per head: the copy engine zero-fills rows and columns past the end
-        q_desc = tl.make_tensor_descriptor(q_src + head_offset(b, h, stride_qb, stride_qh),
-                                           shape=[n_q, head_dim], strides=[stride_qn, 1],
-                                           block_shape=[BLOCK_M, BLOCK_D])
-        k_in = tl.make_tensor_descriptor(k_src + head_offset(b, h_kv, stride_kb, stride_kh),
-                                         shape=[n_kv, head_dim], strides=[stride_kn, 1],
-                                         block_shape=[BLOCK_N, BLOCK_D])
-        v_in = tl.make_tensor_descriptor(v_src + head_offset(b, h_kv, stride_vb, stride_vh),
-                                         shape=[n_kv, head_dim], strides=[stride_vn, 1],
-                                         block_shape=[BLOCK_N, BLOCK_D])
-        q = q_desc.load([start_m, 0])
+        q = tl.make_tensor_descriptor(q_src + head_offset(b, h, stride_qb, stride_qh), shape=[n_q, head_dim],
+                                      strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D]).load([start_m, 0])
+        k_in = tl.make_tensor_descriptor(k_src + head_offset(b, h_kv, stride_kb, stride_kh), shape=[n_kv, head_dim],
+                                         strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_in = tl.make_tensor_descriptor(v_src + head_offset(b, h_kv, stride_vb, stride_vh), shape=[n_kv, head_dim],
+                                         strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
     else:
         k_in = k_src + head_offset(b, h_kv, stride_kb, stride_kh)
         v_in = v_src + head_offset(b, h_kv, stride_vb, stride_vh)
@@ -148,17 +141,13 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
     if CAUSAL:  # row start_m sees keys j <= start_m + causal_offset, and so does every later row
         full_hi = tl.minimum(tl.maximum(((start_m + causal_offset + 1) // BLOCK_N) * BLOCK_N, 0), full_hi)
         hi = tl.minimum(start_m + BLOCK_M + causal_offset, n_kv)
-    acc, l_i, m_i = attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row,
-                                         stride_kn, stride_kd, stride_vn, stride_vd,
-                                         0, full_hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset,
-                                         qk_scale, BLOCK_N, False, CAUSAL, TMA, EVEN_D, DOT_PRECISION,
-                                         NUM_STAGES)
+    acc, l_i, m_i = attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row, stride_kn, stride_kd, stride_vn,
+                                         stride_vd, 0, full_hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset,
+                                         qk_scale, BLOCK_N, False, CAUSAL, TMA, EVEN_D, DOT_PRECISION, NUM_STAGES)
     # Stage 2: the diagonal tiles (causal) or the ragged last tile -- masked.
-    acc, l_i, m_i = attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row,
-                                         stride_kn, stride_kd, stride_vn, stride_vd,
-                                         full_hi, hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset,
-                                         qk_scale, BLOCK_N, True, CAUSAL, TMA, EVEN_D, DOT_PRECISION,
-                                         NUM_STAGES)
+    acc, l_i, m_i = attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row, stride_kn, stride_kd, stride_vn,
+                                         stride_vd, full_hi, hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset,
+                                         qk_scale, BLOCK_N, True, CAUSAL, TMA, EVEN_D, DOT_PRECISION, NUM_STAGES)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that saw no key: 0
     o_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim)
@@ -169,9 +158,7 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
                  (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < n_q)
 
 
-# --------------------------------------------------------------------------------------------------
 # Tile choice: a pure function of the device, so a T4/A100/H100 answer is known without the GPU
-# --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TileConfig:
     block_m: int
@@ -190,13 +177,11 @@ class TileConfig:
         return (self.block_m + 2 * max(self.num_stages - 1, 1) * self.block_n) * block_d(head_dim) * itemsize
 
 
-# Candidates in order of preference, per architecture family. The Hopper lists for d <= 128 come
-# from tile sweeps on an H100 and an H200 (bf16, N = 4096; results/*/attention_tiles_explore.csv,
-# results/h200/attention_configs.csv, results/h100-80gb-hbm3/attention_qregs_explore.csv): 64-row
-# query tiles with one warpgroup (4 warps) and three stages fit two programs on an SM, and one
-# program's softmax then runs while the other's matrix products do; q_regs (Q K^T reads q from
-# registers) won 1.4-4.1% in 7 of 8 comparisons at d=128 on an H100. The d=256 list and the others
-# follow from shared memory (A100 163 KiB, T4 or consumer GPUs 64-99 KiB), not from measurements.
+# Candidates, best first. Hopper, d <= 128: tile sweeps on an H100 and an H200 (bf16, N = 4096;
+# results/*/attention_tiles_explore.csv, results/h200/attention_configs.csv, .../attention_qregs_explore.csv):
+# 64-row query tiles, one warpgroup, three stages fit two programs on an SM, one's softmax overlapping the
+# other's matrix products; q_regs won 1.4-4.1% in 7 of 8 comparisons at d=128 on an H100. d=256 and the
+# other GPUs follow from shared memory (A100 163 KiB, T4 or consumer GPUs 64-99 KiB), not measurements.
 _HOPPER = {
     64: [TileConfig(64, 128, 4, 3, 2), TileConfig(64, 64, 4, 3, 2)],
     128: [TileConfig(64, 64, 4, 3, 2, True), TileConfig(64, 64, 4, 3, 2)],
@@ -211,12 +196,8 @@ INTERPRETER_TILES = TileConfig(32, 16, 4, 1)
 
 def attention_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtype,
                       causal: bool = False, max_configs: int = 4) -> list[TileConfig]:
-    """The tile configurations the tuned launcher tries on ``info``, best guess first.
-
-    Tiles must fit the device's shared memory (64 KiB on a T4, 163 KiB on an A100, 227 KiB on an
-    H100); tensor-descriptor (TMA) loads only on sm_90; under the interpreter one small tile, so
-    tiny test sequences still cross several tiles.
-    """
+    """The tiles the launcher tries on ``info``, best guess first: those that fit its shared memory,
+    TMA only on sm_90, one small tile under the interpreter (tiny tests still cross several tiles)."""
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
     if dtype not in DTYPES:
@@ -240,9 +221,7 @@ def attention_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dty
     return fits[:max_configs] or [TileConfig(32, 16, 4, 1)]
 
 
-# --------------------------------------------------------------------------------------------------
 # Launcher
-# --------------------------------------------------------------------------------------------------
 CHOICE_ROUNDS = 3  # the fastest of three timings per candidate: close configs are a few % apart
 last_config: TileConfig | None = None  # what the last flash_attention call ran (benchmarks record it)
 _BEST: dict = {}  # (device, shape class, dtype, causal) -> TileConfig, filled by timing on the GPU
@@ -254,14 +233,9 @@ def tma_ok(*ts) -> bool:
                and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]) for t in ts)
 
 
-def _alloc(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device=env.DEVICE)
-
-
 def _tma_mode(cfg: TileConfig, q, k, v) -> int:
-    """The descriptor mode the inputs allow: host descriptors need (batch, heads, seq, d) contiguous
-    and row coordinates (batch * heads * seq) within int32."""
-    rows_fit = max(q.shape[0] * q.shape[1] * q.shape[2], k.shape[0] * k.shape[1] * k.shape[2]) < INT32_MAX
+    """The descriptor mode the inputs allow: host descriptors need contiguous inputs and int32 rows."""
+    rows_fit = max(q.shape[0] * q.shape[1] * q.shape[2], k.shape[0] * k.shape[1] * k.shape[2]) < 2**31
     if cfg.tma == 2 and all(t.is_contiguous() for t in (q, k, v)) and tma_ok(q, k, v) and rows_fit:
         return 2
     if cfg.tma >= 1 and tma_ok(q, k, v):
@@ -270,11 +244,8 @@ def _tma_mode(cfg: TileConfig, q, k, v) -> int:
 
 
 def power_of_two_part(scale: float) -> float:
-    """The power of two nearest |scale|, kept within [1/64, 1] (1 for 0).
-
-    Multiplying q by it is exact in bfloat16, and in float16 for |q| >= 2^-14 / (that power): it
-    never overflows, and what it cannot represent exactly is below 2^-24 in float16's own units.
-    """
+    """The power of two nearest |scale| within [1/64, 1] (1 for 0): q times it is exact in bf16, and in
+    fp16 for |q| >= 2^-14 / (that power); it never overflows."""
     if scale == 0:
         return 1.0
     return 2.0 ** min(0, max(-6, round(math.log2(abs(scale)))))
@@ -286,7 +257,7 @@ def _launch_tuned(cfg: TileConfig, q, k, v, o, lse, scale, causal):
     tma = _tma_mode(cfg, q, k, v)
     q_src, k_src, v_src = q, k, v
     if tma == 1:
-        triton.set_allocator(_alloc)
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=env.DEVICE))
     elif tma == 2:
         from triton.tools.tensor_descriptor import TensorDescriptor
         q_src = TensorDescriptor.from_tensor(q.view(-1, D), [cfg.block_m, BD])
@@ -323,9 +294,8 @@ def choose(cands, key, launch):
                 except Exception as e:  # a config the compiler cannot fit (shared memory, registers)
                     if "OutOfResources" not in type(e).__name__ and "out of resource" not in str(e).lower():
                         raise
-                    times[c] = None
-                    continue
-                times[c] = min(t, times.get(c) or t)
+                    t = None
+                times[c] = None if t is None else min(t, times.get(c) or t)
         times = {c: t for c, t in times.items() if t is not None}
         if not times:
             raise RuntimeError(f"no tile configuration of {cands} compiled on this GPU")
@@ -334,14 +304,11 @@ def choose(cands, key, launch):
 
 
 def flash_attention(q, k, v, causal=False, sm_scale=None, return_lse=False, config: TileConfig | None = None):
-    """softmax(q k^T * sm_scale [+ causal mask]) v for q (batch, heads, n_q, d), k/v (batch, kv_heads,
-    n_kv, d) (v2, tuned).
+    """softmax(q k^T * sm_scale [+ causal mask]) v, q (B, H, n_q, d), k/v (B, H_kv, n_kv, d) (v2, tuned).
 
-    ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse=True`` also returns the float32
-    log-sum-exp of each row's scaled scores, shape (batch, heads, n_q). ``config`` forces a tile
-    configuration (tests use it); otherwise :func:`attention_configs` proposes and, on a GPU, the
-    fastest is kept.
-    """
+    ``sm_scale`` defaults to 1/sqrt(d); ``return_lse=True`` also returns the float32 log-sum-exp of
+    each row (B, H, n_q). ``config`` forces a tile configuration; otherwise the fastest of
+    :func:`attention_configs` is kept per shape on a GPU."""
     scale, o, lse = prepare(q, k, v, causal, sm_scale, return_lse)
     if o.numel() == 0:
         return (o, lse) if return_lse else o
@@ -357,30 +324,23 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, return_lse=False, conf
 
 
 def compile_cases(info):
-    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py): every tile the
-    tuned launcher may pick at d=128 and 256, both masks, padded head dims, grouped-query heads, the
-    log-sum-exp, the teaching kernel, and heads past 2^31 elements (int64 offsets)."""
+    """The compile matrix's launches (course_utils/aot.py): every tile, mask, padded d, GQA, 2^31+."""
     from ..aot import dtype_name, dtypes_for, empty
-    from ..kernels.attention import flash_attention_teaching
+    from ..kernels.attention import flash_attention_teaching as teaching
 
     def qkv(d, dt, heads=2, kv_heads=2, n=256):
         return empty(1, heads, n, d, dtype=dt), empty(1, kv_heads, n, d, dtype=dt), empty(1, kv_heads, n, d, dtype=dt)
 
     for dt in dtypes_for(info):
         n = dtype_name(dt)
-        for d in (128, 256):
-            for cfg in attention_configs(info, d, dt, False):
-                yield (f"flash_attention {n} d={d} {cfg}",
-                       lambda d=d, dt=dt, c=cfg: flash_attention(*qkv(d, dt), config=c))
-        for d, causal in ((64, False), (64, True), (128, True), (80, True), (40, False)):
-            cfg = attention_configs(info, d, dt, causal)[0]
-            yield (f"flash_attention {n} d={d} causal={causal} lse gqa {cfg}",
-                   lambda d=d, dt=dt, c=causal, cfg=cfg: flash_attention(*qkv(d, dt, 4, 2), c, return_lse=True,
-                                                                         config=cfg))
-            yield (f"flash_attention_teaching {n} d={d} causal={causal}",
-                   lambda d=d, dt=dt, c=causal: flash_attention_teaching(*qkv(d, dt), c, return_lse=True))
+        for d, cfg in [(e, c) for e in (128, 256) for c in attention_configs(info, e, dt, False)]:
+            yield f"flash_attention {n} d={d} {cfg}", lambda d=d, dt=dt, c=cfg: flash_attention(*qkv(d, dt), config=c)
+        for d, c in ((64, False), (64, True), (128, True), (80, True), (40, False)):
+            cfg = attention_configs(info, d, dt, c)[0]
+            yield (f"flash_attention {n} d={d} causal={c} lse gqa {cfg}", lambda d=d, dt=dt, c=c, cfg=cfg:
+                   flash_attention(*qkv(d, dt, 4, 2), c, return_lse=True, config=cfg))
+            yield f"teaching {n} d={d} causal={c}", lambda d=d, dt=dt, c=c: teaching(*qkv(d, dt), c, return_lse=True)
     big = (2**17 + 64, 2**17 + 64, 64)  # 2^31 + 2^20 elements per tensor at d=256: nothing is allocated
-    dt = torch.float16
-    cfg = attention_configs(info, 256, dt, True)[0]
-    yield "flash_attention 2^31+ elements", lambda: flash_attention(*qkv(256, dt, *big), True, config=cfg)
-    yield "flash_attention_teaching 2^31+ elements", lambda: flash_attention_teaching(*qkv(256, dt, *big), True)
+    cfg = attention_configs(info, 256, torch.float16, True)[0]
+    yield "flash_attention 2^31+", lambda: flash_attention(*qkv(256, torch.float16, *big), True, config=cfg)
+    yield "teaching 2^31+", lambda: teaching(*qkv(256, torch.float16, *big), True)
