@@ -134,9 +134,9 @@ def test_syntax_error_fails_that_exercise_and_grading_goes_on(course):
 def test_cell_that_never_returns_times_out(course):
     sol, sol_dir, student_dir = course
     nb = _solve(toy_solution(), "ex-square", "def square(x):\n    while True:\n        pass")
-    r = grade.grade_notebook(_student(student_dir, nb), sol_dir, cell_timeout=5)
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir, cell_timeout=20)  # the first cells import torch
     assert not r.checks[0].passed
-    assert "longer than 5 s" in r.checks[0].reason or "stopped" in r.checks[0].reason, r.checks[0].reason
+    assert any(w in r.checks[0].reason for w in ("longer than 20 s", "stopped", "hung")), r.checks[0].reason
 
 
 @pytest.mark.parametrize("content, name", [

@@ -129,8 +129,11 @@ def merge(solution, student: list[Cell], label: str):
     bound = {n.asname or n.name.split(".")[0] for stmt in ast.parse(imports).body for n in stmt.names}
     checks: list[Check] = []
 
+    positions = merged.metadata["grader_positions"] = {}  # merged cell id -> the student's cell number
+
     def add_student_cell(c: Cell):
         cell = _code_cell(c.source, f"student-{c.position}")
+        positions[cell["id"]] = c.position
         merged.cells.append(cell)
 
     for c in anchors.get(-1, []):
@@ -153,6 +156,7 @@ def merge(solution, student: list[Cell], label: str):
         elif i in pairs and sol[i].cell_type == "code":
             cell = copy.deepcopy(ex_cell)
             cell["source"] = student[pairs[i]].source
+            positions[cell.get("id")] = student[pairs[i]].position
             merged.cells.append(cell)
         elif sol[i].cell_type == "code" and sol[i].is_exercise:
             pass  # the student deleted this exercise's cell: their answer, if any, is in a cell of their own
@@ -286,6 +290,7 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
         report.integrity.reason = "; ".join(filter(None, [
             "your notebook wrote into the course's files (" + ", ".join(changed[:5]) + ")", report.integrity.reason]))
     last_failure = ""
+    positions = merged.metadata.get("grader_positions", {})
     code_cells = [c for c in merged.cells if c.get("cell_type") == "code"]  # nbval numbers these
     for i, cell in enumerate(code_cells):
         passed, text = cases.get(i, (None, ""))
@@ -294,10 +299,16 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
             if i == 0 and passed is False:
                 report.error = "the grader could not start the notebook: " + _last_error_line(text)
                 report.infra = True
-            elif passed is False and text != "skipped":
-                last_failure = f"cell {i} failed first: {_last_error_line(text)}"
+            elif passed is False and text != "skipped" and not last_failure:
+                where = positions.get(cell.get("id"))
+                last_failure = (f"your cell {where}" if where else "a cell the exercise gives you") + \
+                    f" failed first: {_last_error_line(text)}"
             continue
-        if passed is None:
+        if text == "skipped":
+            check.reason = ("this check did not run: an earlier cell hung past the time limit or the kernel "
+                            "died, and the rest of the notebook was skipped")
+            check.reason += f" [{last_failure}]" if last_failure else ""
+        elif passed is None:
             check.reason = ("the grader stopped before this check ran (a cell hung past the time limit, "
                             "or the kernel died)" if not finished else "this check did not run")
         elif passed:
