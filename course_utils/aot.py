@@ -356,8 +356,13 @@ def describe(e: BaseException, limit: int = 800) -> str:
     return " ".join(p for p in parts if p)[:limit]
 
 
-def compile_launches(launches: list[Launch], info: hardware.DeviceInfo) -> list[Result]:
-    """Compile each distinct launch for ``info.arch``; one Result per distinct compilation."""
+def compile_launches(launches: list[Launch], info: hardware.DeviceInfo, quick: bool = False) -> list[Result]:
+    """Compile each distinct launch for ``info.arch``; one Result per distinct compilation.
+
+    ``quick``: launches that differ only in their arguments' dtypes and specializations (int64
+    offsets, divisibility) count as one, so every kernel is still built with every tile, warps and
+    stages choice its launchers make, once (what the second Triton's check in ``make test`` runs).
+    """
     target = internals.gpu_target(info.arch)
     results: dict[str, Result] = {}
     for launch in launches:
@@ -371,6 +376,8 @@ def compile_launches(launches: list[Launch], info: hardware.DeviceInfo) -> list[
         sig = ", ".join(f"{k}: {v}" for k, v in src.signature.items() if v != "constexpr")
         cex = ", ".join(f"{launch.kernel.arg_names[p[0]]}={_short(v)}" for p, v in sorted(src.constants.items()))
         key = f"{name}|{sig}|{cex}|{sorted(src.attrs.items())}|{options.num_warps}|{options.num_stages}"
+        if quick:
+            key = f"{name}|{cex}|{options.num_warps}|{options.num_stages}"
         if key in results:
             results[key].cases.append(launch.case)
             continue
@@ -415,7 +422,7 @@ def ptx_of(call: Callable[[], object], arch: int) -> list[dict]:
 
 
 def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
-               progress: Callable[[str], None] | None = None) -> dict:
+               progress: Callable[[str], None] | None = None, quick: bool = False) -> dict:
     """Trace and compile every case for each arch. Needs real JITFunctions (TRITON_INTERPRET unset)."""
     JITFunction, _ = _jit_classes()
     modules = [m for m in kernel_modules() if not module_filter or module_filter in m.__name__]
@@ -454,7 +461,7 @@ def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
             launches += recorded
         if progress:
             progress(f"sm_{arch}: {len(launches)} launches recorded, compiling")
-        results = compile_launches(launches, info)
+        results = compile_launches(launches, info, quick=quick)
         out["results"] += [asdict(r) for r in results]
         reached = {r.kernel for r in results}
         out["uncovered"][str(arch)] = sorted(set(kernels) - reached)
@@ -542,12 +549,15 @@ def main(argv: list[str] | None = None, _booted: bool = False) -> int:
     ap.add_argument("--module", help="only kernel modules whose name contains this")
     ap.add_argument("--json", help="write the whole matrix here")
     ap.add_argument("--quiet", action="store_true", help="no table, only problems")
+    ap.add_argument("--quick", action="store_true",
+                    help="one compilation per kernel and tile/warps/stages choice (dtypes folded together)")
     args = ap.parse_args(argv)
     if not _booted:
         return _run_per_arch(args, argv)
     os.environ.pop("TRITON_INTERPRET", None)  # import course_utils set it (no GPU): kernels must be real
     t0 = time.perf_counter()
-    matrix = run_matrix(args.arch, args.module, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    matrix = run_matrix(args.arch, args.module, progress=lambda s: print(s, file=sys.stderr, flush=True),
+                        quick=args.quick)
     matrix["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         with open(args.json, "w") as f:
