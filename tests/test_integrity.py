@@ -202,3 +202,18 @@ def test_run_time_guard_catches_tampering(name):
     finally:
         restore()
     g.verify("this check")
+
+
+@pytest.mark.slow
+def test_a_notebook_writing_the_course_files_changes_only_its_private_copy(tmp_path):
+    target = exercises.ROOT / "course_utils" / "checkers" / "__init__.py"
+    before = target.read_bytes()
+    cheat = ("import course_utils.checkers as C\nimport pathlib\n"
+             "p = pathlib.Path(C.__file__)\np.write_text(p.read_text() + '# changed by a student\\n')")
+    nb = _exercise_with("02_fusion_accounting.ipynb", [], None, extra=cheat)
+    path = tmp_path / "02.ipynb"
+    nbformat.write(nb, path)
+    r = grade.grade_notebook(path)
+    assert target.read_bytes() == before, "the grader let a notebook change the course's own files"
+    assert not r.integrity.passed
+    assert "wrote into the course's files (course_utils/checkers/__init__.py)" in r.integrity.reason, r.integrity.reason
