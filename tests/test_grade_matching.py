@@ -135,3 +135,12 @@ def test_an_edited_given_cell_without_ids_is_the_students(tmp_path):
     assert "def fused_softmax(x):\n    return torch.softmax(x, -1)" in srcs
     assert not any("softmax_row_kernel[(x.shape[0]" in s for s in srcs), "the given launcher came back"
     assert "def fused_softmax" in checks[1].look_at
+
+
+@pytest.mark.slow
+def test_a_chapter_saved_under_another_chapters_name_is_graded_as_itself(tmp_path):
+    sol = nbformat.read(exercises.SOLUTIONS / "02_fusion_accounting.ipynb", as_version=4)
+    path = tmp_path / "05_softmax.ipynb"
+    nbformat.write(sol, path)
+    r = grade.grade_notebook(path)
+    assert r.exercise == "02_fusion_accounting" and r.ok, grade.table([r])
