@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from ..exercises import SOLUTIONS
@@ -97,6 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", type=Path, help="also write a CSV (student, exercise, check, result, reason)")
     ap.add_argument("--solutions", type=Path, default=SOLUTIONS)
     ap.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT)
+    ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                    help="notebooks graded at once (default: the CPU cores, at most 4)")
     args = ap.parse_args(argv)
     if args.klass:
         if not args.klass.is_dir():
@@ -108,20 +112,27 @@ def main(argv=None) -> int:
     if not jobs:
         print(f"no notebooks found in {args.klass or args.targets}")
         return 2
-    try:
-        from tqdm.auto import tqdm
-        jobs_iter = tqdm(jobs, desc="grading", unit="notebook", file=sys.stderr)
-    except ImportError:  # pragma: no cover
-        jobs_iter = jobs
-    reports = []
-    for student, p in jobs_iter:
+    def one(job):
+        student, p = job
         try:
             r = grade_notebook(p, args.solutions, args.cell_timeout)
         except Exception as e:  # the grader's own failure: report it, go on, exit 2 at the end
             from . import Report
             r = Report(p.name, error=f"the grader failed on this notebook: {type(e).__name__}: {e}", infra=True)
         r.student = student
-        reports.append(r)
+        return r
+
+    # each notebook runs in its own kernel process: grading several at once uses the runner's cores
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(one, job) for job in jobs]
+        try:
+            from tqdm.auto import tqdm
+            for _ in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="notebook",
+                          file=sys.stderr):
+                pass
+        except ImportError:  # pragma: no cover
+            pass
+        reports = [f.result() for f in futures]
     print(table(reports))
     if args.junit:
         write_junit(reports, args.junit)
