@@ -7,33 +7,29 @@ mask of every lane; :func:`track_loads` records them while a check calls the stu
 GPU there is no such hook: the records stay empty and these checks say nothing (the grader's CI runs
 the interpreter).
 
-This wraps one Triton internal, ``InterpreterBuilder.create_masked_load`` of
-``triton.runtime.interpreter`` (Triton 3.6): :func:`problem` says when that assumption breaks and
-``tests/test_elementwise_checkers.py`` fails loudly then.
+The hook is one Triton internal, ``InterpreterBuilder.create_masked_load``, held like every other
+internal in :mod:`course_utils.triton_internals` (``interpreter_load_hook``): :func:`problem` says
+when its assumption breaks, and ``tests/test_elementwise_checkers.py`` and
+``tests/test_triton_internals.py`` fail loudly then.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .. import env
+from .. import env, triton_internals
 
-PARAMS = ["self", "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile"]
+HOOK = "InterpreterBuilder.create_masked_load"
 
 
 def problem() -> str:
     """'' when the interpreter's load hook is as this module assumes, else what changed."""
-    try:
-        from triton.runtime.interpreter import InterpreterBuilder
-    except ImportError as e:
-        return f"triton.runtime.interpreter.InterpreterBuilder is gone ({e})"
-    got = list(inspect.signature(InterpreterBuilder.create_masked_load).parameters)
-    return "" if got == PARAMS else f"InterpreterBuilder.create_masked_load's parameters are now {got}"
+    broken = [line for line in triton_internals.problems() if line.startswith(HOOK)]
+    return broken[0] if broken else ""
 
 
 @dataclass
@@ -53,26 +49,20 @@ class Loads:
 def track_loads():
     """Record the loads of every interpreted kernel launched inside the block (GPU: records nothing)."""
     loads = Loads()
-    if env.on_gpu() or problem():
+    if env.on_gpu():
         yield loads
         return
-    from triton.runtime.interpreter import InterpreterBuilder
-    original = InterpreterBuilder.create_masked_load
 
-    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+    def on_load(ptrs, mask):
         addr = np.asarray(ptrs.data).reshape(-1).astype(np.uint64)
         m = np.broadcast_to(np.asarray(mask.data), np.asarray(ptrs.data).shape).reshape(-1).astype(bool)
         loads.addresses.append(addr[m])
         loads.itemsizes.append(ptrs.get_element_ty().primitive_bitwidth // 8)
         loads.widths.append(addr.size)
-        return original(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
 
-    InterpreterBuilder.create_masked_load = create_masked_load
-    loads.active = True
-    try:
+    with triton_internals.interpreter_load_hook(on_load) as hooked:
+        loads.active = hooked
         yield loads
-    finally:
-        InterpreterBuilder.create_masked_load = original
 
 
 def span(t: torch.Tensor) -> tuple[int, int]:
