@@ -180,8 +180,10 @@ def check_backward_inputs(q, k, v, o, lse, do, causal):
 
 
 def flash_attention_backward_teaching(q, k, v, o, lse, do, causal=False, sm_scale=None,
-                                      block_m: int = 32, block_n: int = 16):
-    """(dq, dk, dv) of attention from the forward's output ``o`` and log-sum-exp ``lse`` (v1)."""
+                                      block_m: int | None = None, block_n: int = 16):
+    """(dq, dk, dv) of attention from the forward's output ``o`` and log-sum-exp ``lse`` (v1).
+
+    ``block_m`` defaults to 32 query rows, 16 when d > 128 (to fit a T4's 64 KiB of shared memory)."""
     check_backward_inputs(q, k, v, o, lse, do, causal)
     B, H, N, D = q.shape
     H_kv, n_kv = k.shape[1], k.shape[2]
@@ -191,6 +193,7 @@ def flash_attention_backward_teaching(q, k, v, o, lse, do, causal=False, sm_scal
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     BD = block_d(D)
+    block_m = block_m or (16 if BD > 128 else 32)
     attn_bwd_preprocess_kernel[(triton.cdiv(N, block_m) * B * H,)](
         o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=block_m, BLOCK_D=BD)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N, scale)

@@ -1,19 +1,15 @@
-"""FlashAttention backward, the tuned shelf (v2 of ``course_utils.kernels.attention_backward``),
-and the autograd Function that pairs it with the tuned forward. (Over 300 lines: two kernels with
-their tile loops, the tiles per device, the launcher, the autograd Function and the compile cases.)
+"""FlashAttention backward, the tuned shelf (v2 of ``kernels.attention_backward``), and the autograd
+Function pairing it with the tuned forward. (Over 300 lines: two kernels and their tile loops,
+the tiles per device, the launcher, the autograd Function and the compile cases belong together.)
 
-v1's three kernels in base 2 (lse * log2 e, the scale folded into one multiply), the causal mask
-only on the diagonal tiles (the others run unmasked, ragged edges handled by zero-filled loads),
-the dK/dV program's products computed transposed (K Q^T, V dO^T: the accumulators need no
-transpose), software pipelining (``tl.range(num_stages=)``) and tiles chosen per device. dQ has
-its own pass by default; ``BwdConfig.atomic_dq`` instead adds dS K from the dK/dV programs into a
-float32 buffer with atomics. Measured on an H100 (results/h100-80gb-hbm3/attention_bwd_tiles.csv,
-64 x 128 tiles both ways): atomics lost in 6 of 8 cases (up to 9%: 351 against 384 TFLOP/s, d=128
-causal N=4096), tied once and won once by 3%; with 32-row query tiles they were up to 1.6x slower.
-The own pass redoes two matrix products per tile (Q K^T, dO V^T) but writes dQ once: deterministic
-gradients, no float32 scratch.
+v1's kernels in base 2, the causal mask only on diagonal tiles (ragged edges: zero-filled loads),
+the dK/dV products computed transposed (K Q^T, V dO^T), software pipelining, tiles per device.
+dQ has its own pass; ``BwdConfig.atomic_dq`` adds dS K from the dK/dV programs into a float32
+buffer with atomics instead. On an H100 (results/h100-80gb-hbm3/attention_bwd_tiles.csv, 64 x 128
+tiles both ways) atomics lost 6 of 8 cases (up to 9%), tied one and won one by 3%; with 32-row
+query tiles they were up to 1.6x slower. The own pass redoes Q K^T and dO V^T per tile but writes
+dQ once: deterministic gradients, no float32 scratch.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -192,7 +188,6 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
              mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim))
 
 
-# Tiles per device
 @dataclass(frozen=True)
 class BwdConfig:
     block_m1: int  # dK/dV pass: query rows per step ...
@@ -211,19 +206,20 @@ class BwdConfig:
         return max(one, two)
 
 
-# Candidates, best first, from the tile sweep on an H100 (bf16, N in {4096, 16384}, fwd+bwd;
-# results/h100-80gb-hbm3/attention_bwd_tiles.csv): at d=64 three configs within 5% of each other; at
-# d=128 64 x 128 dK/dV tiles, two warpgroups, beat the Triton tutorial's 32 x 128, one, by 1.9-2.1x at
-# N=16384; 8 warps, 4 stages was added after the sweep (the timed choice took it for 3 of the 4 d=128
-# shapes of results/h100-80gb-hbm3/attention.csv); d=256 from shared memory only.
+# Best first, from the H100 tile sweep (results/h100-80gb-hbm3/attention_bwd_tiles.csv): d=64, three within
+# 5%; d=128, 64 x 128 dK/dV tiles on two warpgroups beat the Triton tutorial's 32 x 128 on one by 1.9-2.1x;
+# 8 warps, 4 stages came after the sweep (the timed choice took it for 3 of 4 d=128 shapes of attention.csv).
 _HOPPER_BWD = {
     64: [BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(32, 64, 64, 32, 4, 4), BwdConfig(64, 64, 64, 64, 4, 3)],
     128: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(64, 128, 128, 64, 8, 4), BwdConfig(32, 64, 64, 32, 4, 4)],
     256: [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2)],
 }
+# T4 (64 KiB): what the sm_75 compile matrix fits (smem_bytes misses its conversion scratch).
+_SMALL_BWD = {64: [BwdConfig(32, 64, 64, 32, 4, 2)], 128: [BwdConfig(16, 32, 32, 16, 4, 2)],
+              256: [BwdConfig(16, 16, 16, 16, 4, 1)]}
 _OTHER_BWD = [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2), BwdConfig(16, 32, 32, 16, 4, 1)]
 INTERPRETER_BWD = BwdConfig(16, 32, 32, 16, 4, 1)
-SMALLEST_BWD = BwdConfig(16, 16, 16, 16, 4, 1)  # when nothing fits (fp32, d=256 on 64 KiB): may not compile
+SMALLEST_BWD = _SMALL_BWD[256][0]  # when nothing fits by the estimate (fp32, d=256 on 64 KiB)
 
 
 def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtype) -> list[BwdConfig]:
@@ -232,7 +228,12 @@ def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtyp
         return [INTERPRETER_BWD]
     itemsize = torch.empty((), dtype=dtype).element_size()
     bd = block_d(head_dim)
-    cands = _HOPPER_BWD[max(64, bd)] if info.arch >= 90 and itemsize == 2 else _OTHER_BWD
+    if info.arch >= 90 and itemsize == 2:
+        cands = _HOPPER_BWD[max(64, bd)]
+    elif info.smem_per_block_bytes < 100 * 1024 and itemsize == 2:
+        cands = _SMALL_BWD[max(64, bd)]
+    else:
+        cands = _OTHER_BWD
     fits = [c for c in cands if c.smem_bytes(head_dim, itemsize) <= int(info.smem_per_block_bytes * 0.95)]
     return fits or [SMALLEST_BWD]
 
@@ -318,8 +319,7 @@ def flash_attention_autograd(q, k, v, causal=False, sm_scale=None):
 
 
 def compile_cases(info):
-    """The compile matrix's launches (course_utils/aot.py): every tile, both dQ ways, masks, padded d,
-    grouped-query heads, the teaching kernels, heads past 2^31 elements."""
+    """The compile matrix's launches (course_utils/aot.py): tiles, both dQ ways, masks, padded d, GQA, 2^31+."""
     from ..aot import dtype_name, dtypes_for, empty
     from ..kernels.attention_backward import flash_attention_backward_teaching
 
