@@ -90,12 +90,12 @@ def test_correct_kernels_pass(capsys):
     assert out.count("PASS") == 2
 
 
-def test_course_kernels_pass(capsys):
+def test_the_courses_own_kernels_are_refused_as_the_answer_key():
     from course_utils.kernels import gemm as G
-    cg.check_matmul(lambda a, b: G.matmul_teaching(a, b))
-    cg.check_linear_gelu(lambda x, w, b: G.linear_gelu_teaching(x, w, b))
-    cg.check_linear_gelu(G.linear_gelu, dtypes=(torch.float16,))
-    assert capsys.readouterr().out.count("PASS") == 3
+    for check_fn, fn in ((cg.check_matmul, lambda a, b: G.matmul_teaching(a, b)),
+                         (cg.check_linear_gelu, lambda x, w, b: G.linear_gelu_teaching(x, w, b))):
+        with pytest.raises(check.CheckFailure, match="course's own kernel"):
+            check_fn(fn)
 
 
 @pytest.mark.parametrize("bug, epilogue, dtypes, words", [
@@ -116,7 +116,7 @@ def test_wrong_kernels_fail_naming_the_fault(bug, epilogue, dtypes, words):
 
 
 def test_two_launches_fail():
-    with pytest.raises(check.CheckFailure, match="exactly one Triton kernel launch"):
+    with pytest.raises(check.CheckFailure, match="expected 1 launch\\(es\\) of your Triton kernel, counted 2"):
         cg.check_matmul(_launcher(OK, False, launches=2), dtypes=FP)
 
 

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from .. import check, env
-from ..profile import count_launches
 
 # (atol per sqrt(K), rtol): a K-long sum of products of N(0, 1) numbers is about sqrt(K) in size; the
 # output is rounded to its dtype once. On a GPU a float32 tl.dot runs in tf32 (10-bit mantissa) unless
@@ -172,11 +171,11 @@ def _check(fn, name: str, with_bias: bool, dtypes, hint: str) -> None:
     a, b = _operands(33, 40, 48, dtype, False)
     args = (a, b) if not with_bias else (a, b, check.randn((40,), dtype))
     with np.errstate(over="ignore"):
-        counts = count_launches(fn, *args)
-    launches = sum(counts.triton.values())
-    check.require(launches == 1, f"{name}: expected exactly one Triton kernel launch, counted {counts}. "
-                                 "The matmul and its epilogue run in one kernel: no second kernel, "
-                                 "no loop of launches.")
+        try:
+            check.check_kernel_launches(name, fn, *args, expected=1)
+        except check.CheckFailure as e:
+            raise check.CheckFailure(f"{e} The matmul and its epilogue run in one kernel of yours: no second "
+                                     "kernel, no loop of launches.") from None
     extra = ", bias + tanh GELU in the epilogue" if with_bias else ""
     check.verdict(name, f"matches the float64 reference on tile-multiple, ragged, odd and transposed shapes{extra}, "
                         "every dtype tried, one Triton launch")

@@ -154,7 +154,7 @@ def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:
     x64, mean64, rstd64 = _stats64(x)
     y64 = (x64 - mean64[:, None]) * rstd64[:, None] * w.cpu().double() + b.cpu().double()
     check.compare(name, y, y64, dtype=x.dtype, atol=_y_atol(x.dtype, n_cols, mean64, rstd64, w), hint=FWD_HINT)
-    check.check_launches(name, fn, x, w, b, EPS, expected=1)
+    check.check_kernel_launches(name, fn, x, w, b, EPS, expected=1)
     check.verdict(name, "matches float64 LayerNorm in one kernel launch")
 
 
