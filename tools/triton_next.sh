@@ -46,8 +46,9 @@ case "$TRITON_AT" in
 esac
 echo "triton-next: torch $TORCH_V | triton $TRITON_V (pinned: $("$BASE_PY" -c 'import triton; print(triton.__version__)')); installed in $((t1 - t0)) s"
 export TRITON_INTERPRET=1 COURSE_MODE=interpreter
-"$PY" -m pytest -q -n "$WORKERS" --dist loadfile $TESTS -m "$TESTS_MARK" -p no:cacheprovider
-# (a failing unit test stops here: set -e)
+tests_rc=0
+"$PY" -m pytest -q -n "$WORKERS" --dist loadfile $TESTS -m "$TESTS_MARK" -p no:cacheprovider || tests_rc=1
+# (the compile matrix runs even when a unit test failed: one run reports everything that broke)
 t2=$(date +%s)
 # The compile matrix (sm_75, sm_80, sm_90), in two processes when there are two workers: sm_90 (the
 # slowest: TMA descriptors, wgmma) beside sm_75 then sm_80. Only the problems and the summaries print.
@@ -64,8 +65,10 @@ else
 fi
 grep -h -E "^(FAIL|compile matrix:)|Error" "$LOGS"/*.log || true
 t3=$(date +%s)
-if [ "$rc" -ne 0 ]; then
-  echo "triton-next: the compile matrix FAILED under triton $TRITON_V (full logs: $LOGS)" >&2
+if [ "$rc" -ne 0 ] || [ "$tests_rc" -ne 0 ]; then
+  [ "$tests_rc" -ne 0 ] && echo "triton-next: unit tests FAILED under triton $TRITON_V (above)" >&2
+  [ "$rc" -ne 0 ] && echo "triton-next: the compile matrix FAILED under triton $TRITON_V (full logs: $LOGS)" >&2
+  echo "triton-next: install $((t1 - t0)) s, unit tests $((t2 - t1)) s, compile matrix $((t3 - t2)) s" >&2
   exit 1
 fi
 echo "triton-next: triton $TRITON_V passed: install $((t1 - t0)) s, unit tests $((t2 - t1)) s, compile matrix $((t3 - t2)) s"
