@@ -212,14 +212,14 @@ def check_kernel_launches(what: str, fn: Callable, *args, expected: int = 1, **k
         with triton_launch_hook(record, _NoTorch()):
             fn(*args, **kwargs)
     counts = count_launches(run)
+    theirs = [n for n, m in launched if not m.startswith("course_utils")]
+    course = [n for n, m in launched if m.startswith("course_utils")]
+    if course:  # named first: the course's launcher may also run a torch op of its own (a zero_ on a GPU)
+        raise CheckFailure(f"{what}: it launched the course's own kernel ({', '.join(course)}): launch yours.")
     if counts.torch:
         ops = ", ".join(f"aten.{k}" for k in counts.torch)
         raise CheckFailure(f"{what}: the work ran in torch ({ops}), not in a Triton kernel of yours: write it as "
                            f"a @triton.jit kernel launched with kernel[grid](...), no torch ops on the data.")
-    theirs = [n for n, m in launched if not m.startswith("course_utils")]
-    course = [n for n, m in launched if m.startswith("course_utils")]
-    if course:
-        raise CheckFailure(f"{what}: it launched the course's own kernel ({', '.join(course)}): launch yours.")
     if len(theirs) != expected:
         raise CheckFailure(f"{what}: expected {expected} launch(es) of your Triton kernel, counted {len(theirs)}"
                            + (f" ({', '.join(theirs)})" if theirs else "") + ".")

@@ -217,3 +217,11 @@ def test_a_notebook_writing_the_course_files_changes_only_its_private_copy(tmp_p
     assert target.read_bytes() == before, "the grader let a notebook change the course's own files"
     assert not r.integrity.passed
     assert "wrote into the course's files (course_utils/checkers/__init__.py)" in r.integrity.reason, r.integrity.reason
+
+
+def test_private_caches_are_not_constants_but_public_tables_are():
+    """Launchers fill private dicts on a GPU (hardware._DEVICE_INFO, tuned._BEST) during a check: not
+    tampering. A public table such as check.TOLERANCES is still watched."""
+    from course_utils.grade import guard
+    assert not guard._watched("_DEVICE_INFO", {}) and not guard._watched("_BEST", {0: 1})
+    assert guard._watched("TOLERANCES", {}) and guard._watched("GUARD", 8192)

@@ -155,6 +155,18 @@ def _dropout_case(fn, case, x, b, p, seed, with_out):
     return got
 
 
+def _raise_if_periodic(case, zero, decisive, shape, p, seed) -> None:
+    """Name a mask that is the reference's first tile over and over (tl.rand(seed, tl.arange(...)))."""
+    keep = ew.dropout_keep_mask(shape, p, seed).cpu().flatten()
+    kept, d = (~zero).flatten(), decisive.flatten()
+    idx = torch.arange(keep.numel())
+    for period in (2 ** k for k in range(4, 17)):
+        if period < keep.numel() and bool(((kept == keep[idx % period]) | ~d).all()):
+            raise CheckFailure(f"{case}: your mask repeats every {period} elements: every tile draws the same "
+                               "random numbers. Pass the element's global offsets (pid * BLOCK_SIZE + "
+                               "tl.arange(0, BLOCK_SIZE)) to tl.rand, not tl.arange alone.")
+
+
 def _same_mask_as_reference(case, zero, decisive, shape, p, seed) -> None:
     """The elements kept must be those of ``tl.rand(seed, offsets) >= p`` over the flat offsets."""
     keep = ew.dropout_keep_mask(shape, p, seed).cpu().flatten()
@@ -164,13 +176,7 @@ def _same_mask_as_reference(case, zero, decisive, shape, p, seed) -> None:
     if not wrong.any():
         return
     i = int(wrong.nonzero()[0])
-    n = keep.numel()
-    idx = torch.arange(n)
-    for period in (2 ** k for k in range(4, 17)):
-        if period < n and bool(((kept == keep[idx % period]) | ~d).all()):
-            raise CheckFailure(f"{case}: your mask repeats every {period} elements: every tile draws the same "
-                               "random numbers. Pass the element's global offsets (pid * BLOCK_SIZE + "
-                               "tl.arange(0, BLOCK_SIZE)) to tl.rand, not tl.arange alone.")
+    _raise_if_periodic(case, zero, decisive, shape, p, seed)
     raise CheckFailure(f"{case}: element {i} was {'kept' if kept[i] else 'dropped'}, but tl.rand(seed, offsets) "
                        f">= p {'drops' if kept[i] else 'keeps'} it ({int(wrong.sum())} element(s) differ): draw "
                        "tl.rand(seed, offsets) with the flat element offsets and keep where it is >= p.")
@@ -228,6 +234,7 @@ def check_bias_gelu_dropout(fn: Callable) -> None:
             rate = float(kept.double().mean())
             sigma = math.sqrt(p * (1 - p) / n)
             if abs(rate - (1 - p)) > 6 * sigma + 1e-3:
+                _raise_if_periodic(case, zero, decisive, shape, p, seed)  # one tile's rate, repeated
                 raise CheckFailure(f"{case}: kept {rate:.3f} of the elements, expected {1 - p:.3f}. "
                                    "Keep an element when its random number is >= p (tl.rand is uniform "
                                    "in [0, 1)).")

@@ -52,6 +52,8 @@ def _same(a: tuple, b: tuple) -> bool:
 def _watched(name: str, value) -> bool:
     if callable(value) or isinstance(value, type(sys)):
         return True
+    if isinstance(value, dict) and name.startswith("_"):
+        return False  # a private dict is a cache the launchers fill on a GPU (_BEST, _DEVICE_INFO): not a constant
     return name.isupper() and "CACHE" not in name and isinstance(value, (int, float, str, tuple, dict, frozenset))
 
 
