@@ -67,7 +67,7 @@ INTERNALS = {i.name: i for i in (
              "aot (compiling for sm_75/80/90 on a machine without a GPU)"),
     Internal("InterpreterBuilder.create_masked_load", WRITTEN_FOR,
              "under the interpreter every tl.load calls triton.runtime.interpreter.InterpreterBuilder."
-             "create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile); "
+             "create_masked_load(self, ptrs, mask, ...) (the rest passed through: Triton 3.9 renamed them); "
              "ptrs.data and mask.data are NumPy arrays, ptrs.get_element_ty().primitive_bitwidth the element bits",
              "interpreter_load_hook (checkers: loads outside the inputs, passes over a row)"),
     Internal("interpreter._patch_lang_tensor", WRITTEN_FOR,
@@ -145,8 +145,8 @@ def _check(name: str) -> str:
             from triton.runtime.interpreter import InterpreterBuilder
             got = _params(getattr(InterpreterBuilder.create_masked_load, "_course_original",
                                   InterpreterBuilder.create_masked_load))
-            want = ["self", "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile"]
-            return "" if got == want else f"its parameters are now {got}, expected {want}"
+            want = ["self", "ptrs", "mask"]  # the hook passes everything after these through (3.9 renamed some)
+            return "" if got[:3] == want else f"its parameters are now {got}, expected {want} first"
         if name == "interpreter._patch_lang_tensor":
             from triton.runtime import interpreter
             original = getattr(interpreter, "_patch_lang_tensor", None)
@@ -279,9 +279,9 @@ def interpreter_load_hook(on_load: Callable[[object, object], None]) -> Iterator
         return
     original = InterpreterBuilder.create_masked_load
 
-    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
         on_load(ptrs, mask)
-        return original(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+        return original(self, ptrs, mask, *args, **kwargs)
 
     create_masked_load._course_original = original
     InterpreterBuilder.create_masked_load = create_masked_load

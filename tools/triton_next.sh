@@ -16,7 +16,7 @@ TRITON_NEXT=${TRITON_NEXT:-triton}
 WORKERS=${WORKERS:-2}
 TESTS_MARK=${TESTS_MARK:-not slow and not browser and not gpu}
 TESTS=${TESTS:-tests}          # a narrower selection for a quick check of this script
-AOT_ARGS=${AOT_ARGS:-}         # e.g. "--module elementwise"
+AOT_ARGS=${AOT_ARGS:---quick}  # one compilation per kernel and tile choice (dtypes folded); "" for all of them
 # Targets compiled under the newest Triton: sm_75 (T4, Colab; the oldest the course supports) and sm_90
 # (H100: TMA descriptors, wgmma). sm_80 lies between them and is compiled under the pinned Triton by
 # make test; NEXT_ARCHS="75 80 90" adds it here (about 3.5 more minutes of CPU).

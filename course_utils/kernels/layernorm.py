@@ -99,8 +99,7 @@ def norm_dw_db_kernel(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, r
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid_m * rows_per_program
     end = tl.minimum(first + rows_per_program, n_rows)
-    start = first
-    while start < end:  # while, not range: the interpreter (numpy >= 2.4) rejects range(tensor)
+    for start in tl.range(first, end, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]
@@ -114,7 +113,6 @@ def norm_dw_db_kernel(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, r
             x_hat = (x - tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]) * rstd[:, None]
         dw += tl.sum(dy * x_hat, axis=0)  # axis 0: over the rows, one sum per column
         db += tl.sum(dy, axis=0)
-        start += BLOCK_M
     out = pid_m.to(tl.int64) * n_cols + cols
     tl.store(dw_partial_ptr + out, dw, mask=col_mask)
     if not RMS:
@@ -127,13 +125,11 @@ def column_sum_kernel(out_ptr, partial_ptr, n_partials, n_cols, BLOCK_M: tl.cons
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    start = 0
-    while start < n_partials:
+    for start in tl.range(0, n_partials, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         mask = (rows < n_partials)[:, None] & col_mask[None, :]
         tile = tl.load(partial_ptr + rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
         acc += tl.sum(tile, axis=0)
-        start += BLOCK_M
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 

@@ -53,8 +53,7 @@ def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid * rows_per_program
     end = tl.minimum(first + rows_per_program, n_rows)
-    start = first
-    while start < end:
+    for start in tl.range(first, end, ROWS):
         rows = start + tl.arange(0, ROWS)
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]
@@ -75,7 +74,6 @@ def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db
         tl.store(dx_ptr + rows64 * dx_row_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += tl.sum(dy * x_hat, axis=0)
         db += tl.sum(dy, axis=0)
-        start += ROWS
     if ATOMIC:
         tl.atomic_add(dw_ptr + cols, dw, mask=col_mask)
         if not RMS:
@@ -101,15 +99,14 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
     part = pid.to(tl.int64) * n_cols
     first = pid * rows_per_program
     end = tl.minimum(first + rows_per_program, n_rows)
-    row = first
-    while row < end:
-        r64 = row.to(tl.int64)
+    # num_stages=1: row r + 1 reads the partial sums row r wrote, so its loads must not be issued early
+    for row in tl.range(first, end, num_stages=1):
+        r64 = first.to(tl.int64) + (row - first)  # int64 (the interpreter's loop index is a Python int)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
         acc1 = tl.zeros((CHUNK,), dtype=tl.float32)
         acc2 = tl.zeros((CHUNK,), dtype=tl.float32)
-        start = 0
-        while start < n_cols:  # pass 1: c1 = mean(g * x_hat), c2 = mean(g)
+        for start in tl.range(0, n_cols, CHUNK):  # pass 1: c1 = mean(g * x_hat), c2 = mean(g)
             cols = start + offsets
             mask = cols < n_cols
             x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -117,12 +114,12 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
                 tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             acc1 += g * (x - mean) * rstd
             acc2 += g
-            start += CHUNK
         c1 = tl.sum(acc1, axis=0) / n_cols
         c2 = 0.0 if RMS else tl.sum(acc2, axis=0) / n_cols
-        keep = row > first  # the first row writes the partial row, the next ones add to it
-        start = 0
-        while start < n_cols:  # pass 2: dx, and the partial sums of dw and db
+        # the first row writes the partial row, the next ones add to it (a block, not a scalar: Triton 3.9's
+        # interpreter refuses a scalar mask)
+        keep = (offsets * 0 + row) > first
+        for start in tl.range(0, n_cols, CHUNK):  # pass 2: dx, and the partial sums of dw and db
             cols = start + offsets
             mask = cols < n_cols
             x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -136,15 +133,11 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
             if not RMS:
                 db = tl.load(db_ptr + part + cols, mask=mask & keep, other=0.0) + dy
                 tl.store(db_ptr + part + cols, db, mask=mask)
-            start += CHUNK
         tl.debug_barrier()  # this row's partial sums are stored before any thread reads them again
-        row += 1
     if ATOMIC:
-        start = 0
-        while start < n_cols:
+        for start in tl.range(0, n_cols, CHUNK):
             cols = start + offsets
             mask = (cols < n_cols) & (first < end)
             tl.atomic_add(dw_out_ptr + cols, tl.load(dw_ptr + part + cols, mask=mask, other=0.0), mask=mask)
             if not RMS:
                 tl.atomic_add(db_out_ptr + cols, tl.load(db_ptr + part + cols, mask=mask, other=0.0), mask=mask)
-            start += CHUNK

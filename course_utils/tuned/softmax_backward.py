@@ -36,22 +36,18 @@ def _softmax_bwd_looped_kernel(dx_ptr, y_ptr, dy_ptr, n_cols, y_row_stride, dy_r
     y_row, dy_row, dx_row = y_ptr + pid * y_row_stride, dy_ptr + pid * dy_row_stride, dx_ptr + pid * dx_row_stride
     offsets = tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    start = 0
-    while start < n_cols:  # pass 1: sum(y * dy)
+    for start in tl.range(0, n_cols, BLOCK_N):  # pass 1: sum(y * dy)
         cols = start + offsets
         mask = cols < n_cols
         acc += tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32) * \
             tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-        start += BLOCK_N
     dot = tl.sum(acc, axis=0)
-    start = 0
-    while start < n_cols:  # pass 2: dx = y * (dy - dot)
+    for start in tl.range(0, n_cols, BLOCK_N):  # pass 2: dx = y * (dy - dot)
         cols = start + offsets
         mask = cols < n_cols
         y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
-        start += BLOCK_N
 
 
 # Chosen on an H100 (results/h100-80gb-hbm3/layernorm_tune.csv, op softmax_bwd, 256 MiB inputs): every
