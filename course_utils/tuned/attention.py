@@ -21,6 +21,8 @@ import triton.language as tl
 
 from .. import env, hardware
 from ..kernels.attention import DTYPES, LOG2E, MAX_HEAD_DIM, block_d, head_offset, prepare, tile_offsets
+from . import choice
+from .choice import CHOICE_ROUNDS  # noqa: F401  (course_utils.kernels.attention forwards it)
 
 
 @triton.jit
@@ -222,7 +224,6 @@ def attention_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dty
 
 
 # Launcher
-CHOICE_ROUNDS = 3  # the fastest of three timings per candidate: close configs are a few % apart
 last_config: TileConfig | None = None  # what the last flash_attention call ran (benchmarks record it)
 _BEST: dict = {}  # (device, shape class, dtype, causal) -> TileConfig, filled by timing on the GPU
 
@@ -279,28 +280,8 @@ def _launch_tuned(cfg: TileConfig, q, k, v, o, lse, scale, causal):
 
 
 def choose(cands, key, launch):
-    """Time each candidate ``launch(cfg)`` once per ``key`` in interleaved rounds; keep the fastest."""
-    if len(cands) == 1 or not env.on_gpu():
-        return cands[0]
-    if key not in _BEST:
-        from triton.testing import do_bench
-        times: dict = {}
-        for _ in range(CHOICE_ROUNDS):  # interleaved rounds: a clock or thermal drift hits every candidate
-            for c in cands:
-                if times.get(c, 0.0) is None:
-                    continue
-                try:
-                    t = do_bench(lambda c=c: launch(c), warmup=5, rep=20, return_mode="median")
-                except Exception as e:  # a config the compiler cannot fit (shared memory, registers)
-                    if "OutOfResources" not in type(e).__name__ and "out of resource" not in str(e).lower():
-                        raise
-                    t = None
-                times[c] = None if t is None else min(t, times.get(c) or t)
-        times = {c: t for c, t in times.items() if t is not None}
-        if not times:
-            raise RuntimeError(f"no tile configuration of {cands} compiled on this GPU")
-        _BEST[key] = min(times, key=times.get)
-    return _BEST[key]
+    """The fastest candidate ``launch(cfg)`` for ``key`` (timed once, on a GPU only: :mod:`.choice`)."""
+    return choice.fastest(cands, key, launch, _BEST)
 
 
 def flash_attention(q, k, v, causal=False, sm_scale=None, return_lse=False, config: TileConfig | None = None):

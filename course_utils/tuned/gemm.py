@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .. import env, hardware
 from ..kernels.gemm import check_operands, dot_precision, epilogue, grouped_tile, linear_gelu_ref, matmul_kernel
+from . import choice
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -176,7 +177,6 @@ def _launch(cfg: TileConfig, x, w, c, bias, M, N, K, p, seed, gelu):
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-CHOICE_ROUNDS = 3
 last_config: TileConfig | None = None   # what the last call ran (benchmarks record it)
 _BEST: dict = {}
 
@@ -187,28 +187,15 @@ def _choose(cands, x, w, c, bias, M, N, K, p, seed, gelu) -> TileConfig:
         return cands[0]
     key = (torch.cuda.current_device(), M, N, K, x.dtype, x.stride(), w.stride(), bias is not None,
            bool(gelu), p > 0)
-    if key not in _BEST:
-        from triton.testing import do_bench, do_bench_cudagraph
-        # a decode-sized product takes tens of microseconds: time CUDA graphs, not the host's launches
-        timer = (lambda f: do_bench_cudagraph(f, rep=10)) if M <= 64 else (lambda f: do_bench(f, warmup=3, rep=15))
-        times: dict = {}
-        for _ in range(CHOICE_ROUNDS):
-            for cfg in cands:
-                if cfg in times and times[cfg] is None:
-                    continue
-                try:
-                    t = timer(lambda cfg=cfg: _launch(cfg, x, w, c, bias, M, N, K, p, seed, gelu))
-                except Exception as e:  # a config the compiler cannot fit (shared memory, registers)
-                    if "OutOfResources" not in type(e).__name__ and "out of resource" not in str(e).lower():
-                        raise
-                    times[cfg] = None
-                    continue
-                times[cfg] = min(t, times.get(cfg) or t)
-        times = {k: t for k, t in times.items() if t is not None}
-        if not times:
-            raise RuntimeError(f"no tile configuration of {cands} compiled on this GPU")
-        _BEST[key] = min(times, key=times.get)
-    return _BEST[key]
+    # a decode-sized product takes tens of microseconds: time CUDA graphs, not the host's launches
+    timer = _graph_median if M <= 64 else (lambda f: choice.do_bench_median(f, warmup=3, rep=15))
+    return choice.fastest(cands, key, lambda cfg: _launch(cfg, x, w, c, bias, M, N, K, p, seed, gelu), _BEST,
+                          timer=timer)
+
+
+def _graph_median(fn) -> float:
+    from triton.testing import do_bench_cudagraph
+    return do_bench_cudagraph(fn, rep=10, return_mode="median")
 
 
 def linear_gelu(x, w, b=None, *, gelu: bool = True, p: float = 0.0, seed: int = 0, config: TileConfig | None = None):

@@ -19,6 +19,7 @@ import triton
 
 from .. import env, hardware
 from ..kernels.layernorm import as_rows, column_sum
+from . import choice
 from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_fwd_kernel
 
 # --------------------------------------------------------------------------- plans
@@ -38,7 +39,6 @@ ELEMENTS_PER_THREAD = 16      # elsewhere: num_warps = tile / (32 x this), betwe
 BWD_PROGRAMS_PER_SM = 2       # backward grid: SMs x this programs, each summing a contiguous run of rows
 CHUNKED_FROM = 8192           # BLOCK_N from which the chunked backward is a candidate (the only one above)
 CHUNKED = ((2048, 4, 1), (4096, 8, 1), (2048, 4, 2), (4096, 8, 2))  # (CHUNK, num_warps, programs per SM)
-CHOICE_ROUNDS = 3
 _BEST: dict = {}
 
 
@@ -152,29 +152,9 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
 
 
 def _choose(cands: list[Plan], key, launch) -> Plan:
-    """Time each candidate once per ``key`` (GPU only) in interleaved rounds; keep the fastest."""
-    if len(cands) == 1 or not env.on_gpu():
-        return cands[0]
-    if key not in _BEST:
-        from triton.testing import do_bench
-        times: dict = {}
-        for _ in range(CHOICE_ROUNDS):  # a clock drift during the choice reaches every candidate
-            for c in cands:
-                if c in times and times[c] is None:
-                    continue
-                try:
-                    t = do_bench(lambda c=c: launch(c), warmup=3, rep=10, return_mode="median")
-                except Exception as e:  # a candidate this GPU cannot compile (registers, shared memory)
-                    if "resource" not in f"{type(e).__name__} {e}".lower():
-                        raise
-                    times[c] = None
-                    continue
-                times[c] = min(t, times.get(c) or t)
-        times = {c: t for c, t in times.items() if t is not None}
-        if not times:
-            raise RuntimeError(f"no backward plan of {cands} compiled on this GPU")
-        _BEST[key] = min(times, key=times.get)
-    return _BEST[key]
+    """The fastest candidate plan for ``key`` (timed once, on a GPU only: :mod:`.choice`)."""
+    return choice.fastest(cands, key, launch, _BEST,
+                          timer=lambda f: choice.do_bench_median(f, warmup=3, rep=10))
 
 
 def _backward(dy, x, weight, mean, rstd, rms: bool, atomic: bool, what: str, plan: Plan | None = None):
