@@ -62,7 +62,8 @@ compile-matrix: $(SETUP)
 	$(PY) -m course_utils.aot
 
 grade: $(SETUP)
-	$(PY) -m course_utils.grade $(NB) $(if $(JUNIT),--junit $(JUNIT))
+	$(PY) -m course_utils.grade $(if $(CLASS),--class $(CLASS),$(NB)) $(if $(JUNIT),--junit $(JUNIT)) \
+	  $(if $(CSV),--csv $(CSV)) $(if $(JOBS),--jobs $(JOBS))
 
 exercises: $(SETUP)
 	$(PY) -m course_utils.exercises write
