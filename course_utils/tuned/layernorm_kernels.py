@@ -137,7 +137,7 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
     if ATOMIC:
         for start in tl.range(0, n_cols, CHUNK):
             cols = start + offsets
-            mask = (cols < n_cols) & (first < end)
+            mask = (cols < n_cols) & ((offsets * 0 + first) < end)  # a block, not a scalar (Triton 3.9)
             tl.atomic_add(dw_out_ptr + cols, tl.load(dw_ptr + part + cols, mask=mask, other=0.0), mask=mask)
             if not RMS:
                 tl.atomic_add(db_out_ptr + cols, tl.load(db_ptr + part + cols, mask=mask, other=0.0), mask=mask)
