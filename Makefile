@@ -35,7 +35,7 @@ lab: $(SETUP)
 	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/
 
 test: $(SETUP) lint check-exercises chromium
-	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks
+	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadgroup --nbval-lax --nbval-current-env tests notebooks
 	$(MAKE) --no-print-directory test-triton-next
 
 # The CPU unit tests (not slow) and the compile matrix under the NEWEST Triton release, in a second
@@ -47,7 +47,7 @@ test-unit: $(SETUP)
 	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile tests -m "not slow and not browser"
 
 test-gpu: $(SETUP)
-	$(GPU_ENV) $(PY) -m pytest -n $(GPU_WORKERS) --dist loadfile --nbval-lax --nbval-current-env tests notebooks -m "not browser" $(PYTEST_ARGS)
+	$(GPU_ENV) $(PY) -m pytest -n $(GPU_WORKERS) --dist loadgroup --nbval-lax --nbval-current-env tests notebooks -m "not browser" $(PYTEST_ARGS)
 
 test-browser: $(SETUP) chromium
 	$(CPU_ENV) COURSE_BROWSER_NB=$(BROWSER_NB) $(PY) -m pytest tests/test_browser.py -m browser -p no:xdist -s

@@ -30,6 +30,7 @@ import course_utils as cu
 from course_utils import bench
 
 TIME_BUDGET_S = 600      # what `make bench` promises on an H100
+QUICK_FOLDER = "quick"   # results/<gpu>/quick/: --quick runs, never read as the recorded results
 SKIP = {"run", "__init__"}
 METRIC_COLUMNS = {"ms", "p20_ms", "p80_ms", "ms_p20", "ms_p80", "p20", "p80", "reps", "gbps", "tflops", "us",
                   "bytes", "flops", "pct_of_copy", "pct_of_matmul", "cuda_graph", "error", "note"}
@@ -130,7 +131,7 @@ def run_topic(name: str, module, *, quick: bool, ceilings: bench.Ceilings, out_r
         df = bench.with_ceilings(df, ceilings)
         res.rows = len(df)
         res.csv = bench.save(df, name, gpu=slug, root=out_root)
-        saved = bench.recorded(name, gpu=slug) if out_root == bench.RESULTS else pd.read_csv(res.csv)
+        saved = pd.read_csv(res.csv)  # what was written, read back as the notebooks will read it
     except Exception as e:
         res.status, res.message = "error", f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -197,6 +198,8 @@ def run(topics, *, quick: bool = False, ceilings: bench.Ceilings, out_root: Path
     import pandas as pd
 
     slug = slug or bench.gpu_slug()
+    if quick:  # a quick run never overwrites what a full run recorded: it writes beside it
+        slug = f"{slug}/{QUICK_FOLDER}"
     out_dir = out_root / slug
     out_dir.mkdir(parents=True, exist_ok=True)
     bench.save(pd.DataFrame([ceilings.row()]), "ceilings", gpu=slug, root=out_root)
@@ -246,13 +249,29 @@ def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir:
         title = (f"Speed targets on {ceilings.gpu}, judged on {v['date']} from the recorded results "
                  "(each topic's CSV names its own run)")
     else:
-        title = (f"Speed targets on {ceilings.gpu} (torch {v['torch']}, triton {v['triton']}, {v['date']}"
-                 f"{', --quick' if quick else ''})")
+        title = (f"Speed targets on {ceilings.gpu} (torch {v['torch']}, triton {v['triton']}, {v['date']}, "
+                 f"commit {commit()}{', --quick' if quick else ''})")
     text = to_markdown(summary, title)
     text += (f"\nCeilings: copy {ceilings.copy_gbps:.0f} GB/s, {ceilings.matmul_dtype} matmul "
              f"{ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note}).\n\n")
     text += to_markdown(runs, f"Topics run ({sum(r.seconds for r in results):.0f} s)").replace("# Topics", "## Topics")
     (out_dir / f"{stem}.md").write_text(text)
+
+
+def commit() -> str:
+    """The commit the benchmarked code comes from: ``COURSE_COMMIT`` when set (a copy of the tree
+    without ``.git``, as on a lent GPU machine), else ``git describe``; ``-dirty`` when files differ."""
+    import os
+    import subprocess
+
+    if os.environ.get("COURSE_COMMIT"):
+        return os.environ["COURSE_COMMIT"]
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True,
+                             text=True, timeout=10, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def judge_recorded(topics, *, slug: str, out_root: Path = bench.RESULTS, plots: bool = False) -> list[TopicResult]:

@@ -118,8 +118,24 @@ def test_full_run_continues_after_failures_and_writes_everything(pkg, tmp_path, 
 def test_quick_and_only(pkg, tmp_path):
     assert _main(pkg, tmp_path, "--only", "good", "--quick") == 0
     d = tmp_path / "results" / "fake-gpu"
-    assert len(pd.read_csv(d / "good.csv")) == 4
-    assert not (d / "broken.csv").exists()
+    assert len(pd.read_csv(d / "quick" / "good.csv")) == 4
+    assert not (d / "good.csv").exists() and not (d / "broken.csv").exists()
+    assert "--quick" in (d / "quick" / "targets.md").read_text()
+
+
+def test_quick_never_overwrites_a_full_run(pkg, tmp_path):
+    _main(pkg, tmp_path, "--only", "good")
+    d = tmp_path / "results" / "fake-gpu"
+    full = {f.name: f.read_bytes() for f in d.glob("*.*")}
+    _main(pkg, tmp_path, "--only", "good", "--quick")
+    assert {f.name: f.read_bytes() for f in d.glob("*.*")} == full
+    assert len(pd.read_csv(d / "good.csv")) == 6 and len(pd.read_csv(d / "quick" / "good.csv")) == 4
+
+
+def test_summary_names_the_commit(pkg, tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_COMMIT", "abc123def456")
+    _main(pkg, tmp_path, "--only", "good")
+    assert "commit abc123def456" in (tmp_path / "results" / "fake-gpu" / "targets.md").read_text()
 
 
 def test_only_keeps_other_topics_in_the_summary(pkg, tmp_path):

@@ -70,7 +70,11 @@ def test_interpreter_patch_is_idempotent():
     assert not getattr(getattr(patched, "_course_original", None), "_course_patched", False)
 
 
-INTERPRETER = pytest.mark.skipif(not ti.is_interpreted(__import__("triton").jit(lambda: None)),
+def _noop():  # a named function: the JIT reads its source (a lambda's fails to compile on a GPU)
+    pass
+
+
+INTERPRETER = pytest.mark.skipif(not ti.is_interpreted(__import__("triton").jit(_noop)),
                                  reason="for the interpreter (TRITON_INTERPRET=1)")
 
 
