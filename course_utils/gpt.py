@@ -1,4 +1,4 @@
-"""A GPT-2-style decoder that trains on the course's kernels (chapter 11).
+"""A GPT-2-style decoder that trains on the course's kernels (chapters 11 and 12).
 
 One module, two sets of ops (:mod:`course_utils.autograd.registry`): the same parameters and the
 same batches run through eager PyTorch (SDPA for attention) or through the course's Triton kernels.
@@ -52,18 +52,47 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
-    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        B, N, d = x.shape
-        h = ops.layer_norm(x, self.ln1.weight, self.ln1.bias, self.cfg.eps)
-        q, k, v = self.qkv(h).view(B, N, 3, self.cfg.n_head, self.cfg.head_dim).permute(2, 0, 3, 1, 4)
-        a = ops.attention(q.contiguous(), k.contiguous(), v.contiguous())          # (B, H, N, hd)
-        x = x + self.proj(a.transpose(1, 2).reshape(B, N, d))
-        h = ops.layer_norm(x, self.ln2.weight, self.ln2.bias, self.cfg.eps)
-        return x + self.out(ops.linear_gelu(h, self.fc.weight, self.fc.bias))
+    def attend(self, h: torch.Tensor, ops: Ops, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        """proj(attention(q, k, v)) with q, k, v read from the packed projection as strided views."""
+        B, N, d = h.shape
+        qkv = self.qkv(h).view(B, N, 3, self.cfg.n_head, self.cfg.head_dim)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))       # (B, H, N, hd) views: no copies
+        if cache is not None:
+            k, v = cache.append(layer, k, v)                              # every key so far
+        o = ops.attention(q, k, v, True)                                  # causal, aligned bottom-right
+        return self.proj(o.transpose(1, 2).reshape(B, N, d))
+
+    def mlp(self, h: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.out(ops.linear_gelu(h, self.fc.weight, self.fc.bias))
+
+
+class KVCache:
+    """The keys and values of every layer for the tokens decoded so far (batch, heads, seq_len, hd)."""
+
+    def __init__(self, cfg: GPTConfig, batch: int):
+        self.cfg, self.batch, self.length = cfg, batch, 0
+        self.k: list = [None] * cfg.n_layer
+        self.v: list = [None] * cfg.n_layer
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        n = k.shape[2]
+        if self.length + n > self.cfg.seq_len:
+            raise ValueError(f"the cache holds {self.cfg.seq_len} tokens; {self.length} + {n} do not fit")
+        if self.k[layer] is None:
+            shape = (self.batch, self.cfg.n_head, self.cfg.seq_len, self.cfg.head_dim)
+            self.k[layer], self.v[layer] = k.new_empty(shape), v.new_empty(shape)
+        end = self.length + n
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
 class GPT(nn.Module):
-    """Token and position embeddings, ``n_layer`` pre-norm blocks, a final LayerNorm, tied output head."""
+    """Token and position embeddings, ``n_layer`` pre-norm blocks, a final LayerNorm, tied output head.
+
+    Each residual add is fused into the LayerNorm that follows it (``ops.add_layer_norm``): the block
+    computes ``x = x + branch`` and ``h = LayerNorm(x)`` in one call, and the loss is one op.
+    """
 
     def __init__(self, cfg: GPTConfig, seed: int = 0):
         super().__init__()
@@ -86,18 +115,25 @@ class GPT(nn.Module):
         self.ops = make_ops(ops) if isinstance(ops, str) else ops
         return self
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         B, N = idx.shape
-        if N > self.cfg.seq_len:
-            raise ValueError(f"sequence of {N} tokens is longer than the model's seq_len={self.cfg.seq_len}")
-        x = self.wte(idx) + self.wpe(torch.arange(N, device=idx.device))
-        for block in self.blocks:
-            x = block(x, self.ops)
-        x = self.ops.layer_norm(x, self.ln_f.weight, self.ln_f.bias, self.cfg.eps)
-        logits = F.linear(x, self.wte.weight)
+        start = cache.length if cache is not None else 0
+        if start + N > self.cfg.seq_len:
+            raise ValueError(f"sequence of {start + N} tokens is longer than the model's seq_len={self.cfg.seq_len}")
+        ops, eps = self.ops, self.cfg.eps
+        x = self.wte(idx) + self.wpe(torch.arange(start, start + N, device=idx.device))
+        first = self.blocks[0].ln1
+        h = ops.layer_norm(x, first.weight, first.bias, eps)
+        for i, block in enumerate(self.blocks):
+            h, x = ops.add_layer_norm(block.attend(h, ops, cache, i), x, block.ln2.weight, block.ln2.bias, eps)
+            nxt = self.blocks[i + 1].ln1 if i + 1 < len(self.blocks) else self.ln_f
+            h, x = ops.add_layer_norm(block.mlp(h, ops), x, nxt.weight, nxt.bias, eps)
+        if cache is not None:
+            cache.length += N
+        logits = F.linear(h, self.wte.weight)
         if targets is None:
             return logits
-        return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits, ops.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def twins(cfg: GPTConfig, device, seed: int = 0) -> tuple[GPT, GPT]:
@@ -105,6 +141,38 @@ def twins(cfg: GPTConfig, device, seed: int = 0) -> tuple[GPT, GPT]:
     base = GPT(cfg, seed).to(device)
     twin = copy.deepcopy(base)
     return base.use("torch"), twin.use("course")
+
+
+def model_flops(cfg: GPTConfig, batch: int) -> dict:
+    """FLOPs of one training step as PaLM's appendix B counts them (nanoGPT's and llm.c's MFU):
+    ``6 N`` per token for the weights (forward 2, backward 4; N without the position embeddings,
+    the tied head counted once) plus ``12 L d T`` per token for attention's two products."""
+    d, L, T = cfg.d_model, cfg.n_layer, cfg.seq_len
+    n = cfg.vocab * d + L * (12 * d * d + 13 * d) + 2 * d      # wte, blocks (4 linears, 2 LayerNorms), ln_f
+    tokens = batch * T
+    return {"params": n, "tokens": tokens, "flops": (6 * n + 12 * L * d * T) * tokens}
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt: str, new_tokens: int, *, temperature: float = 0.8, seed: int = 0) -> str:
+    """Sample ``new_tokens`` bytes after ``prompt``: the prompt in one forward pass, then one token at
+    a time, each a query row against every cached key (the bottom-right causal case)."""
+    device = next(model.parameters()).device
+    idx = tokens(prompt).view(1, -1).to(device)
+    if idx.shape[1] + new_tokens > model.cfg.seq_len:
+        raise ValueError(f"{idx.shape[1]} prompt + {new_tokens} new tokens exceed seq_len={model.cfg.seq_len}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    g = torch.Generator(device=device).manual_seed(seed)
+    cache, out = KVCache(model.cfg, 1), []
+    with _autocast(device):
+        logits = model(idx, cache=cache)[:, -1]
+        for i in range(new_tokens):
+            nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)
+            out.append(int(nxt))
+            if i + 1 < new_tokens:
+                logits = model(nxt, cache=cache)[:, -1]
+    return bytes(out).decode("utf-8", errors="replace")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,8 +229,12 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
 
 
 def optimizer(model: nn.Module, lr: float = 3e-4, capturable: bool = False) -> torch.optim.Optimizer:
-    """AdamW; ``capturable=True`` keeps its step counts on the GPU so that a CUDA graph can hold it."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, capturable=capturable)
+    """AdamW, fused into a few multi-tensor kernels on a GPU (``fused=True``: the ecosystem's own fused
+    optimizer, the same for both versions); ``capturable=True`` keeps its step counts on the GPU so that
+    a CUDA graph can hold it."""
+    fused = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, capturable=capturable,
+                             fused=fused or None)
 
 
 def graphed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, warmup: int = 3):
@@ -212,28 +284,3 @@ def train(model: nn.Module, data: torch.Tensor, *, steps: int, batch: int, seed:
     for x, y in tqdm(it, total=steps, disable=not progress, desc=f"training ({model.ops.name} ops)"):
         losses.append(float(step_fn(model, opt, x.to(device), y.to(device))))
     return losses
-
-
-def step_time_ms(model: nn.Module, data: torch.Tensor, *, batch: int, steps: int = 10, warmup: int = 3,
-                 step_fn=None) -> dict:
-    """Median time of one training step (CUDA events) and the peak memory allocated, on a GPU."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("step_time_ms needs a CUDA GPU: on the CPU, read the recorded results instead")
-    device = next(model.parameters()).device
-    opt = optimizer(model)
-    step_fn = step_fn or train_step
-    times = []
-    it = batches(data, batch, model.cfg.seq_len, warmup + steps, seed=123)
-    torch.cuda.reset_peak_memory_stats(device)
-    for i, (x, y) in enumerate(it):
-        x, y = x.to(device), y.to(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step_fn(model, opt, x, y)
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    times.sort()
-    return {"ms": times[len(times) // 2], "min_ms": times[0],
-            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}

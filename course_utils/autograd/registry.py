@@ -1,10 +1,12 @@
-"""The ops a transformer block needs, from torch or from the course's kernels (chapter 11).
+"""The ops a transformer block needs, from torch or from the course's kernels (chapters 11 and 12).
 
 A model takes an :class:`Ops` and calls only it, so that the same parameters and the same batches
-run through eager PyTorch (``torch_ops()``) or through the course's Triton kernels
-(``course_ops()``). Which implementation each course op has is said by :func:`course_table`; a
-course op that is not available is never replaced by torch silently: ``course_ops()`` raises and
-names it.
+run through eager PyTorch (``torch_ops()``) or through the course's kernels (``course_ops()``).
+The course's ops come from :mod:`course_utils.ops` (the ``torch.ops.course.*`` operators of chapter
+12: registered with ``torch.library``, so ``torch.compile`` traces them) when that module is there,
+else from chapter 11's autograd Functions, whose glue (the q/k/v copies, the residual add, the loss)
+is PyTorch's. :func:`course_table` says which implementation each op has; a course op that has none
+is never replaced by torch silently: ``course_ops()`` raises and names it.
 """
 
 from __future__ import annotations
@@ -18,39 +20,91 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Ops:
-    """``layer_norm(x, w, b, eps)``; ``linear_gelu(x, w, b)`` = gelu_tanh(x @ w.T + b) with ``w`` laid out
-    as ``nn.Linear``'s (out, in); ``attention(q, k, v)`` causal, (batch, heads, seq, head_dim)."""
+    """The ops of the model, each with one calling convention whatever implements it:
+
+    - ``layer_norm(x, w, b, eps)``;
+    - ``add_layer_norm(x, residual, w, b, eps) -> (y, s)`` with ``s = x + residual``, ``y = LayerNorm(s)``;
+    - ``linear_gelu(x, w, b)`` = gelu_tanh(x @ w.T + b), ``w`` laid out as ``nn.Linear``'s (out, in);
+    - ``attention(q, k, v, causal)``: (batch, heads, seq, head_dim), any strides with a unit last one;
+      with fewer queries than keys the causal mask is aligned bottom-right (the last query sees every
+      key: decoding with a KV cache); returns o whose ``.transpose(1, 2)`` is (batch, seq, heads, d);
+    - ``cross_entropy(logits, targets)``: the mean loss of (rows, vocab) logits, float32.
+    """
     name: str
     layer_norm: Callable
+    add_layer_norm: Callable
     linear_gelu: Callable
     attention: Callable
+    cross_entropy: Callable
+
+
+def _torch_add_layer_norm(x, residual, w, b, eps):
+    s = x + residual
+    return F.layer_norm(s, (s.shape[-1],), w, b, eps), s
+
+
+def _torch_attention(q, k, v, causal=True):
+    if causal and q.shape[-2] != k.shape[-2]:  # SDPA's is_causal is aligned top-left: say bottom-right
+        from torch.nn.attention.bias import causal_lower_right
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[-2], k.shape[-2]))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def torch_ops() -> Ops:
     return Ops(
         "torch",
         layer_norm=lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+        add_layer_norm=_torch_add_layer_norm,
         linear_gelu=lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
-        attention=lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        attention=_torch_attention,
+        cross_entropy=lambda logits, targets: F.cross_entropy(logits.float(), targets),
     )
 
 
-# Each course op: (module, attribute, what it is). The first one found wins.
+OPS_MODULE = "course_utils.ops"
+# Each course op: (module, attribute, what it is). The first one found wins: the torch.library operators
+# of chapter 12, else chapter 11's autograd Functions with PyTorch's glue around them.
 COURSE_CANDIDATES: dict[str, list[tuple[str, str, str]]] = {
-    "layer_norm": [("course_utils.tuned.layernorm", "layer_norm_autograd", "chapter 10's LayerNorm, fwd + bwd"),
-                   ("course_utils.kernels.layernorm", "layer_norm_autograd", "chapter 10's LayerNorm, fwd + bwd")],
-    "linear_gelu": [("course_utils.autograd.registry", "_matmul_then_bias_gelu",
+    "layer_norm": [(OPS_MODULE, "layer_norm", "torch.ops.course.layer_norm (chapter 10's kernels)"),
+                   ("course_utils.tuned.layernorm_autograd", "layer_norm_autograd",
+                    "chapter 10's LayerNorm, fwd + bwd (autograd Function)")],
+    "add_layer_norm": [(OPS_MODULE, "add_layer_norm", "torch.ops.course.add_layer_norm: residual add + "
+                        "LayerNorm in one kernel"),
+                       ("course_utils.autograd.registry", "_add_then_layer_norm",
+                        "PyTorch's add, then chapter 10's LayerNorm (two kernels)")],
+    "linear_gelu": [(OPS_MODULE, "linear_gelu", "torch.ops.course.linear_gelu: chapter 9's GEMM, bias + "
+                     "GELU in its epilogue"),
+                    ("course_utils.autograd.registry", "_matmul_then_bias_gelu",
                      "cuBLAS matmul, then chapter 4's fused bias + GELU (fwd and bwd kernels)")],
-    "attention": [("course_utils.tuned.attention_backward", "flash_attention_autograd",
-                   "chapter 7's FlashAttention forward + chapter 11's backward"),
-                  ("course_utils.kernels.attention_backward", "flash_attention_autograd",
-                   "chapter 7's FlashAttention forward + chapter 11's backward")],
+    "attention": [(OPS_MODULE, "attention", "torch.ops.course.attention: FlashAttention reading q, k, v "
+                   "from the packed projection by strides"),
+                  ("course_utils.autograd.registry", "_attention_contiguous",
+                   "chapter 7's FlashAttention + chapter 11's backward, on .contiguous() copies of q, k, v")],
+    "cross_entropy": [(OPS_MODULE, "cross_entropy", "torch.ops.course.cross_entropy: loss and gradient in "
+                       "one pass (online softmax)"),
+                      ("course_utils.autograd.registry", "_torch_cross_entropy",
+                       "PyTorch's cross_entropy (no course loss kernel in this checkout)")],
 }
 
 
 def _matmul_then_bias_gelu(x, w, b):
     from .elementwise import bias_gelu
     return bias_gelu(F.linear(x, w), b)
+
+
+def _add_then_layer_norm(x, residual, w, b, eps):
+    from ..tuned.layernorm_autograd import layer_norm_autograd
+    s = x + residual
+    return layer_norm_autograd(s, w, b, eps), s
+
+
+def _attention_contiguous(q, k, v, causal=True, scale=None):
+    from ..tuned.attention_backward import flash_attention_autograd
+    return flash_attention_autograd(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, sm_scale=scale)
+
+
+def _torch_cross_entropy(logits, targets):
+    return F.cross_entropy(logits.float(), targets)
 
 
 def _find_one(module: str, attr: str, what: str):
@@ -79,9 +133,14 @@ def course_table() -> list[dict]:
     return rows
 
 
+def uses_library_ops() -> bool:
+    """Whether every course op comes from the ``torch.ops.course`` operators (``course_utils.ops``)."""
+    return all(_find(op)[1] == COURSE_CANDIDATES[op][0][2] for op in COURSE_CANDIDATES)
+
+
 def _attention_causal(fn):
-    def attention(q, k, v):
-        return fn(q, k, v, causal=True)
+    def attention(q, k, v, causal=True):
+        return fn(q, k, v, causal, q.shape[-1] ** -0.5)
     return attention
 
 
@@ -93,9 +152,9 @@ GEMM_EPILOGUE = ("course_utils.autograd.gemm", "linear_gelu", "chapter 9's GEMM 
 def course_ops(gemm_epilogue: bool = False) -> Ops:
     """The course's kernels for every op, or a ``RuntimeError`` naming each op that has none.
 
-    ``linear_gelu`` is cuBLAS's matmul followed by the course's fused bias + GELU, or, with
-    ``gemm_epilogue=True``, chapter 9's GEMM with the epilogue in the same kernel (all four GEMMs
-    of a step then run on the course's kernel, which reaches about 95% of cuBLAS's speed).
+    Without :mod:`course_utils.ops`, ``linear_gelu`` is cuBLAS's matmul followed by the course's
+    fused bias + GELU, or, with ``gemm_epilogue=True``, chapter 9's GEMM with the epilogue in the
+    same kernel (the autograd Function of chapter 11).
     """
     found = {op: _find(op) for op in COURSE_CANDIDATES}
     if gemm_epilogue:
@@ -103,8 +162,9 @@ def course_ops(gemm_epilogue: bool = False) -> Ops:
     missing = [f"{op} ({'; '.join(r)})" for op, (fn, _, r) in found.items() if fn is None]
     if missing:
         raise RuntimeError("the course has no kernel yet for: " + ", ".join(missing))
-    return Ops("course", layer_norm=found["layer_norm"][0], linear_gelu=found["linear_gelu"][0],
-               attention=_attention_causal(found["attention"][0]))
+    return Ops("course", layer_norm=found["layer_norm"][0], add_layer_norm=found["add_layer_norm"][0],
+               linear_gelu=found["linear_gelu"][0], attention=_attention_causal(found["attention"][0]),
+               cross_entropy=found["cross_entropy"][0])
 
 
 def ops(name: str) -> Ops:
@@ -115,3 +175,5 @@ def ops(name: str) -> Ops:
         return course_ops()
     raise ValueError(f"ops must be 'torch' or 'course', got {name!r}")
 
+
+__all__ = ["Ops", "torch_ops", "course_ops", "course_table", "uses_library_ops", "ops", "COURSE_CANDIDATES"]
