@@ -50,9 +50,10 @@ def attn_bwd_preprocess_kernel(o_ptr, do_ptr, delta_ptr,
 
 
 @triton.jit
-def recompute_p(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: tl.constexpr):
+def recompute_p(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
     """P = exp(Q K^T * scale - lse) for one (query tile x key tile), 0 where masked or padded."""
-    s = tl.dot(q, tl.trans(k)) * sm_scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
     p = tl.exp(s - lse[:, None])
     keep = (rows[:, None] < n_q) & (cols[None, :] < n_kv)
     if CAUSAL:
@@ -68,7 +69,7 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
                          stride_dob, stride_doh, stride_don, stride_dod,
                          n_heads, group, n_q, n_kv, head_dim, causal_offset, sm_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         CAUSAL: tl.constexpr):
+                         CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program per (key tile, batch * kv head). dk, dv have k's (contiguous) shape.
     pid = tl.program_id(0)
     n_n_tiles = tl.cdiv(n_kv, BLOCK_N)
@@ -106,11 +107,11 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that saw no key: P = 0
             delta = tl.load(delta_ptr + row_stats + rows, mask=rows < n_q, other=0.0)
 
-            p = recompute_p(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)              # dV = P^T dO
-            dp = tl.dot(do, tl.trans(v))                            # dP = dO V^T
-            ds = p * (dp - delta[:, None])                          # dS = P * (dP - D)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)               # dK = dS^T Q (times scale, below)
+            p = recompute_p(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, DOT_PRECISION)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)     # dV = P^T dO
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)                   # dP = dO V^T
+            ds = p * (dp - delta[:, None])                                                # dS = P * (dP - D)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)      # dK = dS^T Q (x scale)
 
     offs = pid_bkv.to(tl.int64) * n_kv * head_dim + tile_offsets(cols, offs_d, head_dim, 1)
     tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
@@ -125,7 +126,7 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                        stride_dob, stride_doh, stride_don, stride_dod,
                        n_heads, group, n_q, n_kv, head_dim, causal_offset, sm_scale,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       CAUSAL: tl.constexpr):
+                       CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program per (query tile, batch * head). dq has q's (contiguous) shape.
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
@@ -157,13 +158,19 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
         kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
         k = tl.load(k_head + tile_offsets(cols, offs_d, stride_kn, stride_kd), mask=kv_mask, other=0.0)
         v = tl.load(v_head + tile_offsets(cols, offs_d, stride_vn, stride_vd), mask=kv_mask, other=0.0)
-        p = recompute_p(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL)
-        dp = tl.dot(do, tl.trans(v))
+        p = recompute_p(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k)                             # dQ = dS K (times scale, below)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ = dS K (times scale, below)
 
     tl.store(dq_ptr + pid_bh.to(tl.int64) * n_q * head_dim + tile_offsets(rows, offs_d, head_dim, 1),
              (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=mask)
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """float32 inputs multiply in full precision ("ieee", as the tuned forward and torch.matmul do): TF32
+    would round every product's inputs to a 10-bit mantissa. 16-bit inputs: Triton's default."""
+    return "ieee" if dtype == torch.float32 else None
 
 
 def check_backward_inputs(q, k, v, o, lse, do, causal):
@@ -197,12 +204,10 @@ def flash_attention_backward_teaching(q, k, v, o, lse, do, causal=False, sm_scal
     attn_bwd_preprocess_kernel[(triton.cdiv(N, block_m) * B * H,)](
         o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=block_m, BLOCK_D=BD)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N, scale)
-    attn_bwd_dkdv_kernel[(triton.cdiv(n_kv, block_n) * B * H_kv,)](
-        q, k, v, do, lse, delta, dk, dv, *common,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BD, CAUSAL=bool(causal))
-    attn_bwd_dq_kernel[(triton.cdiv(N, block_m) * B * H,)](
-        q, k, v, do, lse, delta, dq, *common,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BD, CAUSAL=bool(causal))
+    flags = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BD, CAUSAL=bool(causal),
+                 DOT_PRECISION=dot_precision(q.dtype))
+    attn_bwd_dkdv_kernel[(triton.cdiv(n_kv, block_n) * B * H_kv,)](q, k, v, do, lse, delta, dk, dv, *common, **flags)
+    attn_bwd_dq_kernel[(triton.cdiv(N, block_m) * B * H,)](q, k, v, do, lse, delta, dq, *common, **flags)
     return dq, dk, dv
 
 

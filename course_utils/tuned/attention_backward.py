@@ -1,14 +1,15 @@
 """FlashAttention backward, the tuned shelf (v2 of ``kernels.attention_backward``), and the autograd
-Function pairing it with the tuned forward. (Over 300 lines: two kernels and their tile loops,
-the tiles per device, the launcher, the autograd Function and the compile cases belong together.)
+Function pairing it with the tuned forward. (Over 300 lines: two kernels and their tile loops, the
+tiles per device, the launcher, the autograd Function and the compile cases belong together.)
 
 v1's kernels in base 2, the causal mask only on diagonal tiles (ragged edges: zero-filled loads),
-the dK/dV products computed transposed (K Q^T, V dO^T), software pipelining, tiles per device.
-dQ has its own pass; ``BwdConfig.atomic_dq`` adds dS K from the dK/dV programs into a float32
-buffer with atomics instead. On an H100 (results/h100-80gb-hbm3/attention_bwd_tiles.csv, 64 x 128
-tiles both ways) atomics lost 6 of 8 cases (up to 9%), tied one and won one by 3%; with 32-row
-query tiles they were up to 1.6x slower. The own pass redoes Q K^T and dO V^T per tile but writes
-dQ once: deterministic gradients, no float32 scratch.
+the dK/dV products computed transposed (K Q^T, V dO^T), software pipelining, tiles per device,
+IEEE dots for float32. dQ has its own pass; ``BwdConfig.atomic_dq`` adds dS K from the dK/dV
+programs into a float32 buffer with atomics instead. On an H100 (results/h100-80gb-hbm3/
+attention_bwd_tiles.csv, 64 x 128 tiles both ways) atomics lost 6 of 8 cases (up to 9%), tied one
+and won one by 3%; with 32-row query tiles they were up to 1.6x slower. The own pass redoes Q K^T
+and dO V^T per tile but writes dQ once: no float32 scratch, and run-to-run identical gradients for
+a fixed tile configuration (``config=``; unpinned, the fastest is chosen by timing, per process).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from .. import env, hardware
 from ..kernels.attention import LOG2E, block_d, head_offset, tile_offsets
-from ..kernels.attention_backward import attn_bwd_preprocess_kernel, check_backward_inputs
+from ..kernels.attention_backward import attn_bwd_preprocess_kernel, check_backward_inputs, dot_precision
 from .attention import choose, flash_attention, load_tile
 
 
@@ -30,7 +31,7 @@ def attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row, dq_ro
                         lo, hi, n_q, head_dim, causal_offset, qk_scale, dq_scale,
                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
                         EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                        NUM_STAGES: tl.constexpr):
+                        NUM_STAGES: tl.constexpr, PREC: tl.constexpr):
     """Query tiles [lo, hi) against one key tile, everything transposed: (keys x queries)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -45,16 +46,16 @@ def attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row, dq_ro
             lse = tl.load(lse_row + rows, mask=rows < n_q, other=0.0)
             delta = tl.load(delta_row + rows, mask=rows < n_q, other=0.0)
         lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # base 2; no key: P = 0
-        pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :])
+        pT = tl.math.exp2(tl.dot(k, qT, input_precision=PREC) * qk_scale - lse[None, :])
         if MASKED:
             pT = tl.where(cols[:, None] <= rows[None, :] + causal_offset, pT, 0.0)
         do = load_tile(do_head, rows, offs_d, n_q, head_dim, stride_don, stride_dod, not EVEN_M, not EVEN_D)
-        dv = tl.dot(pT.to(do.dtype), do, dv)                       # dV += P^T dO
-        dpT = tl.dot(v, tl.trans(do))                              # dP^T = V dO^T
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)  # dV += P^T dO
+        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)        # dP^T = V dO^T
         dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)           # dS^T = P^T * (dP^T - D)
-        dk = tl.dot(dsT, tl.trans(qT), dk)                         # dK += dS^T Q
+        dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=PREC)   # dK += dS^T Q
         if ATOMIC_DQ:                                              # dQ += dS K, from every key tile
-            dq = tl.dot(tl.trans(dsT), k).to(tl.float32) * dq_scale
+            dq = tl.dot(tl.trans(dsT), k, input_precision=PREC).to(tl.float32) * dq_scale
             tl.atomic_add(dq_row + tile_offsets(rows, offs_d, head_dim, 1), dq,
                           mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim), sem="relaxed")
     return dk, dv
@@ -69,7 +70,8 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
                                n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                               EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, NUM_STAGES: tl.constexpr):
+                               EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
+                               PREC: tl.constexpr):
     pid = tl.program_id(0)
     n_n_tiles = tl.cdiv(n_kv, BLOCK_N)
     pid_n = pid % n_n_tiles
@@ -105,11 +107,11 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
             dk, dv = attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_ptr + row, delta_ptr + row, dq_row,
                                          cols, stride_qn, stride_qd, stride_don, stride_dod,
                                          lo, full_lo, n_q, head_dim, causal_offset, qk_scale, sm_scale,
-                                         BLOCK_M, BLOCK_D, True, False, EVEN_D, ATOMIC_DQ, NUM_STAGES)
+                                         BLOCK_M, BLOCK_D, True, False, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC)
         dk, dv = attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_ptr + row, delta_ptr + row, dq_row,
                                      cols, stride_qn, stride_qd, stride_don, stride_dod,
                                      full_lo, n_q, n_q, head_dim, causal_offset, qk_scale, sm_scale,
-                                     BLOCK_M, BLOCK_D, False, EVEN_M, EVEN_D, ATOMIC_DQ, NUM_STAGES)
+                                     BLOCK_M, BLOCK_D, False, EVEN_M, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC)
     offs = pid_bkv.to(tl.int64) * n_kv * head_dim + tile_offsets(cols, offs_d, head_dim, 1)
     mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
     tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=mask)
@@ -121,7 +123,7 @@ def attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows,
                       stride_kn, stride_kd, stride_vn, stride_vd,
                       lo, hi, n_kv, head_dim, causal_offset, qk_scale,
                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-                      EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+                      EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
@@ -129,12 +131,12 @@ def attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows,
         cols = start_n + offs_n
         kT = load_tile(k_head, offs_d, cols, head_dim, n_kv, stride_kd, stride_kn, not EVEN_D, not EVEN_N)
         vT = load_tile(v_head, offs_d, cols, head_dim, n_kv, stride_vd, stride_vn, not EVEN_D, not EVEN_N)
-        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+        p = tl.math.exp2(tl.dot(q, kT, input_precision=PREC) * qk_scale - lse[:, None])
         if MASKED:
             p = tl.where(cols[None, :] <= rows[:, None] + causal_offset, p, 0.0)
-        dp = tl.dot(do, vT)
+        dp = tl.dot(do, vT, input_precision=PREC)
         ds = (p * (dp - delta[:, None])).to(kT.dtype)
-        dq = tl.dot(ds, tl.trans(kT), dq)
+        dq = tl.dot(ds, tl.trans(kT), dq, input_precision=PREC)
     return dq
 
 
@@ -147,7 +149,7 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
                              n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                              CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                             EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+                             EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
     pid_m = pid % n_m_tiles
@@ -177,12 +179,12 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
                              (n_kv // BLOCK_N) * BLOCK_N)
     dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
                            stride_vd, 0, full_hi, n_kv, head_dim, causal_offset, qk_scale,
-                           BLOCK_N, BLOCK_D, False, EVEN_N or CAUSAL, EVEN_D, NUM_STAGES)
+                           BLOCK_N, BLOCK_D, False, EVEN_N or CAUSAL, EVEN_D, NUM_STAGES, PREC)
     if CAUSAL:
         hi = tl.minimum(start_m + BLOCK_M + causal_offset, n_kv)
         dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
                                stride_vd, full_hi, hi, n_kv, head_dim, causal_offset, qk_scale,
-                               BLOCK_N, BLOCK_D, True, False, EVEN_D, NUM_STAGES)
+                               BLOCK_N, BLOCK_D, True, False, EVEN_D, NUM_STAGES, PREC)
     tl.store(dq_ptr + row * head_dim + tile_offsets(rows, offs_d, head_dim, 1),
              (dq * sm_scale).to(dq_ptr.dtype.element_ty),
              mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim))
@@ -238,7 +240,6 @@ def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtyp
     return fits or [SMALLEST_BWD]
 
 
-# Launcher and autograd
 last_config: BwdConfig | None = None
 
 
@@ -249,7 +250,7 @@ def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N,
               scale * LOG2E, scale)
     flags = dict(CAUSAL=bool(causal), EVEN_D=D == BD, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                 NUM_STAGES=cfg.num_stages)
+                 NUM_STAGES=cfg.num_stages, PREC=dot_precision(q.dtype))
     dq_buf = dq
     if cfg.atomic_dq:
         dq_buf = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
@@ -266,12 +267,9 @@ def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, config: BwdConfig | None = None):
-    """(dq, dk, dv) from the forward's output ``o`` and log-sum-exp ``lse`` (v2, tuned).
-
-    Grouped-query: dk, dv are summed over the q heads of each group inside the dK/dV program.
-    ``config`` forces a tile configuration; otherwise the fastest of :func:`backward_configs` is
-    kept per shape on a GPU.
-    """
+    """(dq, dk, dv) from the forward's output ``o`` and log-sum-exp ``lse`` (v2, tuned). Grouped-query:
+    dk, dv summed over each group's q heads in the dK/dV program. ``config`` pins the tiles; otherwise the
+    fastest of :func:`backward_configs` is timed once per shape and process on a GPU."""
     check_backward_inputs(q, k, v, o, lse, do, causal)
     B, H, N, D = q.shape
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
@@ -297,10 +295,10 @@ class FlashAttentionFunction(torch.autograd.Function):
     Saves q, k, v, o and the float32 log-sum-exp (B, H, N): nothing N x N."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal=False, sm_scale=None):
+    def forward(ctx, q, k, v, causal=False, sm_scale=None, config=None):
         o, lse = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.causal, ctx.sm_scale, ctx.config = causal, sm_scale, config
         return o
 
     @staticmethod
@@ -308,14 +306,16 @@ class FlashAttentionFunction(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         if do.dtype != q.dtype:
             raise TypeError(f"the output gradient must have the output's dtype {q.dtype}, got {do.dtype}")
-        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=ctx.causal, sm_scale=ctx.sm_scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, ctx.config)
+        return dq, dk, dv, None, None, None
 
 
-def flash_attention_autograd(q, k, v, causal=False, sm_scale=None):
+def flash_attention_autograd(q, k, v, causal=False, sm_scale=None, config: BwdConfig | None = None):
     """Differentiable FlashAttention: q (B, H, N, d), k/v (B, H_kv, N_kv, d), H a multiple of H_kv,
-    d <= 256, float16/bfloat16/float32; causal aligned bottom-right when N_kv != N."""
-    return FlashAttentionFunction.apply(q, k, v, bool(causal), sm_scale)
+    d <= 256, float16/bfloat16/float32; causal aligned bottom-right when N_kv != N. ``config`` pins the
+    backward's tiles (bit-identical gradients across processes on one GPU; unpinned, the fastest is
+    timed once per shape and process, and ``last_config`` says which ran)."""
+    return FlashAttentionFunction.apply(q, k, v, bool(causal), sm_scale, config)
 
 
 def compile_cases(info):
