@@ -530,3 +530,15 @@ def test_fusion_speedup_checker(capsys):
     # forgetting the launches is wrong too (no specific hint needed)
     with pytest.raises(CheckFailure, match="expected"):
         CT.check_fusion_speedup(lambda c, gpu, dtype: good_speedup(c, gpu, dtype) * 1.1)
+
+
+def test_causal_mask_eager_counts_the_in_place_fill_over_s():
+    # batch 2 x 3 heads, 5 x 7 scores, fp16: S is 6 * 35 * 2 = 420 bytes, the bool mask 35 bytes
+    t = T.ops.causal_mask_eager(2, 3, 5, 7, "fp16")
+    assert [(k.read_bytes, k.write_bytes) for k in t.kernels] == [(0, 35), (35, 35), (420 + 35, 420)]
+    # square (N = 5, d = 7): the fill moves S twice, as much as the standard version's softmax kernel
+    sq = T.ops.causal_mask_eager(2, 3, 5, 5, "fp16").kernels[2]
+    soft = T.attention(2, 3, 5, 7, "fp16", causal=True).unfused.kernels[1]
+    assert sq.read_bytes - 25 + sq.write_bytes == soft.read_bytes + soft.write_bytes == 600
+    with pytest.raises(ValueError):
+        T.ops.causal_mask_eager(0, 3, 5, 7)

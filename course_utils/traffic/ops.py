@@ -134,4 +134,24 @@ def layernorm(rows, cols, dtype="float32", *, save_stats=False) -> Comparison:
                       Traffic("fused", (fused,)))
 
 
-__all__ = ["elementwise_chain", "gelu_eager", "softmax", "MASK_MODES", "bias_gelu_dropout", "layernorm"]
+def causal_mask_eager(batch, heads, n_q, n_kv, dtype="bfloat16", mask_dtype="bool") -> Traffic:
+    """The kernels eager attention (``attention_ref``) adds for a causal mask, besides its three.
+
+    ``torch.ones(n_q, n_kv, dtype=bool)`` (writes the mask), ``.triu(...)`` (reads it, writes a new
+    one), then ``s.masked_fill_(drop, -inf)`` in place over the scores S of every (batch, head):
+    reads S and the mask (broadcast: counted once), writes S back. The last kernel moves S twice,
+    which is as much as the softmax kernel itself.
+    """
+    bh = _count("batch", batch) * _count("heads", heads)
+    m, n = _count("n_q", n_q), _count("n_kv", n_kv)
+    b, mb = dtype_bytes(dtype), dtype_bytes(mask_dtype)
+    s, mask = bh * m * n * b, m * n * mb
+    return Traffic("causal mask, eager", (
+        Kernel("ones (mask)", 0, mask, 0),
+        Kernel("triu (mask)", mask, mask, m * n),
+        Kernel("S.masked_fill_(mask, -inf)", s + mask, s, bh * m * n, mask),
+    ))
+
+
+__all__ = ["elementwise_chain", "gelu_eager", "softmax", "MASK_MODES", "bias_gelu_dropout", "layernorm",
+           "causal_mask_eager"]
