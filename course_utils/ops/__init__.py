@@ -1,0 +1,94 @@
+"""The course's fast ops as PyTorch operators (chapter 12): ``torch.ops.course.<name>``.
+
+One public face for the course's production kernels, for users and for the model of chapter 12:
+
+=====================================  ==========================================================
+``layer_norm(x, weight, bias, eps)``   chapter 10's LayerNorm, forward and backward
+``add_layer_norm(x, residual, w, b,    ``(y, s)``: s = x + residual, y = LayerNorm(s), one kernel each
+eps)``                                 way (:mod:`course_utils.kernels.add_layernorm`)
+``linear_gelu(x, weight, bias)``       gelu_tanh(x @ weight.T + bias), chapter 9's GEMM epilogue
+``attention(q, k, v, causal, scale)``  FlashAttention, q/k/v of any strides, o in (B, N, H, d) memory
+``cross_entropy(logits, targets)``     mean loss, one kernel each way (chapter 6's online softmax)
+``bias_gelu_dropout(x, bias, p,        dropout(gelu(x + bias)) with the Philox seed read from a device
+seed_tensor)``                         tensor (a CUDA graph draws a new mask when the seed is bumped)
+=====================================  ==========================================================
+
+Each is registered with ``torch.library`` (custom ops with fake implementations and
+``register_autograd``), so ``torch.compile(fullgraph=True)`` traces a model built on them and
+``torch.library.opcheck`` passes. The functions of this module with the same names are the calls to
+use: from eager Python they run an ``autograd.Function`` over the very same forward and backward
+functions (no dispatcher on the hot path); while ``torch.compile`` traces, they call
+``torch.ops.course.<name>``. Tile choices are made by :func:`warmup` (or the first call of a
+shape) and cached per (shape, dtype, device); :func:`host_overhead_table` measures what a call costs
+the host against its aten counterpart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _lib
+from . import attention as _attention
+from . import dropout as _dropout
+from . import linear as _linear
+from . import loss as _loss
+from . import norms as _norms
+from .overhead import host_overhead_table, warmup
+
+__all__ = ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout",
+           "warmup", "host_overhead_table", "OPS"]
+
+OPS = ("layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout")
+_compiling = torch.compiler.is_compiling
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim (x of any leading dims; weight and bias of x.shape[-1])."""
+    if _compiling():
+        return torch.ops.course.layer_norm(x, weight, bias, eps)
+    return _norms.LayerNorm.apply(x, weight, bias, float(eps))[0]
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, s)`` with ``s = x + residual`` (the new residual stream) and ``y = LayerNorm(s)``."""
+    if _compiling():
+        return torch.ops.course.add_layer_norm(x, residual, weight, bias, eps)
+    y, s, _, _ = _norms.AddLayerNorm.apply(x, residual, weight, bias, float(eps))
+    return y, s
+
+
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(x @ weight.T + bias)``, weight (out_features, in_features) as in ``nn.Linear``."""
+    if _compiling():
+        return torch.ops.course.linear_gelu(x, weight, bias)
+    x, weight, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, weight, bias)
+    return _linear.LinearGelu.apply(x, weight, bias)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+              scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale [+ causal, bottom-right]) v; q (B, H, N, d), k/v (B, H_kv, N_kv, d), any
+    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if _compiling():
+        return torch.ops.course.attention(q, k, v, bool(causal), scale)
+    q, k, v = _lib.cast(_lib.autocast_dtype(q.device.type), q, k, v)
+    return _attention.Attention.apply(q, k, v, bool(causal), scale)[0]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean over rows of -log softmax(logits)[target] (float32 scalar); logits (rows, vocab)."""
+    if _compiling():
+        return torch.ops.course.cross_entropy(logits, targets)
+    return _loss.CrossEntropy.apply(logits, targets)[0]
+
+
+def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed_tensor: torch.Tensor) -> torch.Tensor:
+    """``dropout(gelu_tanh(x + bias), p)``; the Philox seed is read from ``seed_tensor`` (int64, one element,
+    on x's device) by the kernel: bump it in place (``seed_tensor.add_(1)``) after the backward pass to
+    draw a new mask, also inside a CUDA graph."""
+    if _compiling():
+        return torch.ops.course.bias_gelu_dropout(x, bias, float(p), seed_tensor)
+    x, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, bias)
+    return _dropout.BiasGeluDropout.apply(x, bias, float(p), seed_tensor)

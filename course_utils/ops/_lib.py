@@ -1,0 +1,79 @@
+"""How every course op is registered (``torch.ops.course.<name>``) and how its eager fast path is built.
+
+Each op is one or two ``torch.library.custom_op``s that run the course's Triton kernels: a forward that
+also returns what the backward needs (statistics, log-sum-exps), and a backward. Both have a fake
+(meta) implementation, so ``torch.compile`` traces through them and Inductor fuses around them. The
+public op with the documented signature (``course::layer_norm(x, weight, bias, eps) -> y``) is a
+``CompositeImplicitAutograd`` op that calls the forward and drops the extras.
+
+The same forward, ``setup_context`` and backward functions also make a ``torch.autograd.Function``
+(:func:`fast_function`): the Python wrappers in :mod:`course_utils.ops` call it when they are not being
+compiled, which skips the dispatcher's Python path (tens of microseconds a call, measured by
+:func:`course_utils.ops.host_overhead_table`). The backward reaches the backward kernels through
+``ctx.bwd``: the registered op when autograd runs the op, the plain function on the fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+NAMESPACE = "course"
+_LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
+_DEFINED: dict[str, object] = {}
+
+
+def kernel_op(name: str, schema: str, impl: Callable, fake: Callable):
+    """``course::<name>`` running ``impl``, with ``fake`` for tracing (registered once per process)."""
+    if name in _DEFINED:
+        return _DEFINED[name]
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    _DEFINED[name] = op
+    return op
+
+
+def public_op(name: str, schema: str, fn: Callable) -> None:
+    """``course::<name>``: a composite of kernel ops (autograd comes from theirs)."""
+    if name in _DEFINED:
+        return
+    _LIB.define(f"{name}{schema}")
+    _LIB.impl(name, fn, "CompositeImplicitAutograd")
+    _DEFINED[name] = fn
+
+
+def autograd(op, setup: Callable, backward: Callable, bwd_op) -> None:
+    """``register_autograd`` with ``ctx.bwd`` set to the registered backward op."""
+    def setup_context(ctx, inputs, output):
+        setup(ctx, inputs, output)
+        ctx.bwd = bwd_op
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+
+def fast_function(name: str, impl: Callable, setup: Callable, backward: Callable, bwd_impl: Callable):
+    """An ``autograd.Function`` over the same functions as the registered op (the eager fast path)."""
+    def forward(ctx, *args):
+        out = impl(*args)
+        setup(ctx, args, out)
+        ctx.bwd = bwd_impl
+        return out
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "backward": staticmethod(lambda ctx, *grads: backward(ctx, *grads)),
+    })
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts matrix products to on ``device_type``, or None when it is off."""
+    if device_type == "cuda" and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return None
+
+
+def cast(dtype: torch.dtype | None, *ts):
+    """``ts`` in ``dtype`` (unchanged when dtype is None or a tensor already has it)."""
+    if dtype is None:
+        return ts
+    return tuple(t if t is None or t.dtype == dtype or not t.is_floating_point() else t.to(dtype) for t in ts)

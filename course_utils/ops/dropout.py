@@ -1,0 +1,45 @@
+"""``course::bias_gelu_dropout(x, bias, p, seed_tensor) -> y`` (chapter 12). Not written yet."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _lib
+
+
+def bias_gelu_dropout_fwd(x: torch.Tensor, bias: torch.Tensor, p: float, seed_tensor: torch.Tensor):
+    raise NotImplementedError("course::bias_gelu_dropout is not written yet (issue 24, item 2)")
+
+
+def _fake_fwd(x, bias, p, seed_tensor):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def bias_gelu_dropout_bwd(dy, x, bias, p: float, seed_tensor):
+    raise NotImplementedError("course::bias_gelu_dropout is not written yet (issue 24, item 2)")
+
+
+def _fake_bwd(dy, x, bias, p, seed_tensor):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(bias)
+
+
+def _setup(ctx, inputs, output):
+    x, bias, p, seed_tensor = inputs
+    ctx.save_for_backward(x, bias, seed_tensor)
+    ctx.p = p
+
+
+def _backward(ctx, dy):
+    x, bias, seed_tensor = ctx.saved_tensors
+    dx, db = ctx.bwd(dy, x, bias, ctx.p, seed_tensor)
+    return dx, db, None, None
+
+
+FWD = _lib.kernel_op("bias_gelu_dropout", "(Tensor x, Tensor bias, float p, Tensor seed_tensor) -> Tensor",
+                     bias_gelu_dropout_fwd, _fake_fwd)
+BWD = _lib.kernel_op("bias_gelu_dropout_bwd", "(Tensor dy, Tensor x, Tensor bias, float p, Tensor seed_tensor) -> "
+                     "(Tensor, Tensor)", bias_gelu_dropout_bwd, _fake_bwd)
+_lib.autograd(FWD, _setup, _backward, BWD)
+torch.library.register_autocast("course::bias_gelu_dropout", "cuda", torch.bfloat16)
+BiasGeluDropout = _lib.fast_function("BiasGeluDropout", bias_gelu_dropout_fwd, _setup, _backward,
+                                     bias_gelu_dropout_bwd)
