@@ -112,3 +112,141 @@ def cuda_kernel_table(fn, *args, row_limit: int = 15, **kwargs) -> str:
         fn(*args, **kwargs)
         torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=row_limit)
+
+
+# ------------------------------------------------------------------------------------------------
+# A training step's kernels by category, and its host time split by who spends it (chapter 12)
+# ------------------------------------------------------------------------------------------------
+
+CATEGORIES = ("GEMM", "attention", "norm", "loss", "optimizer", "cast", "copy", "elementwise glue")
+
+# (category, substrings of the kernel's own name), lower case; the first rule that matches wins.
+_KERNEL_RULES = (
+    ("optimizer", ("adam", "multi_tensor_apply")),
+    ("attention", ("flash", "attn", "attention", "fmha", "sdpa")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmaxforward", "softmaxbackward")),
+    ("norm", ("layer_norm", "layernorm", "gammabetabackward")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "cublas", "splitk", "linear_gelu")),
+    ("copy", ("memcpy", "catarraybatchedcopy")),
+)
+# (category, substrings of the name of an operator above the launch): the nearest operator decides.
+_OP_RULES = (
+    ("optimizer", ("optimizer.step", "adam")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax")),
+    ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention",
+                   "course::attention", "flashattention")),
+    ("norm", ("layer_norm", "layernorm")),
+    ("GEMM", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")),
+    ("cast", ("aten::_to_copy", "aten::to")),
+    ("copy", ("aten::contiguous", "aten::clone", "aten::copy_", "aten::cat")),
+)
+
+
+def categorize(kernel: str, ops=()) -> str:
+    """The category of one kernel launch, from its name, else from the operators above it (nearest
+    first): one of :data:`CATEGORIES`. A kernel nothing names is elementwise glue (adds, the
+    embeddings' gathers, fills, reductions of gradients)."""
+    name = kernel.lower()
+    for category, keys in _KERNEL_RULES:
+        if any(k in name for k in keys):
+            return category
+    for op in ops:
+        low = op.lower()
+        for category, keys in _OP_RULES:
+            if any(k in low for k in keys):
+                return category
+    return "elementwise glue"
+
+
+def step_kernels(fn, steps: int = 2):
+    """Every kernel ``fn`` launches over ``steps`` calls, on a GPU (torch.profiler): a DataFrame with
+    one row per launch (kernel, the operators above it, category, microseconds). Call ``fn`` once
+    before: compilation and tile choices stay out."""
+    import pandas as pd
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("step_kernels needs a CUDA GPU: on the CPU, read the recorded results instead")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    events = list(prof.events())
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    rows = []
+    for e in events:
+        if e.device_type != DeviceType.CUDA or e.time_range.elapsed_us() <= 0:
+            continue
+        ops, parent = [], cpu.get(e.linked_correlation_id)
+        while parent is not None:
+            ops.append(parent.name)
+            parent = parent.cpu_parent
+        rows.append({"kernel": e.name, "ops": " < ".join(ops[:6]), "category": categorize(e.name, ops),
+                     "us": e.time_range.elapsed_us()})
+    return pd.DataFrame(rows, columns=["kernel", "ops", "category", "us"])
+
+
+def by_category(kernels, steps: int):
+    """Launches and GPU milliseconds per step in each category (from :func:`step_kernels`' rows)."""
+    import pandas as pd
+
+    g = kernels.groupby("category")["us"].agg(["count", "sum"]).reindex(CATEGORIES, fill_value=0)
+    out = pd.DataFrame({"category": g.index, "launches": (g["count"] / steps).round(1),
+                        "gpu_ms": g["sum"] / steps / 1e3})
+    total = pd.DataFrame([{"category": "(all: launches, GPU-busy time)", "launches": out["launches"].sum(),
+                           "gpu_ms": out["gpu_ms"].sum()}])
+    return pd.concat([out, total], ignore_index=True)
+
+
+HOST_BUCKETS = ("Triton's launcher", "course's Python wrappers", "torch.library dispatch",
+                "autograd engine (C++)", "autograd Functions (Python)", "optimizer (Python)",
+                "PyTorch modules and functional (Python)", "other Python")
+
+
+def _bucket(path: str, func: str) -> str | None:
+    p = path.replace("\\", "/")
+    if p == "~":
+        return "autograd engine (C++)" if "run_backward" in func else None   # other builtins: their caller's
+    if "/triton/" in p:
+        return "Triton's launcher"
+    if "/course_utils/" in p:
+        return "course's Python wrappers"
+    if "/torch/_library/" in p or p.endswith("/torch/_ops.py") or "/torch/library" in p:
+        return "torch.library dispatch"
+    if "/torch/autograd/" in p:
+        return "autograd Functions (Python)"
+    if "/torch/optim/" in p:
+        return "optimizer (Python)"
+    if "/torch/" in p:
+        return "PyTorch modules and functional (Python)"
+    return "other Python"
+
+
+def host_split(fn, calls: int = 1) -> dict:
+    """Host milliseconds per call of ``fn`` by who spends them, from a deterministic CPU profile
+    (cProfile): time in Python functions goes to their file's bucket (:data:`HOST_BUCKETS`); a C
+    builtin's time goes to its caller's bucket (a Triton launch's driver call to Triton's launcher,
+    a torch op a wrapper calls to the wrapper), except the autograd engine's, which is its own.
+    cProfile slows Python-heavy code more than C: compare the buckets, not the total with a clock."""
+    import cProfile
+    import pstats
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    sync()
+    spent = dict.fromkeys(HOST_BUCKETS, 0.0)
+    for (path, _, func), (_, _, tottime, _, callers) in pstats.Stats(prof).stats.items():
+        bucket = _bucket(path, func)
+        if bucket is not None:
+            spent[bucket] += tottime
+            continue
+        for (cpath, _, cfunc), caller_stats in callers.items():   # (calls, prim calls, tottime, cumtime)
+            spent[_bucket(cpath, cfunc) or "other Python"] += caller_stats[2]
+    return {k: v * 1e3 / calls for k, v in spent.items()}
