@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from course_utils import check
 from course_utils.checkers import layernorm as checks
 from course_utils.kernels import layernorm as L
+from course_utils.tuned import layernorm as T
+from course_utils.tuned import layernorm_kernels as TK
 
 # ----------------------------------------------------------------------------- forward row kernels
 # MODE selects the mistake (a constexpr, so each wrong kernel is one short branch of the same code):
 # 0 right, 1 variance without the mean subtracted, 2 one-pass variance E[x^2] - E[x]^2,
 # 3 statistics in 16 bits (float16: the interpreter's bfloat16 arithmetic is wrong, so float16 stands in
 # for the "statistics in bf16" mistake; on a GPU the bf16 version fails the same way), 4 padded lanes
-# in the variance, 5 mean divided by BLOCK_SIZE, 6 rows found with n_cols instead of the stride.
+# in the variance, 5 mean divided by BLOCK_SIZE, 6 rows found with n_cols instead of the stride, 7 eps
+# ignored (a default of 1e-5 written in), 8 the weight loaded without a mask (lanes past n_cols read).
 
 
 @triton.jit
@@ -44,8 +48,11 @@ def _forward(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
         var = tl.sum((x - mean) * (x - mean), axis=0) / n_cols
     else:
         var = tl.sum(xc * xc, axis=0) / n_cols
-    rstd = 1.0 / tl.sqrt(var.to(tl.float32) + eps)
-    w = tl.load(w_ptr + offsets, mask=mask).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(var.to(tl.float32) + (1e-5 if MODE == 7 else eps))
+    if MODE == 8:
+        w = tl.load(w_ptr + offsets).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
     y = (x - mean).to(tl.float32) * rstd * w + b
     tl.store(y_ptr + pid * y_row_stride + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -65,13 +72,26 @@ def _mode(mode):
     return K()
 
 
-def test_teaching_forward_kernel_passes(capsys):
-    checks.check_forward_kernel(L.layer_norm_fwd_kernel)
+def test_right_forward_kernel_passes(capsys):
+    checks.check_forward_kernel(_mode(0))
     assert capsys.readouterr().out.startswith("PASS LayerNorm forward")
 
 
-def test_mode_zero_of_the_wrong_kernels_is_right():
-    checks.check_forward_kernel(_mode(0))
+@pytest.mark.parametrize("kernel", [L.layer_norm_fwd_kernel, TK.norm_fwd_kernel, L.rms_norm_fwd_kernel],
+                         ids=lambda k: k.__name__)
+def test_forward_check_refuses_the_answer_key(kernel):
+    with pytest.raises(check.CheckFailure, match="answer key"):
+        checks.check_forward_kernel(kernel)
+
+
+def test_forward_check_refuses_a_kernel_that_calls_the_answer_key():
+    @triton.jit
+    def calls_ours(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride, eps,
+                   BLOCK_SIZE: tl.constexpr):
+        L.layer_norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride,
+                                y_row_stride, eps, BLOCK_SIZE)
+    with pytest.raises(check.CheckFailure, match="L.layer_norm_fwd_kernel"):
+        checks.check_forward_kernel(calls_ours)
 
 
 @pytest.mark.parametrize("mode, words", [
@@ -80,6 +100,8 @@ def test_mode_zero_of_the_wrong_kernels_is_right():
     (3, "16 bits"),
     (4, "masked lanes"),
     (5, "BLOCK_SIZE"),
+    (7, "eps"),
+    (8, "outside its inputs"),
 ])
 def test_wrong_forward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -109,8 +131,22 @@ def test_launcher_check_counts_one_launch(capsys):
         checks.check_layer_norm_fn(lambda x, w, b, eps: _student_layer_norm(x, w, b, eps) * 1.0)
     with pytest.raises(check.CheckFailure, match="differ"):
         checks.check_layer_norm_fn(lambda x, w, b, eps: _student_layer_norm(x, w, b * 0, eps))
-    with pytest.raises(check.CheckFailure, match="course's own kernel"):
-        checks.check_layer_norm_fn(lambda x, w, b, eps: L.layer_norm_teaching(x, w, b, eps))
+    with pytest.raises(check.CheckFailure, match="eps"):
+        checks.check_layer_norm_fn(lambda x, w, b, eps: _student_layer_norm(x, w, b, 1e-5))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (L.layer_norm_teaching, "L.layer_norm_teaching"),
+    (T.layer_norm, "T.layer_norm"),
+    (L.layer_norm_ref, "L.layer_norm_ref"),
+    (lambda x, w, b, eps: L.layer_norm_teaching(x, w, b, eps), "L.layer_norm_teaching"),
+    (lambda x, w, b, eps: T.layer_norm(x, w, b, eps), "T.layer_norm"),
+    (lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps), "F.layer_norm"),
+    (lambda x, w, b, eps: torch.layer_norm(x, x.shape[-1:], w, b, eps), "torch.layer_norm"),
+], ids=["teaching", "tuned", "reference", "calls-teaching", "calls-tuned", "calls-F", "calls-torch"])
+def test_launcher_check_refuses_the_answer_key(fn, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_layer_norm_fn(fn)
 
 
 def test_untouched_exercise_raises_not_implemented():
@@ -124,10 +160,14 @@ def test_untouched_exercise_raises_not_implemented():
         checks.check_forward_kernel(K())
     with pytest.raises(NotImplementedError):
         checks.check_dw_db_kernel(K())
+    with pytest.raises(NotImplementedError):
+        checks.check_rms_backward_kernel(K())
 
 # ----------------------------------------------------------------------------- dw/db reduction
 # MODE: 0 right, 1 wrong axis (tl.sum over axis 1), 2 every program sums every row, 3 no column mask
-# on the store, 4 x_hat without the mean subtracted.
+# on the store, 4 x_hat without the mean subtracted, 5 a tile's rows masked with rows < n_rows instead of the
+# run's end (the last tile of a run counts rows of the next run again), 6 program 0 sums every row and the
+# others store 0 (the sum of the partial rows is right), 7 mean and rstd loaded without the row mask.
 
 
 @triton.jit
@@ -138,17 +178,23 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
     col_mask = cols < n_cols
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    first = 0 if MODE == 2 else pid_m * rows_per_program
-    end = n_rows if MODE == 2 else tl.minimum(first + rows_per_program, n_rows)
+    first = 0 if MODE == 2 or MODE == 6 else pid_m * rows_per_program
+    end = n_rows if MODE == 2 or MODE == 6 else tl.minimum(first + rows_per_program, n_rows)
+    if MODE == 6:
+        end = tl.where(pid_m == 0, n_rows, 0)
     start = first
     while start < end:
         rows = start + tl.arange(0, BLOCK_M)
-        row_mask = rows < end
+        row_mask = rows < (n_rows if MODE == 5 else end)
         mask = row_mask[:, None] & col_mask[None, :]
         x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        if MODE == 7:
+            mean = tl.load(mean_ptr + rows)
+            rstd = tl.load(rstd_ptr + rows)
+        else:
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         if MODE == 4:
             x_hat = x * rstd[:, None]
         else:
@@ -172,17 +218,26 @@ def _dw_mode(mode):
     return K()
 
 
-def test_teaching_dw_db_kernel_passes(capsys):
-    checks.check_dw_db_kernel(L.norm_dw_db_kernel)
-    assert capsys.readouterr().out.startswith("PASS dw/db reduction")
+def test_right_dw_db_kernel_passes(capsys):
     checks.check_dw_db_kernel(_dw_mode(0))
+    assert capsys.readouterr().out.startswith("PASS dw/db reduction")
+
+
+@pytest.mark.parametrize("kernel", [L.norm_dw_db_kernel, L.column_sum_kernel, TK.norm_bwd_kernel],
+                         ids=lambda k: k.__name__)
+def test_dw_db_check_refuses_the_answer_key(kernel):
+    with pytest.raises(check.CheckFailure, match="answer key"):
+        checks.check_dw_db_kernel(kernel)
 
 
 @pytest.mark.parametrize("mode, words", [
     (1, "wrong axis"),
-    (2, "ITS rows"),
+    (2, "every partial row holds the dw sum of ALL rows"),
     (3, "outside its buffer"),
     (4, "differ"),
+    (5, "rows < end"),
+    (6, "partial row 0 \\(the others 0\\) holds the dw sum of ALL rows"),
+    (7, "outside its inputs"),
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -194,3 +249,69 @@ def test_fresh_inputs_every_call():
     b = checks._inputs(3, 10, torch.float32)[1].clone()
     assert not torch.equal(a, b)
     assert float(a[0].mean()) > 900 and abs(float(a[1].mean())) < 100  # even rows sit on the offset
+
+
+# ----------------------------------------------------------------------------- RMSNorm dx, rstd recomputed
+# MODE: 0 right, 1 eps ignored (1e-6 written in), 2 LayerNorm's formula (mean subtracted, mean(g) term),
+# 3 dx = g * rstd (the x_hat * mean(g * x_hat) term forgotten), 4 means divided by BLOCK_SIZE, 5 the weight
+# loaded without a mask, 6 dy's rows found with x_row_stride.
+
+
+@triton.jit
+def _rms_dx(dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride, dx_row_stride, eps,
+            BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_cols
+    n = BLOCK_SIZE if MODE == 4 else n_cols
+    x = tl.load(x_ptr + pid * x_row_stride + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy_stride = x_row_stride if MODE == 6 else dy_row_stride
+    dy = tl.load(dy_ptr + pid * dy_stride + offsets, mask=mask, other=0.0).to(tl.float32)
+    if MODE == 5:
+        w = tl.load(w_ptr + offsets).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if MODE == 2:
+        x = tl.where(mask, x - tl.sum(x, axis=0) / n, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + (1e-6 if MODE == 1 else eps))
+    x_hat = x * rstd
+    g = tl.where(mask, dy * w, 0.0)
+    if MODE == 3:
+        dx = g * rstd
+    elif MODE == 2:
+        dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n - tl.sum(g, axis=0) / n) * rstd
+    else:
+        dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n) * rstd
+    tl.store(dx_ptr + pid * dx_row_stride + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _rms_mode(mode):
+    class K:
+        def __getitem__(self, grid):
+            return lambda *a, **k: _rms_dx[grid](*a, **k, MODE=mode)
+    return K()
+
+
+def test_right_rms_backward_kernel_passes(capsys):
+    checks.check_rms_backward_kernel(_rms_mode(0))
+    assert capsys.readouterr().out.startswith("PASS RMSNorm backward dx")
+
+
+@pytest.mark.parametrize("kernel", [L.norm_bwd_dx_kernel, TK.norm_bwd_kernel, TK.norm_bwd_chunked_kernel],
+                         ids=lambda k: k.__name__)
+def test_rms_backward_check_refuses_the_answer_key(kernel):
+    with pytest.raises(check.CheckFailure, match="answer key"):
+        checks.check_rms_backward_kernel(kernel)
+
+
+@pytest.mark.parametrize("mode, words", [
+    (1, "eps"),
+    (2, "LayerNorm's dx"),
+    (3, "x_hat \\* mean\\(g \\* x_hat\\)"),
+    (4, "BLOCK_SIZE"),
+    (5, "outside its inputs"),
+    (6, "outside its inputs|differ"),
+])
+def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_rms_backward_kernel(_rms_mode(mode))

@@ -1,40 +1,56 @@
-"""Checks for chapter 10 (LayerNorm forward row kernel, the dw/db reduction of the backward pass).
-
-- :func:`check_forward_kernel` launches a student's one-row-per-program kernel
-  ``kernel[(n_rows,)](y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride,
-  eps, BLOCK_SIZE=next_power_of_2(n_cols))`` and compares y, mean and rstd with float64.
-- :func:`check_layer_norm_fn` judges a launcher ``fn(x, weight, bias, eps) -> y`` and counts its launches.
-- :func:`check_dw_db_kernel` launches a student's stage-1 reduction
-  ``kernel[(n_programs, cdiv(n_cols, BLOCK_N))](dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr,
-  rstd_ptr, n_rows, n_cols, x_row_stride, dy_row_stride, rows_per_program, BLOCK_M=..., BLOCK_N=...)``
-  and compares the sums of its partial rows with float64.
-
-Every call draws fresh inputs: odd row lengths; rows read through a row stride wider than the row
-(the gap holds +/-3e4, so reading past a row changes the answer); every other row sits on a large
-constant OFFSET (1000 with a spread of 1: E[x^2] - E[x]^2 cancels there in float32, and 16-bit sums
-overflow); outputs poisoned with NaN inside guard zones. When a check fails it says which known
-mistake the numbers look like (no mean subtracted, one-pass variance, 16-bit statistics, wrong axis).
+"""Checks for chapter 10: the LayerNorm forward row kernel and its launcher, the dw/db stage-1 reduction
+(every partial row compared) and RMSNorm's dx with rstd recomputed; each docstring gives the launch.
+Fresh inputs every call: odd row lengths; strided rows (the gap holds +/-3e4); every other row around
+OFFSET = 1000 (E[x^2] - E[x]^2 cancels in float32, 16-bit sums overflow); one row in four with a variance
+below the non-default ``eps`` every check passes; NaN-poisoned outputs in guard zones; loads outside the
+inputs recorded under the interpreter; the course's kernels, launchers and torch's norms refused as answers.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from .. import check, env
 
 OFFSET = 1000.0
-EPS = 1e-5
+EPS = 1e-3      # the eps every check passes: not a default of any norm, and above the small rows' variance
+SMALL = 0.01    # spread of the small rows (one in four): variance 1e-4 < EPS
 F32_EPS = float(torch.finfo(torch.float32).eps)
 FWD_HINT = ("compute in float32 (x.to(tl.float32)): mean = sum(x) / n_cols, then the variance of the centered "
             "values (x - mean, with masked lanes set to 0), rstd = 1 / sqrt(var + eps); store mean and rstd.")
 
 
+def answers() -> dict:
+    """The course's answers a check refuses: kernels, launchers, references, and torch's own norms."""
+    from ..kernels import layernorm as L
+    from ..tuned import layernorm as T
+    from ..tuned import layernorm_kernels as TK
+    names = ("L.layer_norm_fwd_kernel L.rms_norm_fwd_kernel L.norm_bwd_dx_kernel L.norm_dw_db_kernel "
+             "L.column_sum_kernel L.layer_norm_teaching L.rms_norm_teaching L.layer_norm_backward_teaching "
+             "L.rms_norm_backward_teaching L.layer_norm_ref L.rms_norm_ref T.layer_norm T.rms_norm T._forward "
+             "T.layer_norm_backward T.rms_norm_backward T._backward TK.norm_fwd_kernel TK.norm_bwd_kernel "
+             "TK.norm_bwd_chunked_kernel F.layer_norm F.rms_norm torch.layer_norm torch.native_layer_norm")
+    where = {"L": L, "T": T, "TK": TK, "F": F, "torch": torch}
+    return {f"{n} (the answer key)": getattr(where[n.split(".")[0]], n.split(".")[1]) for n in names.split()}
+
+
+def refuse(what: str, fn) -> None:
+    """Refuse the course's answers handed in as ``fn``, or called from it (a kernel's body included)."""
+    keys = answers()
+    check.refuse_answer_key(what, fn, keys)
+    if hasattr(fn, "fn"):  # a @triton.jit kernel: the Python function it compiles
+        check.refuse_answer_key(what, fn.fn, keys)
+
+
 def _inputs(n_rows: int, n_cols: int, dtype, gap: int = 5):
-    """x (n_rows, n_cols) in a guarded (n_rows, n_cols + gap) buffer; even rows around OFFSET."""
+    """x (n_rows, n_cols) in a guarded (n_rows, n_cols + gap) buffer; even rows around OFFSET, rows 3, 7, ...
+    small (spread SMALL)."""
     full = check.randn((n_rows, n_cols + gap), dtype, scale=3.0, outliers=0.02, outlier_scale=50.0)
     offset_rows = check.randn((n_rows, n_cols + gap), dtype, scale=1.0, offset=OFFSET)
     full[::2] = offset_rows[::2]
+    full[3::4] = check.randn((n_rows, n_cols + gap), dtype, scale=SMALL)[3::4]
     if gap:
         junk = torch.where(torch.rand(n_rows, gap, device=full.device) < 0.5, 3e4, -3e4)
         full[:, n_cols:] = junk.to(dtype)
@@ -42,11 +58,11 @@ def _inputs(n_rows: int, n_cols: int, dtype, gap: int = 5):
     return g, g.tensor[:, :n_cols]
 
 
-def _stats64(x: torch.Tensor):
+def _stats64(x: torch.Tensor, eps: float = EPS):
     x64 = x.to("cpu", torch.float64)
     mean = x64.mean(-1)
     var = ((x64 - mean[:, None]) ** 2).mean(-1)
-    return x64, mean, 1.0 / torch.sqrt(var + EPS)
+    return x64, mean, 1.0 / torch.sqrt(var + eps)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -54,45 +70,46 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return ((g - want).abs() / want.abs().clamp_min(1e-12)).nan_to_num(float("inf"))
 
 
-def rstd_rtol(mean64: torch.Tensor, rstd64: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """Per row, how far a right float32 two-pass rstd can be from float64's (relative).
-
-    The float32 mean is off by about log2(N) roundings of |mean|, d; subtracting it leaves (x - mean)
-    off by d on every element, so the variance is off by about d^2 (plus log2(N) roundings of var).
-    rstd = 1 / sqrt(var + eps) moves by half that, relative to var + eps: on a row near 1000 whose
-    16-bit values are nearly all equal (var near 0), that is 1e-4 and more, not a mistake.
-    """
-    k = max(1, n_cols.bit_length())
-    var = 1.0 / rstd64 ** 2 - EPS
+def rstd_rtol(mean64: torch.Tensor, rstd64: torch.Tensor, n_cols: int, eps: float = EPS) -> torch.Tensor:
+    """Per row, how far a right float32 two-pass rstd can be from float64's (relative): the float32 mean is
+    off by about log2(N) roundings of |mean|, d, so the variance by about d^2 (plus log2(N) roundings of var);
+    rstd = 1 / sqrt(var + eps) moves by half that, relative to var + eps."""
+    k = max(1, n_cols.bit_length())  # roundings
+    var = 1.0 / rstd64 ** 2 - eps
     dvar = (k * F32_EPS * mean64.abs()) ** 2 + k * F32_EPS * var.abs()
-    return 1e-4 + 0.5 * dvar / (var + EPS)
+    return 1e-4 + 0.5 * dvar / (var + eps)
 
 
-def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor) -> str:
+EPS_HINT = (f"the small rows (variance about {SMALL ** 2:g}) come out as if eps were 1e-5, 1e-6 or 0: the check "
+            f"passes eps={EPS:g}. Use the eps argument: rstd = 1 / sqrt(var + eps).")
+
+
+def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps: float = EPS) -> str:
     """Which known mistake the statistics a kernel stored look like ("" when none fits)."""
-    x64, mean64, rstd64 = _stats64(x)
+    x64, mean64, rstd64 = _stats64(x, eps)
     if bool(torch.isfinite(mean.cpu()).all()) and bool(torch.isnan(rstd.cpu()).any()):
-        return ("rstd is NaN: the variance came out negative, which sum(x^2)/n - mean^2 (the one-pass variance) "
-                "does on rows around 1000, where it subtracts two numbers near 1e6 in float32. Subtract the mean "
-                "first, then sum the squares (the row is in registers: the second pass is free).")
+        return ("rstd is NaN: the variance came out negative, as sum(x^2)/n - mean^2 (the one-pass variance) does "
+                "on rows around 1000 in float32. Subtract the mean first, then sum the squares.")
     if not bool(torch.isfinite(mean.cpu()).all() and torch.isfinite(rstd.cpu()).all()):
-        return ("some statistics are inf or NaN where the float64 ones are finite. If you summed in 16 bits "
-                "(float16/bfloat16 statistics), the sum of a row around 1000 overflows (largest float16: 65504): "
-                "convert x with x.to(tl.float32) before the sums.")
+        return ("some statistics are inf or NaN: a 16-bit sum of a row around 1000 overflows (largest float16: "
+                "65504): convert x with x.to(tl.float32) before the sums.")
     n = x.shape[-1]
     block = triton.next_power_of_2(n)
     if n != block and bool((_rel(mean, mean64 * n / block) < 1e-4).all()):
         return "the mean was divided by BLOCK_SIZE; divide by n_cols (masked lanes are not part of the row)."
-    no_mean = 1.0 / torch.sqrt((x64 ** 2).mean(-1) + EPS)
+    no_mean = 1.0 / torch.sqrt((x64 ** 2).mean(-1) + eps)
     if bool((_rel(rstd, no_mean) < 1e-3).all()):
         return ("rstd matches 1 / sqrt(mean(x^2) + eps): the variance was computed without subtracting the mean. "
                 "var = sum((x - mean)^2) / n_cols.")
-    bad = _rel(rstd, rstd64) > rstd_rtol(mean64, rstd64, n)
+    small, var64 = slice(3, None, 4), 1.0 / rstd64 ** 2 - eps
+    if x.shape[0] > 3 and any(bool((_rel(rstd[small], 1 / (var64[small] + e).sqrt()) < 2e-2).all())
+                              for e in (1e-5, 1e-6, 0)):
+        return EPS_HINT
+    bad = _rel(rstd, rstd64) > rstd_rtol(mean64, rstd64, n, eps)
     if x.shape[0] > 1 and bool(bad[0::2].any()) and not bool(bad[1::2].any()) and \
             bool((_rel(mean, mean64) < 1e-5).all()):
-        return ("rstd is wrong only on the rows around 1000 (the even rows), where sum(x^2)/n - mean^2 subtracts "
-                "two numbers near 1e6 in float32 and keeps only noise: the one-pass variance. Subtract the mean "
-                "first, then sum the squares (the row is in registers: the second pass is free).")
+        return ("rstd is wrong only on the rows around 1000 (the even rows), where sum(x^2)/n - mean^2 keeps only "
+                "float32 noise: the one-pass variance. Subtract the mean first, then sum the squares.")
     if bool((_rel(mean, mean64) < 1e-2).all()) and bool((_rel(rstd, rstd64) < 5e-2).all()):
         return ("the statistics are close but not float32-accurate: are they computed in 16 bits (float16/bfloat16 "
                 "statistics)? Accumulate the sums in float32.")
@@ -102,34 +119,36 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor) -> s
     return ""
 
 
-def _launch(what, fn, case, hint):
+def _launch(what, fn, case, hint, inputs=()):
+    """Run the student's launch under load tracking; a crash or a load outside ``inputs`` fails, named."""
     try:
-        fn()
-    except NotImplementedError:
-        raise
-    except check.CheckFailure:
+        with check.track_loads() as loads:
+            fn()
+    except (NotImplementedError, check.CheckFailure):
         raise
     except Exception as e:  # a crash in the student's kernel: say where
         raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n{what}"
                                  + (f"\nHint: {hint}" if hint else "")) from e
+    if inputs:
+        check.check_loads_inside(case, loads, list(inputs))
 
 
 def _y_atol(dtype, n_cols, mean64, rstd64, w) -> float:
-    """y's tolerance: the dtype's, plus what float32 statistics cannot avoid on offset rows (the mean is
-    known to about log2(N) float32 roundings of |mean|, and y = (x - mean) * rstd * w magnifies it)."""
+    """y's tolerance: the dtype's, plus log2(N) float32 roundings of |mean| (offset rows) times rstd * |w|."""
     cond = float((mean64.abs() * rstd64).max()) * float(w.abs().max())
     return check.tolerance(dtype)[0] + max(1.0, n_cols.bit_length()) * F32_EPS * cond
 
 
 def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per program") -> None:
-    """Judge a one-row-per-program LayerNorm forward kernel (y, mean and rstd against float64)."""
+    """Judge ``kernel[(n_rows,)](y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride,
+    y_row_stride, eps, BLOCK_SIZE=next_power_of_2(n_cols))``: y, mean and rstd against float64."""
+    refuse(name, kernel)
     shapes = env.pick(gpu=((1, 1), (7, 13), (37, 1000), (5, 4097), (4, 12345)),
                       cpu=((1, 1), (7, 13), (37, 300), (6, 1000)))
-    signature = ("It is launched as kernel[(n_rows,)](y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, "
-                 "x_row_stride, y_row_stride, eps, BLOCK_SIZE=triton.next_power_of_2(n_cols)).")
+    signature = "It is launched as " + check_forward_kernel.__doc__.split("``")[1]
     for dtype in env.supported_dtypes():
         for n_rows, n_cols in shapes:
-            case = f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols)"
+            case = f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols, eps={EPS:g})"
             xg, x = _inputs(n_rows, n_cols, dtype)
             w = check.randn((n_cols,), dtype, scale=0.5, offset=1.0)
             b = check.randn((n_cols,), dtype)
@@ -139,10 +158,10 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             rstd = check.Guarded((n_rows,), torch.float32)
             _launch(signature, lambda: kernel[(n_rows,)](y.tensor, x, w, b, mean.tensor, rstd.tensor, n_cols,  # noqa: B023
                                                          x.stride(0), y.tensor.stride(0), EPS,
-                                                         BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, FWD_HINT)
+                                                         BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, FWD_HINT,
+                    (x, w, b))
             for g, what in ((y, "y"), (mean, "mean"), (rstd, "rstd")):
-                g.check(f"{case}, {what}", "store y with mask=offsets < n_cols, and one mean and one rstd per row "
-                                           "at mean_ptr + pid and rstd_ptr + pid")
+                g.check(f"{case}, {what}", "mask the store of y; one mean and one rstd per row, at pid")
             x64, mean64, rstd64 = _stats64(before)
             hint = diagnose_stats(mean.tensor, rstd.tensor, before) or FWD_HINT
             check.compare(f"{case}: mean", mean.tensor, mean64, dtype=torch.float32, atol=1e-4, rtol=1e-5, hint=hint)
@@ -158,12 +177,13 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             xg.check(f"{case}, the input buffer")
             if not torch.equal(x, before):
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y, mean, rstd")
-    check.verdict(name, "y, mean and rstd match float64 on every shape and dtype tried, rows around 1000, "
-                        "strided rows, no writes outside the outputs")
+    check.verdict(name, "y, mean and rstd match float64: rows around 1000, small rows (eps matters), strided rows, "
+                        "no loads or writes outside the tensors")
 
 
 def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:
     """Judge ``fn(x, weight, bias, eps) -> y`` on a 2-D input and count its kernel launches (one)."""
+    refuse(name, fn)
     n_rows, n_cols = env.pick(gpu=(123, 1999), cpu=(9, 777))
     _, x = _inputs(n_rows, n_cols, torch.float32, gap=0)
     x = x.contiguous()
@@ -176,17 +196,43 @@ def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:
         raise check.CheckFailure(f"{name}: your function raised {type(e).__name__}: {str(e)[:400]}") from e
     x64, mean64, rstd64 = _stats64(x)
     y64 = (x64 - mean64[:, None]) * rstd64[:, None] * w.cpu().double() + b.cpu().double()
-    check.compare(name, y, y64, dtype=x.dtype, atol=_y_atol(x.dtype, n_cols, mean64, rstd64, w), hint=FWD_HINT)
+    check.compare(name, y, y64, dtype=x.dtype, atol=_y_atol(x.dtype, n_cols, mean64, rstd64, w),
+                  hint=f"pass eps (the check uses eps={EPS:g}) on to the kernel. " + FWD_HINT)
     check.check_kernel_launches(name, fn, x, w, b, EPS, expected=1)
     check.verdict(name, "matches float64 LayerNorm in one kernel launch")
 
 
 # --------------------------------------------------------------------------- the dw/db reduction
 
-DW_HINT = ("program (pid_m, pid_n) sums over ITS rows [pid_m * rows_per_program, ...) only (never past n_rows), "
-           "for the columns pid_n * BLOCK_N + tl.arange(0, BLOCK_N): dw += tl.sum(dy * x_hat, axis=0) and "
-           "db += tl.sum(dy, axis=0) over tiles of BLOCK_M rows, with x_hat = (x - mean) * rstd; it stores row pid_m "
-           "of dw_partial and db_partial (row length n_cols).")
+DW_HINT = ("program (pid_m, pid_n) sums its own rows [pid_m * rows_per_program, ...), never past n_rows, in tiles of "
+           "BLOCK_M rows, one float32 sum per column, stored in row pid_m of dw_partial and db_partial.")
+
+
+def _run_sums(v: torch.Tensor, bounds) -> torch.Tensor:
+    return torch.stack([v[a:b].sum(0) for a, b in bounds])
+
+def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what) -> str:
+    """Which mistake the partial rows look like, from sums over other row ranges ("" when none fits)."""
+    tiles, total = triton.cdiv(rows_per_program, block_m) * block_m, v.sum(0)
+    close = lambda a, b: bool(torch.allclose(a, b, rtol=1e-3, atol=1e-2 * float(b.abs().max().clamp_min(1))))  # noqa: E731
+    if not bool(torch.isfinite(got).all()):
+        return ""
+    if tiles != rows_per_program and close(got, _run_sums(v, [(s, min(s + tiles, n_rows)) for s in
+                                                              range(0, n_rows, rows_per_program)])):
+        return (f"each partial {what} row also holds the rows of the next run that its last tile covers: the rows of "
+                "a tile were masked with rows < n_rows, so the next program counts them again. A tile's rows end at "
+                "the run's end, end = min(first + rows_per_program, n_rows): mask with rows < end.")
+    for want, which in ((total[None].expand_as(got), "every partial row"), (torch.cat([total[None], 0 * got[1:]]),
+                                                                           "partial row 0 (the others 0)")):
+        if close(got, want):
+            return f"{which} holds the {what} sum of ALL rows: each program sums only its own run of rows."
+    if close(got.sum(0), total):
+        return (f"the partial {what} rows add up to the right sums but are not each run's own: program pid_m stores "
+                "the sum over rows [pid_m * rows_per_program, ...) in row pid_m.")
+    if close(got.sum(0).sum(), total.sum()):
+        return (f"the grand total of your sums is right but not the sum of each column: {what} is summed over the "
+                f"wrong axis. tl.sum(tile, axis=1) adds up a row of the tile; {what}[j] is tl.sum(tile, axis=0).")
+    return ""
 
 
 def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
@@ -200,38 +246,104 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
     dw = check.Guarded((n_programs, n_cols), torch.float32)
     db = check.Guarded((n_programs, n_cols), torch.float32)
     grid = (n_programs, triton.cdiv(n_cols, block_n))
-    signature = ("It is launched as kernel[(n_programs, triton.cdiv(n_cols, BLOCK_N))](dw_partial_ptr, db_partial_ptr, "
-                 "x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, x_row_stride, dy_row_stride, rows_per_program, "
-                 "BLOCK_M=..., BLOCK_N=...).\nIf the error is about shapes: dw and db hold one sum per column "
-                 "(BLOCK_N values); tl.sum(tile, axis=1) gives one per row (BLOCK_M values): reduce over axis 0.")
+    signature = ("It is launched as " + check_dw_db_kernel.__doc__.split("``")[1] + "\nIf the error is about shapes: "
+                 "dw and db hold one sum per column; tl.sum(tile, axis=1) gives one per row: reduce over axis 0.")
     _launch(signature, lambda: kernel[grid](dw.tensor, db.tensor, x, dy, mean, rstd, n_rows, n_cols, x.stride(0),
                                             dy.stride(0), rows_per_program, BLOCK_M=block_m, BLOCK_N=block_n),
-            case, DW_HINT)
+            case, DW_HINT, (x, dy, mean, rstd))
     for g, what in ((dw, "dw_partial"), (db, "db_partial")):
         g.check(f"{case}, {what}", "mask the columns of the last block: cols < n_cols")
     dy64 = dy.to("cpu", torch.float64)
     x_hat = (x64 - mean.cpu().double()[:, None]) * rstd.cpu().double()[:, None]
-    for got, want, what in ((dw.tensor, (dy64 * x_hat).sum(0), "dw"), (db.tensor, dy64.sum(0), "db")):
-        total = got.to("cpu", torch.float64).sum(0)
-        hint = DW_HINT
-        if block_m == block_n and n_cols % block_n == 0 and bool(torch.isfinite(total).all()):
-            same_total = abs(float(total.sum() - want.sum())) <= 1e-3 * max(1.0, float(want.abs().sum()))
-            if same_total and not bool(torch.allclose(total, want, rtol=1e-3, atol=1e-2)):
-                hint = ("the grand total of your sums is right but not the sum of each column: " + what +
-                        " is summed over the wrong axis. tl.sum(tile, axis=1) adds up a row of the tile; " + what +
-                        "[j] is a sum over the rows, tl.sum(tile, axis=0).")
-        atol = 1e-4 * n_rows ** 0.5 * float(want.abs().max().clamp_min(1.0))
-        check.compare(f"{case}: {what} (the partial rows added up)", total, want, dtype=torch.float32, atol=atol,
-                      rtol=1e-4, hint=hint)
+    bounds = [(s, min(s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]
+    for got, v, what in ((dw.tensor, dy64 * x_hat, "dw"), (db.tensor, dy64, "db")):
+        got, want = got.to("cpu", torch.float64), _run_sums(v, bounds)
+        hint = _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what) or DW_HINT
+        atol = 1e-4 * rows_per_program ** 0.5 * float(want.abs().max().clamp_min(1.0))
+        for p in range(n_programs):  # every partial row: the sum of the program's own run of rows
+            check.compare(f"{case}: {what}, partial row {p} (rows {bounds[p][0]} to {bounds[p][1] - 1})", got[p],
+                          want[p], dtype=torch.float32, atol=atol, rtol=1e-4, hint=hint)
     xg.check(f"{case}, the input x")
 
 
 def check_dw_db_kernel(kernel, name: str = "dw/db reduction over rows") -> None:
-    """Judge a stage-1 dw/db kernel: the float32 partial rows it writes must add up to float64's sums."""
-    cases = env.pick(gpu=((50, 48, 16, 16, 32), (77, 100, 8, 32, 24), (1000, 4097, 32, 128, 256), (3, 1, 16, 16, 16)),
-                     cpu=((50, 48, 16, 16, 32), (77, 100, 8, 32, 24), (300, 333, 16, 64, 64), (3, 1, 16, 16, 16)))
+    """Judge ``kernel[(n_programs, cdiv(n_cols, BLOCK_N))](dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr,
+    rstd_ptr, n_rows, n_cols, x_row_stride, dy_row_stride, rows_per_program, BLOCK_M=, BLOCK_N=)``: each float32
+    partial row must be float64's sum over its run of rows."""
+    refuse(name, kernel)
+    # (n_rows, n_cols, BLOCK_M, BLOCK_N, rows_per_program): most runs are not a whole number of tiles
+    cases = env.pick(gpu=((50, 48, 16, 16, 24), (77, 100, 8, 32, 20), (1000, 4097, 32, 128, 100), (3, 1, 16, 16, 16),
+                          (64, 40, 16, 32, 32)),
+                     cpu=((50, 48, 16, 16, 24), (77, 100, 8, 32, 20), (300, 333, 16, 64, 40), (3, 1, 16, 16, 16),
+                          (64, 40, 16, 32, 32)))
     for dtype in env.supported_dtypes():
         for n_rows, n_cols, block_m, block_n, rows_per_program in cases:
             _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program)
-    check.verdict(name, "the partial sums add up to float64's dw and db on every shape and dtype tried, "
-                        "strided rows, no writes outside the partial buffers")
+    check.verdict(name, "every partial row is float64's sum over its own run of rows (runs ending inside a tile), "
+                        "strided rows, no loads or writes outside the tensors")
+
+
+# --------------------------------------------------------------------------- RMSNorm's backward, rstd recomputed
+
+RMS_HINT = ("recompute rstd = 1 / sqrt(sum(x * x) / n_cols + eps) in float32; with x_hat = x * rstd and g = dy * w, "
+            "dx = (g - x_hat * sum(g * x_hat) / n_cols) * rstd (RMSNorm has no mean: no mean(g) term).")
+
+
+def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None):
+    """dx of RMSNorm in float64 (``layer_norm``/``c1``/``n``: the known wrong formulas, to name them)."""
+    n = n or x64.shape[-1]
+    xc = x64 - x64.mean(-1, keepdim=True) if layer_norm else x64
+    rstd = 1.0 / torch.sqrt((xc * xc).sum(-1, keepdim=True) / n + eps)
+    x_hat, g = xc * rstd, dy64 * w64
+    dx = g - (x_hat * (g * x_hat).sum(-1, keepdim=True) / n if c1 else 0.0)
+    return (dx - g.mean(-1, keepdim=True) if layer_norm else dx) * rstd
+
+
+def _rms_diagnose(got, x64, dy64, w64) -> str:
+    rows = lambda d: d.abs().amax(-1, keepdim=True).clamp_min(1e-30)  # noqa: E731
+    fits = lambda want, sel=slice(None): bool(((got[sel] - want[sel]).abs() / rows(want[sel]) < 1e-2).all())  # noqa: E731
+    n = x64.shape[-1]
+    if x64.shape[0] > 3 and any(fits(_rms_dx64(x64, dy64, w64, e), slice(3, None, 4)) for e in (1e-5, 1e-6, 0.0)):
+        return EPS_HINT
+    if fits(_rms_dx64(x64, dy64, w64, EPS, layer_norm=True)):
+        return "this is LayerNorm's dx: RMSNorm subtracts no mean, from x or from g (no mean(g) term)."
+    if fits(_rms_dx64(x64, dy64, w64, EPS, c1=False)):
+        return ("dx = g * rstd forgets that rstd depends on every x of the row: subtract x_hat * mean(g * x_hat) "
+                "from g first.")
+    if n != triton.next_power_of_2(n) and fits(_rms_dx64(x64, dy64, w64, EPS, n=triton.next_power_of_2(n))):
+        return "the means were divided by BLOCK_SIZE; divide by n_cols (masked lanes are not part of the row)."
+    return ""
+
+
+def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd recomputed") -> None:
+    """Judge ``kernel[(n_rows,)](dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride,
+    dx_row_stride, eps, BLOCK_SIZE=next_power_of_2(n_cols))``, rstd recomputed from x: dx against float64."""
+    refuse(name, kernel)
+    shapes = env.pick(gpu=((1, 1), (7, 13), (37, 1000), (5, 4097), (4, 12345)), cpu=((1, 1), (7, 13), (37, 300)))
+    signature = "It is launched as " + check_rms_backward_kernel.__doc__.split("``")[1]
+    for dtype in env.supported_dtypes():
+        for n_rows, n_cols in shapes:
+            case = f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols, eps={EPS:g})"
+            xg, x = _inputs(n_rows, n_cols, dtype)
+            dy = check.randn((n_rows, n_cols + 3), dtype)[:, :n_cols]
+            w = check.randn((n_cols,), dtype, scale=0.5, offset=1.0)
+            dx = check.Guarded((n_rows, n_cols), dtype)
+            _launch(signature, lambda: kernel[(n_rows,)](dx.tensor, dy, x, w, n_cols, x.stride(0), dy.stride(0),  # noqa: B023
+                                                         dx.tensor.stride(0), EPS,
+                                                         BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, RMS_HINT,
+                    (x, dy, w))
+            dx.check(f"{case}, dx", "store dx with mask=offsets < n_cols, row pid at dx_ptr + pid * dx_row_stride")
+            x64, dy64, w64 = (t.to("cpu", torch.float64) for t in (x, dy, w))
+            want = _rms_dx64(x64, dy64, w64, EPS)
+            # per row (rows differ in scale by 1e4), the size of the terms dx subtracts: float32 rounds those
+            rstd = 1.0 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + EPS)
+            g, x_hat = dy64 * w64, x64 * rstd
+            terms = g.abs() + (x_hat * (g * x_hat).mean(-1, keepdim=True)).abs()
+            scale = (rstd * terms).amax(-1, keepdim=True).clamp_min(1e-30)
+            got = dx.tensor.to("cpu", torch.float64)
+            check.compare(f"{case}: dx (each row divided by the size of its terms)", got / scale, want / scale,
+                          dtype=dtype, atol=2 * check.tolerance(dtype)[0], rtol=0.0,
+                          hint=_rms_diagnose(got, x64, dy64, w64) or RMS_HINT)
+            xg.check(f"{case}, the input buffer")
+    check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
+                        "writes outside the tensors")
