@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import _lib
-from . import attention as _attention
+from . import attn as _attention
 from . import dropout as _dropout
 from . import linear as _linear
 from . import loss as _loss

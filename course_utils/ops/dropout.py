@@ -1,22 +1,30 @@
-"""``course::bias_gelu_dropout(x, bias, p, seed_tensor) -> y`` (chapter 12). Not written yet."""
+"""``course::bias_gelu_dropout(x, bias, p, seed_tensor) -> y``: :mod:`course_utils.tuned.bias_gelu_dropout`
+(chapter 4's fused forward and chapter 11's backward, the Philox seed read from ``seed_tensor`` on the
+device). The backward reads the same tensor: bump it after the backward pass, not between forward and
+backward (the backward would then regenerate a different mask). Several dropout layers in one step
+need different seeds: give each its own element of one int64 tensor (``seeds[i:i + 1]``) and bump
+them all at once (``seeds.add_(len(seeds))``).
+"""
 
 from __future__ import annotations
 
 import torch
 
+from ..tuned import bias_gelu_dropout as K
 from . import _lib
 
 
 def bias_gelu_dropout_fwd(x: torch.Tensor, bias: torch.Tensor, p: float, seed_tensor: torch.Tensor):
-    raise NotImplementedError("course::bias_gelu_dropout is not written yet (issue 24, item 2)")
+    return K.bias_gelu_dropout(x, bias, p, seed_tensor)
 
 
 def _fake_fwd(x, bias, p, seed_tensor):
+    K.check(x, bias, p, seed_tensor)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def bias_gelu_dropout_bwd(dy, x, bias, p: float, seed_tensor):
-    raise NotImplementedError("course::bias_gelu_dropout is not written yet (issue 24, item 2)")
+    return K.bias_gelu_dropout_backward(dy, x, bias, p, seed_tensor)
 
 
 def _fake_bwd(dy, x, bias, p, seed_tensor):

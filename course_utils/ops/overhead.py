@@ -1,11 +1,168 @@
-"""Warm-up (every tile choice made ahead of the hot path) and the host-overhead table. Not written yet."""
+"""Warm-up (every tile choice made before the hot path) and what a call costs the host.
+
+:func:`warmup` runs every op forward and backward once on the shapes of a pre-norm GPT block, so
+that each launch plan (the timed choices of chapters 7, 9, 10 and 11 included) is chosen and cached
+before a step is timed or captured in a CUDA graph. One eager step of the model does the same:
+every first call of a (shape, dtype, device) chooses and caches its plan.
+
+:func:`host_overhead_table` times, per op, the host's cost of one call from Python: the course's
+wrapper (its ``autograd.Function`` fast path), the registered ``torch.ops.course`` op (the
+dispatcher's Python path, what ``torch.compile`` graphs call) and the aten counterpart, on tiny
+shapes whose GPU time is far below the host's, so the wall time of a loop of calls is host time.
+"""
 
 from __future__ import annotations
 
+import time
 
-def warmup(*shapes, **kw):
-    raise NotImplementedError("course_utils.ops.warmup is not written yet")
+import torch
+import torch.nn.functional as F
+
+from .. import env
 
 
-def host_overhead_table(**kw):
-    raise NotImplementedError("course_utils.ops.host_overhead_table is not written yet")
+def _device(device):
+    return torch.device(device) if device is not None else env.DEVICE
+
+
+def _block_inputs(batch, seq, d_model, n_head, vocab, dtype, residual_dtype, device, requires_grad=True):
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(*shape, dt=dtype, scale=1.0):
+        t = (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
+        return t.requires_grad_(requires_grad)
+
+    d, hd = d_model, d_model // n_head
+    return dict(
+        resid=rand(batch, seq, d, dt=residual_dtype), sub=rand(batch, seq, d), w=rand(d, dt=residual_dtype),
+        b=rand(d, dt=residual_dtype, scale=0.1), qkv=rand(batch, seq, 3 * d, scale=0.5),
+        fc_in=rand(batch, seq, d), fc_w=rand(4 * d, d, scale=d ** -0.5), fc_b=rand(4 * d, scale=0.1),
+        drop_b=rand(d, scale=0.1),
+        logits=rand(batch * seq, vocab), targets=torch.randint(0, vocab, (batch * seq,), generator=g).to(device),
+        hd=hd, n_head=n_head)
+
+
+def _block_calls(t, ops, seed):
+    """(name, callable) for each op on the block's shapes; each returns a tensor to backpropagate."""
+    B, N, _ = t["resid"].shape
+    H, hd = t["n_head"], t["hd"]
+
+    def attention():
+        q, k, v = t["qkv"].view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+        return ops.attention(q, k, v, True, hd ** -0.5)
+
+    return [
+        ("layer_norm", lambda: ops.layer_norm(t["resid"], t["w"], t["b"], 1e-5)),
+        ("add_layer_norm", lambda: sum(o.float().sum() for o in ops.add_layer_norm(t["sub"], t["resid"], t["w"],
+                                                                                   t["b"], 1e-5))),
+        ("linear_gelu", lambda: ops.linear_gelu(t["fc_in"], t["fc_w"], t["fc_b"])),
+        ("attention", attention),
+        ("cross_entropy", lambda: ops.cross_entropy(t["logits"], t["targets"])),
+        ("bias_gelu_dropout", lambda: ops.bias_gelu_dropout(t["fc_in"], t["drop_b"], 0.1, seed)),
+    ]
+
+
+def warmup(batch: int, seq: int, d_model: int, n_head: int, vocab: int, *, dtype: torch.dtype | None = None,
+           residual_dtype: torch.dtype = torch.float32, device=None) -> dict[str, int]:
+    """Choose and cache every launch plan for a pre-norm GPT block of these sizes (forward and backward);
+    returns how many plans each module holds now. ``dtype`` is the activations' (default: bfloat16 on
+    a GPU, float16 under the interpreter); the residual stream and the norms' weights are ``residual_dtype``."""
+    import course_utils.ops as ops
+
+    from . import attn as A
+    from . import linear as L
+    from . import loss as C
+    from . import norms as Nm
+    device = _device(device)
+    dtype = dtype or (torch.bfloat16 if env.on_gpu() else torch.float16)
+    t = _block_inputs(batch, seq, d_model, n_head, vocab, dtype, residual_dtype, device)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+    for _, call in _block_calls(t, ops, seed):
+        out = call()
+        out.float().sum().backward()
+    if env.on_gpu():
+        torch.cuda.synchronize()
+    return {"norms": len(Nm.PLANS), "linear": len(L.PLANS), "attention": len(A.PLANS), "loss": len(C.PLANS)}
+
+
+def _aten_calls(t):
+    B, N, _ = t["resid"].shape
+    H, hd = t["n_head"], t["hd"]
+    d = t["resid"].shape[-1]
+
+    def attention():
+        q, k, v = t["qkv"].view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return {
+        "layer_norm": lambda: F.layer_norm(t["resid"], (d,), t["w"], t["b"], 1e-5),
+        "add_layer_norm": lambda: F.layer_norm(t["sub"] + t["resid"], (d,), t["w"], t["b"], 1e-5),
+        "linear_gelu": lambda: F.gelu(F.linear(t["fc_in"], t["fc_w"], t["fc_b"]), approximate="tanh"),
+        "attention": attention,
+        "cross_entropy": lambda: F.cross_entropy(t["logits"].float(), t["targets"]),
+        "bias_gelu_dropout": lambda: F.dropout(F.gelu(t["fc_in"] + t["drop_b"], approximate="tanh"), 0.1),
+    }
+
+
+class _Dispatcher:
+    """The ops called through ``torch.ops.course`` (what a compiled graph calls), same signatures."""
+
+    @staticmethod
+    def layer_norm(x, w, b, eps):
+        return torch.ops.course.layer_norm(x, w, b, eps)
+
+    @staticmethod
+    def add_layer_norm(x, r, w, b, eps):
+        return torch.ops.course.add_layer_norm(x, r, w, b, eps)
+
+    @staticmethod
+    def linear_gelu(x, w, b):
+        return torch.ops.course.linear_gelu(x, w, b)
+
+    @staticmethod
+    def attention(q, k, v, causal, scale):
+        return torch.ops.course.attention(q, k, v, causal, scale)
+
+    @staticmethod
+    def cross_entropy(logits, targets):
+        return torch.ops.course.cross_entropy(logits, targets)
+
+    @staticmethod
+    def bias_gelu_dropout(x, b, p, seed):
+        return torch.ops.course.bias_gelu_dropout(x, b, p, seed)
+
+
+def _per_call_us(fn, n_calls: int, sync) -> float:
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(n_calls):
+        fn()
+    host = time.perf_counter() - start   # the loop's issue time; the GPU may still be running
+    sync()
+    return host / n_calls * 1e6
+
+
+def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_model: int = 64, n_head: int = 2,
+                        vocab: int = 64, dtype: torch.dtype | None = None, device=None):
+    """A ``pandas.DataFrame``, one row per op: host microseconds per forward call (no autograd) of the
+    course's wrapper, of ``torch.ops.course.<op>``, and of the aten counterpart, on tiny shapes
+    (launch-bound: the loop's time is the host's). On the interpreter the numbers are the
+    interpreter's run time, not launch overhead: run it on a GPU."""
+    import pandas as pd
+
+    import course_utils.ops as ops
+    device = _device(device)
+    dtype = dtype or (torch.bfloat16 if env.on_gpu() else torch.float16)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t = _block_inputs(batch, seq, d_model, n_head, vocab, dtype, torch.float32, device, requires_grad=False)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+    course = dict(_block_calls(t, ops, seed))
+    dispatched = dict(_block_calls(t, _Dispatcher, seed))
+    aten = _aten_calls(t)
+    rows = []
+    with torch.no_grad():
+        for name in course:
+            c, d_, a = (_per_call_us(f[name], n_calls, sync) for f in (course, dispatched, aten))
+            rows.append({"op": name, "course_us": c, "torch_ops_us": d_, "aten_us": a, "course_over_aten": c / a})
+    return pd.DataFrame(rows)
