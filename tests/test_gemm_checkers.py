@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 import course_utils as cu
 from course_utils import check
 from course_utils.checkers import gemm as cg
+from course_utils.kernels import gemm as G
 from course_utils.kernels.elementwise import gelu_math
+from course_utils.kernels.gemm import tile_matmul
+from course_utils.tuned import gemm as tuned_gemm
 
 # tl.constexpr, so the compiled (GPU) kernel may read them as globals
-OK, NO_K_MASK, FP16_ACC, BIAS_ROWS, GELU_FIRST, NO_STRIDES = (tl.constexpr(i) for i in range(6))
+(OK, NO_K_MASK, FP16_ACC, BIAS_ROWS, GELU_FIRST, NO_STRIDES, K_MASK_A_ONLY, K_MASK_B_ONLY, NO_ROW_MASK,
+ NO_COL_MASK, BIAS_NO_MASK, ERF_GELU, RES_NO_STRIDE, RES_BEFORE_GELU, RES_NO_MASK) = (
+    tl.constexpr(i) for i in range(15))
 BLOCK = 16 if not cu.on_gpu() else 32
 
 
 @triton.jit
-def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  EPILOGUE: tl.constexpr, BUG: tl.constexpr):
+def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  stride_rm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  EPILOGUE: tl.constexpr, RESIDUAL: tl.constexpr, BUG: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -40,10 +46,22 @@ def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, 
         mask_k = k < K
         if BUG == NO_K_MASK:
             mask_k = k >= 0
+        mask_ka = mask_k
+        mask_kb = mask_k
+        if BUG == K_MASK_B_ONLY:   # the K mask on one operand only: 0 * (what lies past K) is not always 0
+            mask_ka = k >= 0
+        if BUG == K_MASK_A_ONLY:
+            mask_kb = k >= 0
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        if BUG == NO_ROW_MASK:
+            mask_m = offs_m >= 0
+        if BUG == NO_COL_MASK:
+            mask_n = offs_n >= 0
         a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                    mask=(offs_m[:, None] < M) & mask_k[None, :], other=0.0)
+                    mask=mask_m[:, None] & mask_ka[None, :], other=0.0)
         b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                    mask=mask_k[:, None] & (offs_n[None, :] < N), other=0.0)
+                    mask=mask_kb[:, None] & mask_n[None, :], other=0.0)
         if BUG == FP16_ACC:
             acc = (acc + tl.dot(a, b)).to(tl.float16)
         else:
@@ -56,25 +74,48 @@ def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, 
         elif BUG == GELU_FIRST:
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc = gelu_math(acc, True) + bias[None, :]
+        elif BUG == BIAS_NO_MASK:
+            bias = tl.load(bias_ptr + offs_n).to(tl.float32)
+            acc = gelu_math(acc + bias[None, :], True)
+        elif BUG == ERF_GELU:
+            bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            acc = gelu_math(acc + bias[None, :], False)
         else:
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-            acc = gelu_math(acc + bias[None, :], True)
+            acc = acc + bias[None, :]
+            if not (RESIDUAL and BUG == RES_BEFORE_GELU):
+                acc = gelu_math(acc, True)
+    if RESIDUAL:
+        rows = offs_m[:, None]
+        cols = offs_n[None, :]
+        mask_r = (rows < M) & (cols < N)
+        if BUG == RES_NO_STRIDE:
+            stride_rm = N
+        if BUG == RES_NO_MASK:
+            mask_r = (rows >= 0) & (cols >= 0)
+        r = tl.load(r_ptr + rows * stride_rm + cols, mask=mask_r, other=0.0).to(tl.float32)
+        acc = acc + r
+        if BUG == RES_BEFORE_GELU:
+            acc = gelu_math(acc, True)
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def _launcher(bug, epilogue, launches=1):
-    def run(a, b, bias=None):
+def _launcher(bug, epilogue, launches=1, residual=False):
+    def run(a, b, bias=None, r=None):
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty((M, N), dtype=a.dtype, device=a.device)
         grid = (triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))
         for _ in range(launches):
-            _buggy_linear[grid](a, b, c, bias if bias is not None else c, M, N, K,
-                                a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK, EPILOGUE=epilogue, BUG=bug)
+            _buggy_linear[grid](a, b, c, bias if bias is not None else c, r if r is not None else c, M, N, K,
+                                a.stride(0), a.stride(1), b.stride(0), b.stride(1), N if r is None else r.stride(0),
+                                BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK, EPILOGUE=epilogue,
+                                RESIDUAL=residual, BUG=bug)
         return c
 
+    if residual:
+        return lambda x, w, b, r: run(x, w, b, r)
     if epilogue:
         return lambda x, w, b: run(x, w, b)
     return lambda a, b: run(a, b)
@@ -86,14 +127,16 @@ FP = (torch.float32,)
 def test_correct_kernels_pass(capsys):
     cg.check_matmul(_launcher(OK, False))
     cg.check_linear_gelu(_launcher(OK, True))
+    cg.check_linear_gelu_residual(_launcher(OK, True, residual=True), dtypes=FP)
     out = capsys.readouterr().out
-    assert out.count("PASS") == 2
+    assert out.count("PASS") == 3
 
 
 def test_the_courses_own_kernels_are_refused_as_the_answer_key():
     from course_utils.kernels import gemm as G
-    for check_fn, fn in ((cg.check_matmul, lambda a, b: G.matmul_teaching(a, b)),
-                         (cg.check_linear_gelu, lambda x, w, b: G.linear_gelu_teaching(x, w, b))):
+    # reached through getattr, out of sight of the scan of the code: the launch of the course's kernel tells
+    for check_fn, fn in ((cg.check_matmul, lambda a, b: getattr(G, "matmul_" + "teaching")(a, b)),
+                         (cg.check_linear_gelu, lambda x, w, b: getattr(G, "linear_gelu_" + "teaching")(x, w, b))):
         with pytest.raises(check.CheckFailure, match="course's own kernel"):
             check_fn(fn)
 
@@ -105,10 +148,17 @@ def test_the_courses_own_kernels_are_refused_as_the_answer_key():
     (BIAS_ROWS, True, FP, ["wrong axis"]),
     (GELU_FIRST, True, FP, ["GELU is applied before the bias"]),
     (NO_STRIDES, False, FP, ["transposed", "strides"]),
+    (K_MASK_A_ONLY, False, FP, ["K mask", "of b"]),
+    (K_MASK_B_ONLY, False, FP, ["K mask", "of a"]),
+    (K_MASK_B_ONLY, False, (torch.float16,), ["K mask"]),
+    (ERF_GELU, True, FP, ["erf"]),
+    (RES_NO_STRIDE, "res", FP, ["row stride"]),
+    (RES_BEFORE_GELU, "res", FP, ["residual is added before GELU"]),
+    (ERF_GELU, "res", FP, ["erf"]),
 ])
 def test_wrong_kernels_fail_naming_the_fault(bug, epilogue, dtypes, words):
-    fn = _launcher(bug, epilogue)
-    checker = cg.check_linear_gelu if epilogue else cg.check_matmul
+    fn = _launcher(bug, bool(epilogue), residual=epilogue == "res")
+    checker = {"res": cg.check_linear_gelu_residual, True: cg.check_linear_gelu}.get(epilogue, cg.check_matmul)
     with pytest.raises(check.CheckFailure) as e:
         checker(fn, dtypes=dtypes)
     for w in words:
@@ -137,3 +187,81 @@ def test_wrong_shape_and_written_input_fail():
         return c
     with pytest.raises(check.CheckFailure, match="changed its input"):
         cg.check_matmul(scribbles, dtypes=FP)
+
+
+@pytest.mark.parametrize("bug, epilogue, words", [
+    (NO_ROW_MASK, False, ["a's load", "offs_m < M"]),
+    (NO_COL_MASK, False, ["b's load", "offs_n < N"]),
+    (BIAS_NO_MASK, True, ["bias load", "offs_n < N"]),
+    (RES_NO_MASK, "res", ["residual load"]),
+])
+def test_loads_outside_the_operands_fail_naming_the_operand(bug, epilogue, words):
+    """Harmless to the answer (the store is masked), so only the recorded loads can tell: interpreter only."""
+    if cu.on_gpu():
+        pytest.skip("loads are recorded under the interpreter only")
+    fn = _launcher(bug, bool(epilogue), residual=epilogue == "res")
+    checker = {"res": cg.check_linear_gelu_residual, True: cg.check_linear_gelu}.get(epilogue, cg.check_matmul)
+    with pytest.raises(check.CheckFailure, match="outside its operands") as e:
+        checker(fn, dtypes=FP)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("bug", [K_MASK_A_ONLY, K_MASK_B_ONLY])
+def test_a_k_mask_on_one_operand_fails_every_time_from_the_output_alone(bug, monkeypatch):
+    """With the load records switched off (as on a GPU), the NaN guard zones still fail it, every run."""
+    import contextlib
+
+    from course_utils.checkers import loads
+    monkeypatch.setattr(check, "track_loads", lambda: contextlib.nullcontext(loads.Loads()))
+    for _ in range(2):
+        with pytest.raises(check.CheckFailure, match="K mask"):
+            cg.check_matmul(_launcher(bug, False), dtypes=FP)
+
+
+@triton.jit
+def _tile_loop_calling_the_course(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk,
+                                  stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    return tile_matmul(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, None)
+
+
+@triton.jit
+def _exercise_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _tile_loop_calling_the_course(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk,
+                                        stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _exercise_launcher(a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    _exercise_kernel[(triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))](
+        a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK)
+    return c
+
+
+def test_exercise_9_1_answered_with_the_lectures_tile_matmul_is_refused():
+    """The student's own kernel launches, so only the code it calls shows the course's K loop."""
+    with pytest.raises(check.CheckFailure, match="tile_matmul"):
+        cg.check_matmul(_exercise_launcher, dtypes=FP)
+
+
+@pytest.mark.parametrize("fn, name", [
+    (lambda a, b: torch.mm(a, b), "torch.mm"),
+    (lambda a, b: torch.matmul(a, b), "torch.matmul"),
+    (lambda a, b: F.linear(a, b.T), "F.linear"),
+    (lambda x, w, b: torch.addmm(b, x, w), "torch.addmm"),
+    (lambda x, w, b: G.linear_gelu_teaching(x, w, b), "linear_gelu_teaching"),
+    (lambda x, w, b: tuned_gemm.linear_gelu(x, w, b), "linear_gelu"),
+])
+def test_torch_and_course_answers_are_refused_by_name(fn, name):
+    checker = cg.check_linear_gelu if fn.__code__.co_argcount == 3 else cg.check_matmul
+    with pytest.raises(check.CheckFailure, match=name):
+        checker(fn, dtypes=FP)

@@ -1,16 +1,25 @@
-"""Checks for chapter 9 (a matmul and its fused bias + GELU epilogue).
+"""Checks for chapter 9 (a matmul and its fused epilogues).
 
-:func:`check_matmul` judges ``fn(a, b) -> a @ b`` and :func:`check_linear_gelu` judges
-``fn(x, w, b) -> gelu(x @ w + b)`` (tanh GELU, bias per output column). Every call draws fresh signed
+:func:`check_matmul` judges ``fn(a, b) -> a @ b``, :func:`check_linear_gelu` ``fn(x, w, b) ->
+gelu(x @ w + b)`` (tanh GELU, bias per output column) and :func:`check_linear_gelu_residual`
+``fn(x, w, b, r) -> gelu(x @ w + b) + r`` (``r`` a strided M x N view). Every call draws fresh signed
 inputs; the cases go from sizes that are multiples of any tile to ragged M and N, a ragged K, odd
-sizes down to 1 and transposed operands (a view with stride 1 along its first dimension). Inputs sit
-inside guard zones (an out-of-bounds read brings in garbage), the output is compared with a float64
-reference of the same rounded inputs, and the function must launch exactly one Triton kernel. When a
-case fails the checker tries the usual faults against the output and names the one that fits.
+sizes down to 1 and transposed operands (a view with stride 1 along its first dimension); in float32,
+the epilogue checks add an accumulator that every precision computes exactly, with ``acc + bias``
+spread where the tanh and erf forms of GELU differ by up to 4.7e-4 (far above that case's tolerance).
+
+Inputs sit inside guard zones filled with NaN: a load past the end of an operand brings a NaN into the
+sum, so a K mask missing on one operand fails on a GPU as well, every time. Under the interpreter every
+load is recorded (:func:`check.track_loads`), and a load outside the operands (rows past M, columns past
+N or K, the bias past N) fails, named by operand. The function must launch exactly one Triton kernel
+of its own, and neither it nor the kernels it calls may use the course's answer (``tile_matmul``, the
+launchers, ``torch.mm``/``F.linear``/``addmm``): :func:`refuse_course_answers`. When a case fails the
+checker tries the usual faults against the output and names the one that fits.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
@@ -42,11 +51,17 @@ def cases():
             ("odd M, N and K", 19, 33, 51, False), ("transposed operands", 21, 34, 45, True)]
 
 
+#: float32 only: operands in {-0.5, 0, 0.5} make every product and partial sum exact in tf32, float16
+#: and float32, so the tolerance can be far below the 4.7e-4 between the tanh and erf forms of GELU
+EXACT = "an accumulator exact in every precision, acc + bias spread over [-4, 4]"
+EXACT_TOL = (2e-5, 2e-5)
+
+
 def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _operands(m, n, k, dtype, transposed, cancelling=False):
+def _operands(m, n, k, dtype, transposed, cancelling=False, exact=False):
     gen = check.generator()
     a = check.randn((m, k), torch.float32, gen=gen)
     b = check.randn((k, n), torch.float32, gen=gen)
@@ -55,21 +70,74 @@ def _operands(m, n, k, dtype, transposed, cancelling=False):
         # sum climbs past float16's largest value (65504) and comes back to a small result
         a = 16.0 + 0.25 * a
         b = torch.cat([16.0 + 0.25 * b[: k // 2], -16.0 + 0.25 * b[k // 2:]])
+    if exact:
+        a, b = 0.5 * torch.sign(a.round()), 0.5 * torch.sign(b.round())
     a, b = a.to(dtype), b.to(dtype)
     if transposed:  # the same values, stored column by column
         a, b = a.T.contiguous().T, b.T.contiguous().T
     return a, b
 
 
-def _guarded(t: torch.Tensor) -> check.Guarded:
-    """``t`` inside guard zones with its own strides (a transposed view stays transposed)."""
-    if t.stride(0) == 1 and t.dim() == 2 and t.shape[1] > 1:
-        g = check.guarded_copy(t.T.contiguous())
-        g.view = g.tensor.T
-    else:
-        g = check.guarded_copy(t.contiguous())
-        g.view = g.tensor
-    return g
+class _Operand:
+    """``t`` (its strides kept: a transposed view stays transposed) inside guard zones of NaN wider than
+    any tile a student picks, so a load past its end reads a NaN (0 * NaN is NaN: a K mask missing on
+    one operand poisons the sum every time) and never leaves the buffer."""
+
+    def __init__(self, name: str, t: torch.Tensor, pad_cols: int = 0):
+        self.name = name
+        flip = t.dim() == 2 and t.stride(0) == 1 and t.shape[1] > 1
+        store = t.T if flip else t
+        rows, cols = store.shape if store.dim() == 2 else (1, store.shape[0])
+        self.guard = 256 * (cols + pad_cols) + 4096
+        n = rows * (cols + pad_cols)
+        self.buffer = torch.full((n + 2 * self.guard,), float("nan"), dtype=t.dtype, device=t.device)
+        inner = self.buffer[self.guard:self.guard + n]
+        if store.dim() == 2:
+            inner = inner.view(rows, cols + pad_cols)[:, :cols]   # pad columns stay NaN
+        else:
+            inner = inner.view(cols)
+        inner.copy_(store)
+        self.view = inner.T if flip else inner
+
+    def unchanged(self, case: str, original: torch.Tensor) -> None:
+        g = self.guard
+        edges = torch.cat([self.buffer[:g], self.buffer[-g:]])
+        check.require(bool(torch.isnan(edges).all()), f"{case}: your kernel wrote into the memory around input "
+                      f"{self.name}: mask your tl.store with rows < M and columns < N.")
+        check.require(torch.equal(self.view, original), f"{case}: your function changed its input {self.name}")
+
+    def holds(self, addr: np.ndarray) -> np.ndarray:
+        start = self.buffer.data_ptr()
+        return (addr >= start) & (addr < start + self.buffer.numel() * self.buffer.element_size())
+
+
+_LOAD_FAULTS = {
+    "a": "a's load reads past its rows (mask offs_m < M) or past column K (mask k < K)",
+    "b": "b's load reads past row K (mask k < K) or past its columns (mask offs_n < N)",
+    "bias": "the bias load reads past its N entries: mask it with offs_n < N",
+    "residual": "the residual load reads past its M x N tile: mask it with rows < M and columns < N",
+}
+
+
+def _check_loads(case: str, loads, operands, what: str) -> None:
+    """Name the operand a masked-in lane read outside of (interpreter only: a GPU records nothing)."""
+    from .loads import outside, span
+
+    bad = outside(loads, [o.view for o in operands])
+    if not bad:
+        return
+    addr = loads.flat()
+    inside = np.zeros(addr.size, dtype=bool)
+    for o in operands:
+        lo, hi = span(o.view)
+        inside |= (addr >= lo) & (addr < hi)
+    names = [o.name for o in operands if bool((o.holds(addr) & ~inside).any())]
+    faults = "; ".join(_LOAD_FAULTS[n] for n in names) or "a load reads memory that is none of the operands"
+    if "ragged K" in what and any(n in ("a", "b") for n in names):
+        faults = (f"the K mask is missing on the load of {' and '.join(n for n in names if n in 'ab')}: the last "
+                  f"K tile reads past K. Mask both loads with k < K and other=0.0 ({faults})")
+    raise check.CheckFailure(f"{case}: your kernel loaded {bad} element(s) outside its operands: {faults}. A "
+                             "masked-off lane must not load: past the end of a buffer there may be no memory at all.")
 
 
 def _call(fn, args, case):
@@ -90,29 +158,40 @@ def _close(got, expected, atol, rtol) -> bool:
     return bool(torch.isclose(g, expected.cpu(), atol=atol, rtol=rtol).all())
 
 
-def _diagnose(got, acc, bias, atol, rtol, what, earlier_passed) -> str:
+def _gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def _diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed) -> str:
     """The usual fault that explains ``got``, as a hint ('' when none fits)."""
     g = got.detach().to("cpu", torch.float64)
     acc = acc.cpu()
-    ref = acc if bias is None else F.gelu(acc + bias.cpu(), approximate="tanh")
+    r = 0.0 if res is None else res
+    ref = acc if bias is None else _gelu(acc + bias) + r
     if bias is not None:
-        b = bias.cpu()
         m = acc.shape[0]
         faults = [
             ("the bias is added along the wrong axis: it has one value per output column (N of them), so "
              "load it with the column offsets (offs_n) and broadcast it over the rows, bias[None, :]",
-             F.gelu(acc + b[:m, None], approximate="tanh") if m <= b.numel() else acc),
+             _gelu(acc + bias[:m, None]) + r if m <= bias.numel() else None),
             ("GELU is applied before the bias: the epilogue is gelu(acc + bias), so add the bias first",
-             F.gelu(acc, approximate="tanh") + b),
-            ("the bias is missing: add it to the accumulator before GELU", F.gelu(acc, approximate="tanh")),
-            ("GELU is missing: apply gelu_math(acc + bias, True) before the store", acc + b),
-            ("this is the exact (erf) GELU: the course's epilogue uses the tanh form, gelu_math(..., True)",
-             F.gelu(acc + b)),
+             _gelu(acc) + bias + r),
+            ("the bias is missing: add it to the accumulator before GELU", _gelu(acc) + r),
+            ("GELU is missing: apply gelu_math(acc + bias, True) before the store", acc + bias + r),
+            ("this is the exact (erf) GELU: the course's epilogue uses the tanh form, gelu_math(..., True). "
+             "They differ by up to 4.7e-4 near |x| = 2", F.gelu(acc + bias) + r),
         ]
-        if m > b.numel():
-            faults = faults[1:]
+        if res is not None:
+            faults += [
+                ("the residual is added before GELU: it is added to GELU's output, gelu(acc + bias) + r",
+                 _gelu(acc + bias + r)),
+                ("the residual is missing: load the M x N tile of r and add it after GELU", _gelu(acc + bias)),
+                ("the residual's row stride is ignored: r is a view whose rows are stride_rm elements apart, "
+                 "not N; address it as r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]",
+                 _gelu(acc + bias) + res_flat),
+            ]
         for hint, candidate in faults:
-            if torch.isclose(g, candidate, atol=atol, rtol=rtol).all():
+            if candidate is not None and torch.isclose(g, candidate, atol=atol, rtol=rtol, equal_nan=True).all():
                 return hint
     finite = torch.isfinite(g)
     if not bool(finite.all()) and bool(torch.isfinite(ref).all()):
@@ -120,11 +199,11 @@ def _diagnose(got, acc, bias, atol, rtol, what, earlier_passed) -> str:
             return ("the sum overflowed: it climbs past float16's largest value (65504) in the middle of the K "
                     "loop. Accumulate in float32 (tl.zeros(..., dtype=tl.float32)) and convert once, at the store")
         if "ragged K" in what and earlier_passed:
-            return ("the K mask is missing: the last K tile reads past column K of a and row K of b (into "
-                    "whatever lies there). Mask both loads with k < K and other=0.0")
+            return ("the K mask is missing: the last K tile read past column K of a or past row K of b (the NaN "
+                    "there poisons the sum, even times a masked zero). Mask both loads with k < K and other=0.0")
     scale = float(ref.abs().max()) or 1.0
     rel = float((g - ref).abs().nan_to_num(float("inf")).max()) / scale
-    if rel < 0.05:
+    if rel < 0.05 and EXACT not in what:
         return ("close but not within tolerance: the sum lost precision. Accumulate in float32 "
                 "(tl.zeros(..., dtype=tl.float32), tl.dot(a, b, acc)) and round to the output dtype once, at the store")
     if "ragged K" in what and earlier_passed:
@@ -137,55 +216,124 @@ def _diagnose(got, acc, bias, atol, rtol, what, earlier_passed) -> str:
     return ""
 
 
-def _check(fn, name: str, with_bias: bool, dtypes, hint: str) -> None:
+def _answers(epilogue: str) -> dict:
+    """The course's answers for a chapter 9 exercise: ``{description: object}``."""
+    from ..kernels import gemm as G
+    from ..tuned import gemm as T
+    found = {"teaching launcher (matmul_teaching)": G.matmul_teaching,
+             "teaching launcher (linear_gelu_teaching)": G.linear_gelu_teaching,
+             "teaching kernel (matmul_kernel)": G.matmul_kernel, "epilogue (kernels.gemm.epilogue)": G.epilogue,
+             "reference (matmul_ref)": G.matmul_ref, "reference (linear_gelu_ref)": G.linear_gelu_ref,
+             "tuned matmul (tuned.gemm.matmul)": T.matmul, "tuned linear_gelu": T.linear_gelu,
+             "torch.mm (cuBLAS)": torch.mm, "torch.matmul": torch.matmul, "torch.addmm": torch.addmm,
+             "F.linear": F.linear, "torch._addmm_activation": getattr(torch, "_addmm_activation", None),
+             "F.gelu": F.gelu}
+    if epilogue == "none":   # exercise 9.1 is the K loop: the lecture's tile_matmul is its answer
+        found["K loop (kernels.gemm.tile_matmul)"] = G.tile_matmul
+    for name, obj in list(found.items()):
+        if hasattr(obj, "fn"):   # a @triton.jit kernel: its Python function too
+            found[name + " "] = obj.fn
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _own_code(fn) -> list:
+    """``fn`` and every function or @triton.jit kernel of the student's that it reaches (not the course's)."""
+    todo, seen, out = [fn], set(), []
+    while todo:
+        item = todo.pop()
+        f = getattr(item, "fn", item)
+        if id(f) in seen or not inspect.isfunction(f):
+            continue
+        seen.add(id(f))
+        out.append(f)
+        for _, obj in check._referenced(f):
+            inner = getattr(obj, "fn", obj)
+            theirs = not (getattr(inner, "__module__", "") or "").startswith(("course_utils", "torch", "triton"))
+            if inspect.isfunction(inner) and theirs:
+                todo.append(obj)
+    return out
+
+
+def refuse_course_answers(name: str, fn, epilogue: str = "none") -> None:
+    """Raise if ``fn``, or a function or kernel of the student's that it calls, uses the course's answer."""
+    forbidden = _answers(epilogue)
+    for f in _own_code(fn):
+        check.refuse_answer_key(name, f, forbidden)
+
+
+def _check(fn, name: str, epilogue: str, dtypes, hint: str) -> None:
+    refuse_course_answers(name, fn, epilogue)
+    with_bias, with_res = epilogue != "none", epilogue == "gelu_residual"
     dtypes = tuple(dtypes or env.supported_dtypes())
     for dtype in dtypes:
-        per_sqrt_k, rtol = GEMM_TOLERANCES[dtype]
+        per_sqrt_k = GEMM_TOLERANCES[dtype][0]
         todo = list(cases())
         if dtype == torch.float16:
             k = 640 if env.on_gpu() else 576
             todo.insert(1, ("cancelling sums that pass 65504 in the middle of the K loop", 16, 32, k, False))
+        if with_bias and dtype == torch.float32:
+            todo.append((EXACT, 19, 37, 24, False))
         passed = 0
         for what, m, n, k, transposed in todo:
             case = f"{name} ({_name(dtype)}, M={m}, N={n}, K={k}, {what})"
-            a, b = _operands(m, n, k, dtype, transposed, cancelling="cancelling" in what)
-            bias = check.randn((n,), dtype) if with_bias else None
-            ga, gb = _guarded(a), _guarded(b)
-            args = (ga.view, gb.view) if bias is None else (ga.view, gb.view, check.guarded_copy(bias).tensor)
-            got = _call(fn, args, case)
+            a, b = _operands(m, n, k, dtype, transposed, cancelling="cancelling" in what, exact=what == EXACT)
+            ops = [_Operand("a", a), _Operand("b", b)]
+            if with_bias:
+                scale = 1.5 if what == EXACT else 1.0
+                ops.append(_Operand("bias", check.randn((n,), dtype, scale=scale)))
+            if with_res:   # the first N columns of an M x (N + 3) tensor: its row stride is not N
+                ops.append(_Operand("residual", check.randn((m, n), dtype), pad_cols=3))
+            originals = [o.view.clone() for o in ops]
+            with check.track_loads() as loads:
+                got = _call(fn, [o.view for o in ops], case)
             if not isinstance(got, torch.Tensor) or tuple(got.shape) != (m, n):
                 raise check.CheckFailure(f"{case}: expected a {m} x {n} tensor, got "
                                          f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
-            for g, t, which in ((ga, a, "a"), (gb, b, "b")):
-                g.check(f"{case}, input {which}")
-                check.require(torch.equal(g.view, t), f"{case}: your function changed its input {which}")
+            for o, t in zip(ops, originals):
+                o.unchanged(case, t)
+            _check_loads(case, loads, ops, what)
             acc = a.double() @ b.double()
-            expected = acc if bias is None else F.gelu(acc + bias.double(), approximate="tanh")
+            bias = ops[2].view.double().cpu() if with_bias else None
+            res = ops[3].view.double().cpu() if with_res else None
+            res_flat = None
+            if with_res:   # what r_ptr + m * N + n reads (the row stride ignored)
+                inner = ops[3].buffer[ops[3].guard:]
+                res_flat = inner[: m * n].view(m, n).double().cpu()
+            expected = acc if bias is None else _gelu(acc.cpu() + bias) + (0.0 if res is None else res)
             atol = per_sqrt_k * (k ** 0.5) * (16 if "cancelling" in what else 1)
+            atol, rtol = EXACT_TOL if what == EXACT else (atol, GEMM_TOLERANCES[dtype][1])
             if not _close(got, expected, atol, rtol):
-                fault = _diagnose(got, acc, None if bias is None else bias.double(), atol, rtol, what, passed > 0)
+                fault = _diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0)
                 check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=fault or hint)
             passed += 1
     # one Triton kernel: the product and its epilogue in a single launch (torch.empty for the output is fine)
     dtype = dtypes[0]
     a, b = _operands(33, 40, 48, dtype, False)
-    args = (a, b) if not with_bias else (a, b, check.randn((40,), dtype))
+    args = [a, b] + [check.randn((40,), dtype)] * with_bias + [check.randn((33, 40), dtype)] * with_res
     with np.errstate(over="ignore"):
         try:
             check.check_kernel_launches(name, fn, *args, expected=1)
         except check.CheckFailure as e:
             raise check.CheckFailure(f"{e} The matmul and its epilogue run in one kernel of yours: no second "
                                      "kernel, no loop of launches.") from None
-    extra = ", bias + tanh GELU in the epilogue" if with_bias else ""
+    extra = {"none": "", "gelu": ", bias + tanh GELU in the epilogue",
+             "gelu_residual": ", bias + tanh GELU + a strided residual in the epilogue"}[epilogue]
     check.verdict(name, f"matches the float64 reference on tile-multiple, ragged, odd and transposed shapes{extra}, "
-                        "every dtype tried, one Triton launch")
+                        "every dtype tried, no load outside the operands, one Triton launch")
 
 
 def check_matmul(fn, name: str = "matmul tile loop", *, dtypes=None, hint: str = "") -> None:
     """Raise :class:`check.CheckFailure` unless ``fn(a, b)`` computes ``a @ b``; print the verdict."""
-    _check(fn, name, False, dtypes, hint)
+    _check(fn, name, "none", dtypes, hint)
 
 
 def check_linear_gelu(fn, name: str = "fused bias + GELU epilogue", *, dtypes=None, hint: str = "") -> None:
     """Raise :class:`check.CheckFailure` unless ``fn(x, w, b)`` computes ``gelu(x @ w + b)`` (tanh form)."""
-    _check(fn, name, True, dtypes, hint)
+    _check(fn, name, "gelu", dtypes, hint)
+
+
+def check_linear_gelu_residual(fn, name: str = "bias + GELU + residual epilogue", *, dtypes=None,
+                               hint: str = "") -> None:
+    """Raise unless ``fn(x, w, b, r)`` computes ``gelu(x @ w + b) + r`` (tanh GELU; ``r`` is an M x N view
+    whose row stride is not N)."""
+    _check(fn, name, "gelu_residual", dtypes, hint)
