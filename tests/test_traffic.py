@@ -479,17 +479,35 @@ def test_softmax_checker(capsys):
 
 
 def good_bgd(m, n, b):
-    return (6 * m * n + n) * b, (2 * m * n + n) * b
+    # three eager kernels (the dropout's keep-mask: 1 byte per element) vs one that regenerates the mask
+    return (6 * m * n + n) * b + m * n, (2 * m * n + n) * b
 
 
 def test_bias_gelu_dropout_checker(capsys):
     CT.check_bias_gelu_dropout_bytes(good_bgd)
     assert "PASS" in capsys.readouterr().out
-    # the seed's mistake: a bias as large as x (14N vs 6N in fp16)
-    with pytest.raises(CheckFailure, match="one value per column"):
-        CT.check_bias_gelu_dropout_bytes(lambda m, n, b: (7 * m * n * b, 3 * m * n * b))
-    with pytest.raises(CheckFailure, match="reads the bias"):
-        CT.check_bias_gelu_dropout_bytes(lambda m, n, b: (6 * m * n * b, 2 * m * n * b))
+
+
+@pytest.mark.parametrize("wrong,hint", [
+    # the quick count's mistake: a bias as large as x (14N vs 6N in fp16)
+    (lambda m, n, b: (7 * m * n * b + m * n, 3 * m * n * b), "one value per column"),
+    (lambda m, n, b: (6 * m * n * b + m * n, (2 * m * n + n) * b), "reads the bias"),
+    (lambda m, n, b: ((6 * m * n + n) * b, (2 * m * n + n) * b), "keep-mask"),          # mask forgotten
+    (lambda m, n, b: ((7 * m * n + n) * b, (2 * m * n + n) * b), "torch.bool"),         # mask at itemsize
+    (lambda m, n, b: (7 * m * n + n, (2 * m * n + n) * b), "itemsize"),
+    (lambda m, n, b: (good_bgd(m, n, b)[0], (2 * m * n + n) * b + m * n), "writes no mask"),  # fused saves it
+])
+def test_bias_gelu_dropout_checker_names_each_fault(wrong, hint):
+    with pytest.raises(CheckFailure, match=hint):
+        CT.check_bias_gelu_dropout_bytes(wrong)
+
+
+def test_bias_gelu_dropout_checker_refuses_the_calculator():
+    def bias_gelu_dropout_bytes(rows, cols, itemsize):
+        saved = T.bias_gelu_dropout(rows, cols, CT.ITEMSIZES[itemsize], mask="saved")
+        return saved.unfused.total_bytes, T.bias_gelu_dropout(rows, cols, CT.ITEMSIZES[itemsize]).fused.total_bytes
+    with pytest.raises(CheckFailure, match="bias_gelu_dropout"):
+        CT.check_bias_gelu_dropout_bytes(bias_gelu_dropout_bytes)
 
 
 def good_time(nbytes, flops, hbm_gbps, peak_tflops, launch_us):

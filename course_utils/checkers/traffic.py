@@ -131,7 +131,8 @@ def check_softmax_bytes(fn: Callable) -> None:
 
 def check_bias_gelu_dropout_bytes(fn: Callable) -> None:
     """``fn(rows, cols, itemsize) -> (unfused, fused)`` for dropout(gelu(x + bias)), bias per
-    column, dropout mask generated in the kernel."""
+    column: eager dropout (``native_dropout``, training) writes a 1-byte keep-mask per element
+    besides its output; the fused kernel regenerates the mask from the seed and writes none."""
     refuse_answer_key("bias_gelu_dropout_bytes", fn, _answers())
     rng = _rng()
     what = "bias_gelu_dropout_bytes"
@@ -139,23 +140,28 @@ def check_bias_gelu_dropout_bytes(fn: Callable) -> None:
         (rng.randrange(1, 3000), rng.randrange(1, 20000) | 1, rng.choice([2, 4])) for _ in range(4)]
     for args in cases:
         m, n, b = args
-        c = T.bias_gelu_dropout(m, n, ITEMSIZES[b], mask="generated")
+        unfused = T.bias_gelu_dropout(m, n, ITEMSIZES[b], mask="saved").unfused.total_bytes
+        fused = T.bias_gelu_dropout(m, n, ITEMSIZES[b], mask="generated").fused.total_bytes
         got = _pair(what, _call(what, fn, *args), args)
-        unfused, fused = c.unfused.total_bytes, c.fused.total_bytes
         mn = m * n
         if got[0] != unfused:
             _mismatch(what, args, "unfused", got[0], unfused, {
                 "the bias is one value per column (cols values), not a full rows x cols tensor":
-                    14 * mn * b // 2,
-                "the first kernel reads the bias too (cols values)": 6 * mn * b,
-                "multiply by itemsize": 6 * mn + n,
-                "the mask is generated in the kernel: no mask bytes": 6 * mn * b + n * b + mn})
+                    14 * mn * b // 2 + mn,
+                "eager dropout (native_dropout) also writes a keep-mask, one byte per element, that autograd "
+                "saves for the backward pass": 6 * mn * b + n * b,
+                "the mask is torch.bool: one byte per element, whatever the itemsize of x": (7 * mn + n) * b,
+                "the first kernel reads the bias too (cols values)": 6 * mn * b + mn,
+                "multiply the tensors' elements by itemsize (the mask's by 1)": 7 * mn + n})
         if got[1] != fused:
             _mismatch(what, args, "fused", got[1], fused, {
+                "the fused kernel regenerates the mask from the seed and the element's index: it writes "
+                "no mask": (2 * mn + n) * b + mn,
                 "the bias is one value per column (cols values), not a full rows x cols tensor": 3 * mn * b,
                 "the fused kernel reads the bias once (cols values)": 2 * mn * b,
                 "multiply by itemsize": 2 * mn + n})
-    verdict(what, f"matches the calculator on {len(cases)} shapes (bias per column, mask generated)")
+    verdict(what, f"matches the calculator on {len(cases)} shapes (bias per column; eager saves a 1-byte "
+                  "mask, fused regenerates it)")
 
 
 def _ref_kernel_time_us(nbytes, flops, hbm_gbps, peak_tflops, launch_us):
