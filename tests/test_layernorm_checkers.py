@@ -315,3 +315,65 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_rms_backward_kernel(_rms_mode(mode))
+
+
+# ----------------------------------------------------------------------------- forward in chunks (Welford)
+# MODE: 0 right (Welford's statistics per chunk, merged with Chan's formula; a second loop writes y),
+# 1 one-pass sums of x and x^2 over the chunks (E[x^2] - E[x]^2).
+
+
+@triton.jit
+def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride, eps,
+             BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    count = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        mask = start + offsets < n_cols
+        x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
+        if MODE == 1:
+            mean += tl.sum(x, axis=0)
+            m2 += tl.sum(x * x, axis=0)
+        else:
+            n_b = tl.sum(mask.to(tl.float32), axis=0)
+            mean_b = tl.sum(x, axis=0) / n_b
+            xc = tl.where(mask, x - mean_b, 0.0)
+            delta = mean_b - mean
+            total = count + n_b
+            mean += delta * n_b / total
+            m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
+            count = total
+    if MODE == 1:
+        mean = mean / n_cols
+        m2 = m2 - mean * mean * n_cols
+    rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
+    for start in tl.range(0, n_cols, BLOCK_SIZE):
+        mask = start + offsets < n_cols
+        x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + start + offsets, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + start + offsets, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(y_ptr + pid * y_row_stride + start + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + pid, mean)
+    tl.store(rstd_ptr + pid, rstd)
+
+
+def _chunked_mode(mode):
+    class K:
+        def __getitem__(self, grid):
+            return lambda *a, **k: _chunked[grid](*a, **k, MODE=mode)
+    return K()
+
+
+def test_chunked_welford_kernel_passes_the_chunked_check(capsys):
+    checks.check_forward_kernel(_chunked_mode(0), "chunked", chunk=64)
+    assert capsys.readouterr().out.startswith("PASS chunked")
+
+
+def test_chunked_check_fails_one_pass_sums_and_a_whole_row_kernel():
+    with pytest.raises(check.CheckFailure, match="one-pass variance"):
+        checks.check_forward_kernel(_chunked_mode(1), chunk=64)
+    with pytest.raises(check.CheckFailure, match="differ"):
+        checks.check_forward_kernel(_mode(0), chunk=64)  # the whole row in one block: only its first chunk

@@ -38,15 +38,12 @@ def answers() -> dict:
 
 def refuse(what: str, fn) -> None:
     """Refuse the course's answers handed in as ``fn``, or called from it (a kernel's body included)."""
-    keys = answers()
-    check.refuse_answer_key(what, fn, keys)
-    if hasattr(fn, "fn"):  # a @triton.jit kernel: the Python function it compiles
-        check.refuse_answer_key(what, fn.fn, keys)
+    for f in (fn, getattr(fn, "fn", None)):  # a @triton.jit kernel: also the Python function it compiles
+        check.refuse_answer_key(what, f, answers())
 
 
 def _inputs(n_rows: int, n_cols: int, dtype, gap: int = 5):
-    """x (n_rows, n_cols) in a guarded (n_rows, n_cols + gap) buffer; even rows around OFFSET, rows 3, 7, ...
-    small (spread SMALL)."""
+    """x (n_rows, n_cols) in a guarded (n_rows, n_cols + gap) buffer; even rows around OFFSET, rows 3, 7... small."""
     full = check.randn((n_rows, n_cols + gap), dtype, scale=3.0, outliers=0.02, outlier_scale=50.0)
     offset_rows = check.randn((n_rows, n_cols + gap), dtype, scale=1.0, offset=OFFSET)
     full[::2] = offset_rows[::2]
@@ -61,8 +58,7 @@ def _inputs(n_rows: int, n_cols: int, dtype, gap: int = 5):
 def _stats64(x: torch.Tensor, eps: float = EPS):
     x64 = x.to("cpu", torch.float64)
     mean = x64.mean(-1)
-    var = ((x64 - mean[:, None]) ** 2).mean(-1)
-    return x64, mean, 1.0 / torch.sqrt(var + eps)
+    return x64, mean, 1.0 / torch.sqrt(((x64 - mean[:, None]) ** 2).mean(-1) + eps)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -84,7 +80,7 @@ EPS_HINT = (f"the small rows (variance about {SMALL ** 2:g}) come out as if eps 
             f"passes eps={EPS:g}. Use the eps argument: rstd = 1 / sqrt(var + eps).")
 
 
-def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps: float = EPS) -> str:
+def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps: float = EPS, block=None) -> str:
     """Which known mistake the statistics a kernel stored look like ("" when none fits)."""
     x64, mean64, rstd64 = _stats64(x, eps)
     if bool(torch.isfinite(mean.cpu()).all()) and bool(torch.isnan(rstd.cpu()).any()):
@@ -94,8 +90,8 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
         return ("some statistics are inf or NaN: a 16-bit sum of a row around 1000 overflows (largest float16: "
                 "65504): convert x with x.to(tl.float32) before the sums.")
     n = x.shape[-1]
-    block = triton.next_power_of_2(n)
-    if n != block and bool((_rel(mean, mean64 * n / block) < 1e-4).all()):
+    block = block or triton.next_power_of_2(n)
+    if n < block and bool((_rel(mean, mean64 * n / block) < 1e-4).all()):
         return "the mean was divided by BLOCK_SIZE; divide by n_cols (masked lanes are not part of the row)."
     no_mean = 1.0 / torch.sqrt((x64 ** 2).mean(-1) + eps)
     if bool((_rel(rstd, no_mean) < 1e-3).all()):
@@ -129,8 +125,8 @@ def _launch(what, fn, case, hint, inputs=()):
     except Exception as e:  # a crash in the student's kernel: say where
         raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n{what}"
                                  + (f"\nHint: {hint}" if hint else "")) from e
-    if inputs:
-        check.check_loads_inside(case, loads, list(inputs))
+    check.check_loads_inside(case, loads, list(inputs))
+    return loads
 
 
 def _y_atol(dtype, n_cols, mean64, rstd64, w) -> float:
@@ -139,9 +135,10 @@ def _y_atol(dtype, n_cols, mean64, rstd64, w) -> float:
     return check.tolerance(dtype)[0] + max(1.0, n_cols.bit_length()) * F32_EPS * cond
 
 
-def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per program") -> None:
+def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per program", *, chunk=None) -> None:
     """Judge ``kernel[(n_rows,)](y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride,
-    y_row_stride, eps, BLOCK_SIZE=next_power_of_2(n_cols))``: y, mean and rstd against float64."""
+    y_row_stride, eps, BLOCK_SIZE=next_power_of_2(n_cols) or chunk)``: y, mean and rstd against float64.
+    With ``chunk``, BLOCK_SIZE is that (rows longer than a block: the kernel loops over chunks of the row)."""
     refuse(name, kernel)
     shapes = env.pick(gpu=((1, 1), (7, 13), (37, 1000), (5, 4097), (4, 12345)),
                       cpu=((1, 1), (7, 13), (37, 300), (6, 1000)))
@@ -156,14 +153,17 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             y = check.Guarded((n_rows, n_cols), dtype)
             mean = check.Guarded((n_rows,), torch.float32)
             rstd = check.Guarded((n_rows,), torch.float32)
-            _launch(signature, lambda: kernel[(n_rows,)](y.tensor, x, w, b, mean.tensor, rstd.tensor, n_cols,  # noqa: B023
-                                                         x.stride(0), y.tensor.stride(0), EPS,
-                                                         BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, FWD_HINT,
-                    (x, w, b))
+            block = chunk or triton.next_power_of_2(n_cols)
+            loads = _launch(signature, lambda: kernel[(n_rows,)](y.tensor, x, w, b, mean.tensor, rstd.tensor,  # noqa: B023
+                                                                 n_cols, x.stride(0), y.tensor.stride(0), EPS,
+                                                                 BLOCK_SIZE=block), case, FWD_HINT, (x, w, b))
+            check.require(not loads.widths or max(loads.widths) <= block, f"{case}: your kernel loads "
+                          f"{max(loads.widths or [0])} lanes at once, launched with BLOCK_SIZE={block}: loop over "
+                          "the row in chunks of tl.arange(0, BLOCK_SIZE).")
             for g, what in ((y, "y"), (mean, "mean"), (rstd, "rstd")):
                 g.check(f"{case}, {what}", "mask the store of y; one mean and one rstd per row, at pid")
             x64, mean64, rstd64 = _stats64(before)
-            hint = diagnose_stats(mean.tensor, rstd.tensor, before) or FWD_HINT
+            hint = diagnose_stats(mean.tensor, rstd.tensor, before, block=block) or FWD_HINT
             check.compare(f"{case}: mean", mean.tensor, mean64, dtype=torch.float32, atol=1e-4, rtol=1e-5, hint=hint)
             rtol = rstd_rtol(mean64, rstd64, n_cols)
             off = _rel(rstd.tensor, rstd64) > rtol
@@ -185,8 +185,7 @@ def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:
     """Judge ``fn(x, weight, bias, eps) -> y`` on a 2-D input and count its kernel launches (one)."""
     refuse(name, fn)
     n_rows, n_cols = env.pick(gpu=(123, 1999), cpu=(9, 777))
-    _, x = _inputs(n_rows, n_cols, torch.float32, gap=0)
-    x = x.contiguous()
+    x = _inputs(n_rows, n_cols, torch.float32, gap=0)[1].contiguous()
     w, b = check.randn((n_cols,), scale=0.5, offset=1.0), check.randn((n_cols,))
     try:
         y = fn(x, w, b, EPS)
