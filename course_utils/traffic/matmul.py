@@ -10,7 +10,7 @@ from .model import Comparison, Kernel, Op, Traffic, _ops
 from .ops import elementwise_chain
 from .units import _count, dtype_bytes, dtype_name
 
-TRAILING_MODES = ("eager", "fused")
+TRAILING_MODES = ("eager", "fused", "addmm")
 
 
 def _op_list(name: str, ops) -> tuple[Op, ...]:
@@ -28,7 +28,9 @@ def matmul_chain(pre, post, m, n, k, dtype="bfloat16", *, trailing="eager") -> C
     does); ``post`` ops act on C (the epilogue). The GEMM reads its A and B once each from HBM (its
     tiles re-read them from L2: the ideal a good GEMM approaches) and writes C.
     Unfused: one kernel per op and one for the GEMM; with ``trailing="fused"`` the ops on each side
-    run as one elementwise kernel instead. Fused: one kernel reads A, B and every operand once and
+    run as one elementwise kernel instead; ``trailing="addmm"`` is what PyTorch's ``addmm`` with a 1-D
+    bias runs: a leading "add bias" on C goes into cuBLASLt's own epilogue (the GEMM kernel reads the
+    bias), every later op is one kernel. Fused: one kernel reads A, B and every operand once and
     writes the final result.
     """
     pre, post = _op_list("pre", pre), _op_list("post", post)
@@ -40,20 +42,25 @@ def matmul_chain(pre, post, m, n, k, dtype="bfloat16", *, trailing="eager") -> C
     extra = 0  # bytes of the ops' own operands (a bias...)
     if pre:
         chain = elementwise_chain(pre, (m, k), dtype)
-        kernels += chain.unfused.kernels if trailing == "eager" else chain.fused.kernels
+        kernels += chain.fused.kernels if trailing == "fused" else chain.unfused.kernels
         extra += chain.fused.read_bytes - m * k * b
-    gemm = Kernel("gemm", (m * k + k * n) * b, m * n * b, 2.0 * m * n * k, m * k * b if pre else 0)
+    in_gemm = ()
+    if trailing == "addmm" and post and post[0].name == "add bias" and post[0].operands == ("col",):
+        in_gemm, post = post[:1], post[1:]   # cuBLASLt's bias epilogue: the GEMM reads the N biases itself
+    gemm = Kernel("gemm + bias" if in_gemm else "gemm", (m * k + k * n + (n if in_gemm else 0)) * b, m * n * b,
+                  2.0 * m * n * k + (m * n if in_gemm else 0), m * k * b if pre else 0)
     kernels.append(gemm)
     if post:
         chain = elementwise_chain(post, (m, n), dtype)
-        tail = chain.unfused.kernels if trailing == "eager" else chain.fused.kernels
+        tail = chain.fused.kernels if trailing == "fused" else chain.unfused.kernels
         kernels += [Kernel(t.name, t.read_bytes, t.write_bytes, t.flops, t.reuse_bytes or m * n * b) if i == 0
                     else t for i, t in enumerate(tail)]
         extra += chain.fused.read_bytes - m * n * b
     flops = sum(kk.flops for kk in kernels)
-    fused = Kernel("fused " + " + ".join([*(o.name for o in pre), "gemm", *(o.name for o in post)]),
+    fused = Kernel("fused " + " + ".join([*(o.name for o in pre), "gemm", *(o.name for o in (*in_gemm, *post))]),
                    gemm.read_bytes + extra, m * n * b, flops)
-    name = " + ".join([*(o.name for o in pre), f"GEMM {m}x{n}x{k}", *(o.name for o in post)]) + f", {dtype_name(dtype)}"
+    name = " + ".join([*(o.name for o in pre), f"GEMM {m}x{n}x{k}", *(o.name for o in (*in_gemm, *post))]) \
+        + f", {dtype_name(dtype)}"
     return Comparison(name, Traffic(f"unfused ({trailing} ops)", tuple(kernels)), Traffic("fused", (fused,)))
 
 
@@ -66,7 +73,9 @@ def gemm_epilogue(m, n, k, epilogue=DEFAULT_EPILOGUE, dtype="bfloat16", *,
     """``C = A @ B`` followed by elementwise ops on C: trailing kernels vs the GEMM's epilogue.
 
     The special case of :func:`matmul_chain` with no ops before the matmul; ``trailing="eager"``
-    runs one kernel per epilogue op after the GEMM, ``"fused"`` one elementwise kernel for all of them.
+    runs one kernel per epilogue op after the GEMM, ``"fused"`` one elementwise kernel for all of them,
+    ``"addmm"`` the bias inside cuBLASLt's GEMM and one kernel per later op (PyTorch's ``addmm`` + GELU:
+    2 kernels, the baseline the benchmark times).
     """
     return matmul_chain((), _ops(epilogue), m, n, k, dtype, trailing=trailing)
 

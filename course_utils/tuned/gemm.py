@@ -3,7 +3,9 @@
 - sm_90 with 16-bit inputs whose rows are 16-byte aligned: ``_gemm_tma_persistent``, tensor
   descriptors made on the device (``tl.make_tensor_descriptor``: the TMA copy engine loads whole
   tiles, zero-fills past the edges and clips the store), one program per SM walking the output tiles
-  in grouped order (a persistent loop: the next tile's loads overlap this tile's epilogue).
+  in grouped order (a persistent loop, flattened into one software pipeline: the next tile's first
+  loads can be issued before this tile's epilogue, but the epilogue's arithmetic and store still run
+  after the K loop, on the same warps: measured, it costs 6-14% over the matmul alone at the MLP shapes).
 - everything else (sm_80, sm_75, float32, odd strides): the teaching kernel with tiles per device.
 
 Tiles are a pure function of a :class:`~course_utils.hardware.DeviceInfo` and the shape
@@ -101,11 +103,14 @@ class TileConfig:
 # Hopper candidates, from the tile sweep on an H100 (results/h100-80gb-hbm3/gemm_tiles_explore.csv,
 # bf16, against torch.mm): 128 x 256 x 64 tiles, 8 warps (two consumer warpgroups), 3 stages and a
 # flattened persistent loop reached 0.86-0.96 of cuBLAS; 128 x 128 tiles 0.76-0.87, pointers instead of
-# descriptors 0.75-0.85, warp specialization changed nothing. The subtiled store (a 4th stage fits) and
-# a shorter group are neighbours the launcher times beside it; in the recorded make-bench run
-# (results/h100-80gb-hbm3/gemm.csv) it kept 128 x 256 x 64 at every MLP shape, where the matmul alone
-# reached 0.95-1.01 of torch.mm and the epilogue cost another 5-12%. Decode (M <= 64) is memory-bound:
-# pointer tiles of 16 or 64 rows streamed W at 0.94-0.97 of torch.mm there.
+# descriptors 0.75-0.85, warp specialization changed nothing. A shorter group is the neighbour the
+# launcher times beside it. The subtiled store with a 4th stage needs 4 x 48 KiB + 32 KiB = 224 KiB of
+# shared memory, above gemm_configs' budget (95% of the H100's 227 KiB per block): it is never tried on
+# an H100 and stays listed for a device with more. In the recorded make-bench run
+# (results/h100-80gb-hbm3/gemm.csv) the launcher kept 128 x 256 x 64, 3 stages at every MLP shape,
+# where the matmul alone reached 0.95-1.01 of torch.mm and the epilogue (fused / matmul - 1) cost
+# another 6.4-14.2%, against -0.9 to +4.8% for cuBLASLt's (addmm_act / mm - 1). Decode (M <= 64) is
+# memory-bound: pointer tiles of 16 or 64 rows streamed W at 0.94-0.97 of torch.mm there.
 _HOPPER_LARGE = [TileConfig(128, 256, 64, 8, 3, tma=True), TileConfig(128, 256, 64, 8, 4, tma=True, subtile=True),
                  TileConfig(128, 256, 64, 8, 3, group_m=4, tma=True)]
 _HOPPER_DECODE_16 = [TileConfig(16, 64, 128, 4, 6), TileConfig(16, 64, 128, 4, 4, tma=True, per_sm=2),
