@@ -1,11 +1,13 @@
 """Chapter 11's checkers pass a right kernel and fail each usual wrong one with a message naming the fault."""
 
 import pytest
+import torch
 import triton
 import triton.language as tl
 
 from course_utils import check
 from course_utils.checkers import backward as checks
+from course_utils.kernels import attention_backward as AB
 from course_utils.kernels.gelu_backward import gelu_grad
 
 
@@ -36,9 +38,9 @@ def test_delta_checker_passes_the_right_kernel(capsys):
     assert capsys.readouterr().out.startswith("PASS ")
 
 
-@pytest.mark.parametrize("fault", ["one stride", "no mask"])
-def test_delta_checker_fails_wrong_kernels(fault):
-    with pytest.raises(check.CheckFailure, match="differ"):
+@pytest.mark.parametrize("fault, words", [("one stride", "differ"), ("no mask", "outside its inputs")])
+def test_delta_checker_fails_wrong_kernels(fault, words):
+    with pytest.raises(check.CheckFailure, match=words):
         checks.check_delta_kernel(bound(_delta, fault))
 
 
@@ -93,3 +95,222 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
 def test_gelu_backward_checker_names_each_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_gelu_backward_kernel(make_gelu_backward(fault))
+
+
+def test_delta_checker_fails_an_unmasked_load():
+    # the row's padded lanes read past the last row (into the guard zone) and are summed with weight 0:
+    # right numbers, a load outside the inputs
+    with pytest.raises(check.CheckFailure, match="outside its inputs"):
+        checks.check_delta_kernel(bound(_delta_unmasked, "none"))
+
+
+@triton.jit
+def _delta_unmasked(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D: tl.constexpr,
+                    FAULT: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK_D)
+    o = tl.load(o_ptr + pid * o_row_stride + offsets).to(tl.float32)
+    do = tl.load(do_ptr + pid * do_row_stride + offsets).to(tl.float32)
+    tl.store(delta_ptr + pid, tl.sum(tl.where(offsets < head_dim, o * do, 0.0), axis=0))
+
+
+# ---- exercise 11.3: the FlashAttention backward, one right pair of kernels with a FAULT each ---------------
+@triton.jit
+def _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: tl.constexpr, FAULT: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    if FAULT != "S unscaled":
+        s = s * sm_scale
+    keep = (rows[:, None] < n_q) & (cols[None, :] < n_kv)
+    if CAUSAL:
+        if FAULT == "top-left":
+            keep = keep & (cols[None, :] <= rows[:, None])
+        elif FAULT == "offset clamped at 0" or FAULT == "offset clamped, lse -inf kept":
+            keep = keep & (cols[None, :] <= rows[:, None] + tl.maximum(causal_offset, 0))
+        else:
+            keep = keep & (cols[None, :] <= rows[:, None] + causal_offset)
+    if FAULT != "offset clamped, lse -inf kept":
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    if FAULT == "exp2 of a natural lse":
+        p = tl.math.exp2(s - lse[:, None])
+    else:
+        p = tl.exp(s - lse[:, None])
+    return tl.where(keep, p, 0.0)
+
+
+@triton.jit
+def _grad_scale(sm_scale, FAULT: tl.constexpr):
+    if FAULT == "no scale":
+        return 1.0
+    elif FAULT == "scale twice":
+        return sm_scale * sm_scale
+    return sm_scale
+
+
+@triton.jit
+def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group, n_q, n_kv, head_dim,
+          causal_offset, sm_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+          CAUSAL: tl.constexpr, FAULT: tl.constexpr):
+    pid_n, pid_bkv = tl.program_id(0), tl.program_id(1)
+    n_kv_heads = n_heads // group
+    b, h_kv = pid_bkv // n_kv_heads, pid_bkv % n_kv_heads
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_d = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)
+    kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
+    kv_offs = pid_bkv.to(tl.int64) * n_kv * head_dim + cols[:, None] * head_dim + offs_d[None, :]
+    k = tl.load(k_ptr + kv_offs, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + kv_offs, mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    n_group = 1 if FAULT == "one q head of the group" else group
+    for g in range(n_group):
+        h = h_kv * group + g
+        stat_head = b * n_heads + (h_kv if FAULT == "lse of the k/v head" else h)
+        row0 = (b * n_heads + h).to(tl.int64) * n_q
+        for start_m in range(0, n_q, BLOCK_M):
+            rows = start_m + offs_m
+            mask = (rows[:, None] < n_q) & (offs_d[None, :] < head_dim)
+            offs = (row0 + rows[:, None]) * head_dim + offs_d[None, :]
+            q = tl.load(q_ptr + offs, mask=mask, other=0.0)
+            do = tl.load(do_ptr + offs, mask=mask, other=0.0)
+            lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+            delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+    dk = dk * _grad_scale(sm_scale, FAULT)
+    tl.store(dk_ptr + kv_offs, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group, n_q, n_kv, head_dim,
+        causal_offset, sm_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        CAUSAL: tl.constexpr, FAULT: tl.constexpr):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // n_heads, pid_bh % n_heads
+    h_kv = h // group
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_q) & (offs_d[None, :] < head_dim)
+    offs = pid_bh.to(tl.int64) * n_q * head_dim + rows[:, None] * head_dim + offs_d[None, :]
+    q = tl.load(q_ptr + offs, mask=mask, other=0.0)
+    do = tl.load(do_ptr + offs, mask=mask, other=0.0)
+    stat_head = b * n_heads + (h_kv if FAULT == "lse of the k/v head" else h)
+    lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+    delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+    kv_head = (b * (n_heads // group) + h_kv).to(tl.int64) * n_kv * head_dim
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, n_kv, BLOCK_N):
+        cols = start_n + offs_n
+        kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
+        k = tl.load(k_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
+        p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT)
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+    dq = dq * _grad_scale(sm_scale, FAULT)
+    tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=mask)
+
+
+def make_flash_backward(fault: str):
+    """A student's launcher: 11.1's delta kernel, then the dK/dV and the dQ pass, with ``fault`` baked in."""
+    def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+        B, H, N, D = q.shape
+        H_kv, N_kv = k.shape[1], k.shape[2]
+        scale = D ** -0.5 if sm_scale is None else sm_scale
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+        block_d = max(16, triton.next_power_of_2(D))
+        _delta[(B * H * N,)](o, do, delta, D, D, D, BLOCK_D=block_d, FAULT="none")
+        args = (H, H // H_kv, N, N_kv, D, N_kv - N, scale)
+        meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, CAUSAL=causal, FAULT=fault)
+        _dkdv[(triton.cdiv(N_kv, 16), B * H_kv)](q, k, v, do, lse, delta, dk, dv, *args, **meta)
+        _dq[(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dq, *args, **meta)
+        return dq, dk, dv
+    return flash_backward
+
+
+def test_flash_backward_checker_passes_the_right_kernels(capsys):
+    checks.check_flash_backward(make_flash_backward("none"))
+    assert capsys.readouterr().out.startswith("PASS ")
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("no delta", "dS without the D term"),
+    ("no scale", "misses the softmax scale"),
+    ("scale twice", "softmax scale twice"),
+    ("S unscaled", "no softmax scale in S"),
+    ("one q head of the group", "one q head's share"),
+    ("top-left", "top-left causal mask"),
+    # right when n_kv >= n_q, top-left when n_q > n_kv: caught on the case with more queries than keys
+    ("offset clamped at 0", f"x {checks.ATTN_CASES[3][4]} keys(.|\n)*top-left causal mask"),
+    ("offset clamped, lse -inf kept", "see no key"),
+    ("exp2 of a natural lse", "wrong base"),
+    ("lse of the k/v head", "wrong row"),
+])
+def test_flash_backward_checker_names_each_fault(fault, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_flash_backward(make_flash_backward(fault))
+
+
+@triton.jit
+def _dq_borrowing(q_ptr, k_ptr, lse_ptr, n_q, n_kv, sm_scale, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    q = tl.load(q_ptr + offs[:, None] * BLOCK + offs[None, :])
+    k = tl.load(k_ptr + offs[:, None] * BLOCK + offs[None, :])
+    lse = tl.load(lse_ptr + offs)
+    p = AB.recompute_p(q, k, lse, offs, offs, n_q, n_kv, 0, sm_scale, False, "ieee")
+    tl.store(q_ptr + offs[:, None] * BLOCK + offs[None, :], p)
+
+
+def _calls_the_course(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    return AB.flash_attention_backward_teaching(q, k, v, o, lse, do, causal=causal, sm_scale=sm_scale)
+
+
+def _autograd_through_torch(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    with torch.enable_grad():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=sm_scale)
+        return torch.autograd.grad(out, (q, k, v), do)
+
+
+def _borrows_recompute_p(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    _dq_borrowing[(1,)](q, k, lse, q.shape[2], k.shape[2], 1.0, BLOCK=16)
+    return q, k, v
+
+
+def _math_in_torch(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    from course_utils.checkers.backward import attention_grads64 as grads
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    return tuple(t.to(q.dtype) for t in grads(q, k, v, do, causal, scale)[2:5])
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_calls_the_course, "course's FlashAttention backward"),
+    (_autograd_through_torch, "torch.autograd.grad"),
+    (_borrows_recompute_p, "P recomputation"),
+    (_math_in_torch, "ran in torch"),
+], ids=["course backward", "torch.autograd", "course P in a kernel", "torch math"])
+def test_flash_backward_checker_refuses_answers_it_did_not_write(fn, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_flash_backward(fn)
+
+
+@triton.jit
+def _gelu_backward_unmasked_loads(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
+                                  BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    z = tl.load(x_ptr + offsets).to(tl.float32) + tl.load(bias_ptr + offsets % n_cols).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets).to(tl.float32)
+    dx = tl.where(tl.rand(seed, offsets) >= p, dy * gelu_grad(z, True) / (1.0 - p), 0.0)
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)  # masked store only
+
+
+def test_gelu_backward_checker_fails_unmasked_loads():
+    with pytest.raises(check.CheckFailure, match="outside its inputs"):
+        checks.check_gelu_backward_kernel(_gelu_backward_unmasked_loads)

@@ -14,6 +14,8 @@ row (the gap holds huge values), outputs poisoned with NaN inside guard zones, f
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 
@@ -57,8 +59,10 @@ def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = row
             og, o = _strided(n_rows, head_dim, dtype, gap=3)
             dg, do = _strided(n_rows, head_dim, dtype, gap=7)   # another stride than O's
             delta = check.Guarded((n_rows,), torch.float32)
-            _launch(kernel, (n_rows,), (o, do, delta.tensor, head_dim, o.stride(0), do.stride(0)),
-                    {"BLOCK_D": triton.next_power_of_2(head_dim)}, case, signature)
+            with check.track_loads() as loads:
+                _launch(kernel, (n_rows,), (o, do, delta.tensor, head_dim, o.stride(0), do.stride(0)),
+                        {"BLOCK_D": triton.next_power_of_2(head_dim)}, case, signature)
+            check.check_loads_inside(case, loads, [o, do])
             delta.check(case, hint)
             expected = (o.double() * do.double()).sum(-1)
             # float32 products summed over head_dim terms: a few float32 ulps of the largest term each
@@ -131,9 +135,11 @@ def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backwa
                 dy = check.guarded_copy(check.randn((n_rows, n_cols), dtype))
                 dx = check.Guarded((n_rows, n_cols), dtype)
                 n = n_rows * n_cols
-                _launch(kernel, (triton.cdiv(n, block_size),),
-                        (dy.tensor, x.tensor, b.tensor, dx.tensor, n, n_cols, p, seed),
-                        {"BLOCK_SIZE": block_size}, case, signature)
+                with check.track_loads() as loads:
+                    _launch(kernel, (triton.cdiv(n, block_size),),
+                            (dy.tensor, x.tensor, b.tensor, dx.tensor, n, n_cols, p, seed),
+                            {"BLOCK_SIZE": block_size}, case, signature)
+                check.check_loads_inside(case, loads, [dy.tensor, x.tensor, b.tensor])
                 dx.check(case)
                 keep = elementwise.dropout_keep_mask((n_rows, n_cols), p, seed, device=x.tensor.device)
                 z = x.tensor.double() + b.tensor.double()
@@ -147,3 +153,172 @@ def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backwa
                     t.check(f"{case}, the {what} buffer")
     check.verdict(name, "matches the float64 reference with the forward's own dropout mask on every size, "
                         "dtype and p tried, no writes outside dx")
+
+
+# ---- Exercise 11.3: the FlashAttention backward ------------------------------------------------------
+# (batch, heads, kv_heads, n_q, n_kv, head_dim, causal, sm_scale): one head first, then grouped-query 4/1
+# and 4/2, causal with more keys than queries and with more queries than keys (rows that see no key).
+ATTN_CASES = env.pick(
+    gpu=((1, 1, 1, 61, 61, 32, False, None), (2, 4, 1, 200, 333, 64, False, None),
+         (1, 4, 2, 150, 257, 128, True, 0.2), (1, 8, 2, 300, 130, 80, True, None)),
+    cpu=((1, 1, 1, 21, 21, 16, False, None), (2, 4, 1, 19, 27, 24, False, None),
+         (1, 4, 2, 17, 30, 16, True, 0.3), (1, 2, 1, 30, 13, 16, True, None)))
+LOG2E = 1.4426950408889634
+
+
+def _masked_p(s, lse, keep, exp=torch.exp):
+    """exp(s - lse) where kept, 0 elsewhere (a row with no visible key has lse = -inf: its P is 0)."""
+    lse = lse.masked_fill(lse == float("-inf"), float("inf"))
+    return torch.where(keep, exp(s - lse[..., None]), torch.zeros((), dtype=s.dtype, device=s.device))
+
+
+def attention_grads64(q, k, v, do, causal, scale, *, p=None, delta=True, lse_rows=None):
+    """float64 (o, lse, dq, dk, dv, dk per q head, dv per q head), from the textbook formulas, causal
+    aligned bottom-right; ``p``/``delta``/``lse_rows`` build a wrong answer for a diagnosis."""
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    B, H, N, _ = q.shape
+    H_kv, N_kv = k.shape[1], k.shape[2]
+    g = H // H_kv
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ kk.transpose(-1, -2) * scale
+    keep = torch.ones(N, N_kv, dtype=torch.bool, device=q.device)
+    if causal:
+        keep = keep.tril(N_kv - N)
+    lse = torch.logsumexp(s.masked_fill(~keep, float("-inf")), -1)
+    o = _masked_p(s, lse, keep) @ vv
+    if p is None:
+        p = _masked_p(s, lse if lse_rows is None else lse_rows(lse), keep)
+    elif callable(p):
+        p = p(s, lse, keep)
+    ds = p * (do @ vv.transpose(-1, -2) - ((do * o).sum(-1, keepdim=True) if delta else 0.0))
+    dk_h, dv_h = scale * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+    dk, dv = (t.view(B, H_kv, g, N_kv, -1).sum(2) for t in (dk_h, dv_h))
+    return o, lse, scale * ds @ kk, dk, dv, dk_h, dv_h
+
+
+def _rel(got, want) -> float:
+    want = want.double()
+    err = (got.double() - want).abs().max()
+    return float(err / want.abs().max().clamp_min(1e-30)) if torch.isfinite(got).all() else float("inf")
+
+
+def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
+    """What a wrong (dq, dk, dv) most likely did: the float64 answer of each usual mistake, compared."""
+    dq, dk, dv = got
+    H, H_kv, N, N_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    g = H // H_kv
+
+    def grads(**kw):
+        return attention_grads64(q, k, v, do, causal, scale, **kw)
+
+    right = grads()
+    if not all(torch.isfinite(t).all() for t in got):
+        if causal and N > N_kv:
+            return (f"NaN or inf in your gradients, with {N - N_kv} query rows that see no key (n_q > n_kv, causal): "
+                    "their lse is -inf and their P must be 0. Align the mask bottom-right, key j visible from "
+                    "query i when j <= i + causal_offset (causal_offset = n_kv - n_q < 0 here), and keep P = 0 "
+                    "where masked.")
+        return "NaN or inf in your gradients: mask every load and keep P = 0 on masked and padded lanes."
+    if _rel(dv, right[4]) > tol:
+        if g > 1 and any(_rel(dv, right[6][:, i::g]) < tol for i in (0, g - 1)):
+            return (f"dV holds one q head's share: with {H} q heads on {H_kv} k/v heads, every q head of the "
+                    "group adds P^T dO into its k/v head's dK and dV (loop over the group, accumulate).")
+        wrong_p = {
+            "a top-left causal mask: the course aligns it bottom-right (key j visible from query i when "
+            "j <= i + causal_offset, causal_offset = n_kv - n_q), as FlashAttention does":
+                dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep).tril(0))) if causal else None,
+            "no softmax scale in S = Q K^T * sm_scale":
+                dict(p=lambda s, lse, keep: _masked_p(s / scale, lse, keep)),
+            "a softmax scale applied twice in S = Q K^T * sm_scale":
+                dict(p=lambda s, lse, keep: _masked_p(s * scale, lse, keep)),
+            "the log-sum-exp in the wrong base: the forward's lse is natural (base e), so P = exp(S - lse) "
+            "(or exp2(S * log2(e) - lse * log2(e)))":
+                dict(p=lambda s, lse, keep: _masked_p(s, lse, keep, torch.exp2)),
+            "the log-sum-exp in the wrong base (exp2 of S * log2(e) - lse: convert lse too, or use exp)":
+                dict(p=lambda s, lse, keep: _masked_p(s * LOG2E, lse, keep, torch.exp2)),
+            "the log-sum-exp of the wrong row: read lse (and D) of the q head h = h_kv * group + g, at "
+            "(b * n_heads + h) * n_q + rows, not at the k/v head's index h_kv":
+                dict(lse_rows=lambda lse: lse[:, torch.arange(H, device=lse.device) // g]) if g > 1 else None,
+        }
+        for what, kw in wrong_p.items():
+            if kw is not None and _rel(dv, grads(**kw)[4]) < tol:
+                return f"dV = P^T dO is wrong, and matches P recomputed with {what}."
+        return ("dV = P^T dO is wrong, so P is: recompute P = exp(Q K^T * sm_scale - lse) with the lse of the "
+                "same (batch, head, query row), in base e, 0 where masked or padded.")
+    if _rel(dk, right[3]) > tol and g > 1 and any(_rel(dk, right[5][:, i::g]) < tol for i in (0, g - 1)):
+        return (f"dK holds one q head's share: with {H} q heads on {H_kv} k/v heads, sum dS^T Q over the q heads "
+                "of the group.")
+    if _rel(dq, grads(delta=False)[2]) < tol or _rel(dk, grads(delta=False)[3]) < tol:
+        return ("dS without the D term: dS = P * (dP - D) with D = rowsum(dO * O) (exercise 11.1's delta), "
+                "one number per query row.")
+    for t, r, name in ((dq, right[2], "dQ"), (dk, right[3], "dK")):
+        if _rel(t, r / scale) < tol:
+            return f"{name} misses the softmax scale: {name} = sm_scale * (...)."
+        if _rel(t, r * scale) < tol:
+            return f"{name} has the softmax scale twice: multiply by sm_scale once."
+    bad = [n for t, r, n in ((dq, right[2], "dQ (the dQ pass)"), (dk, right[3], "dK")) if _rel(t, r) > tol]
+    return f"{' and '.join(bad)} wrong while dV is right: P is right, check dP = dO V^T, dS, and the product."
+
+
+def _attention_forbidden() -> dict[str, object]:
+    from ..kernels import attention as A
+    from ..kernels import attention_backward as AB
+    from ..tuned import attention_backward as TB
+    return {"FlashAttention backward (teaching)": AB.flash_attention_backward_teaching,
+            "FlashAttention backward (tuned)": TB.flash_attention_backward,
+            "FlashAttention autograd Function": TB.flash_attention_autograd,
+            "dK/dV kernel": AB.attn_bwd_dkdv_kernel, "dQ kernel": AB.attn_bwd_dq_kernel,
+            "P recomputation": AB.recompute_p, "delta kernel": AB.attn_bwd_preprocess_kernel,
+            "tuned dK/dV kernel": TB.attn_bwd_dkdv_tuned_kernel, "tuned dQ kernel": TB.attn_bwd_dq_tuned_kernel,
+            "reference backward": AB.attention_backward_ref, "reference attention": A.attention_ref,
+            "torch.autograd.grad": torch.autograd.grad, "torch.autograd.backward": torch.autograd.backward,
+            "torch.func.vjp": torch.func.vjp}
+
+
+def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
+    """``fn(q, k, v, o, lse, do, causal, sm_scale) -> (dq, dk, dv)`` on contiguous inputs, against float64."""
+    forbidden = _attention_forbidden()
+    check.refuse_answer_key(name, fn, forbidden)
+    for _ref_name, obj in check._referenced(fn):  # the student's kernels too: their bodies, not only the launcher
+        body = getattr(obj, "fn", None)
+        if inspect.isfunction(body) and not body.__module__.startswith("course_utils"):
+            check.refuse_answer_key(name, body, forbidden)
+    dtypes = env.supported_dtypes()
+    for dtype in dtypes:
+        # float32 everywhere; the 16-bit dtypes on the causal grouped-query cases
+        for (B, H, H_kv, N, N_kv, d, causal, sm_scale) in (ATTN_CASES if dtype == torch.float32 else ATTN_CASES[2:]):
+            case = (f"{name} ({_name(dtype)}, q {B}x{H}x{N}x{d}, k/v {H_kv} heads x {N_kv} keys, "
+                    f"causal={causal}, sm_scale={sm_scale})")
+            q, k, v, do = (check.randn(s, dtype) for s in ((B, H, N, d), (B, H_kv, N_kv, d), (B, H_kv, N_kv, d),
+                                                         (B, H, N, d)))
+            scale = d ** -0.5 if sm_scale is None else sm_scale
+            o, lse, *right = attention_grads64(q, k, v, do, causal, scale)[:5]
+            ins = [check.guarded_copy(t) for t in (q, k, v, o.to(dtype), lse.float(), do)]
+            try:
+                got = fn(*(g.tensor for g in ins), causal=causal, sm_scale=sm_scale)
+            except (NotImplementedError, check.CheckFailure):
+                raise
+            except Exception as e:  # a crash in the student's code: say where
+                raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {str(e)[:400]}") from e
+            for g_, what in zip(ins, ("q", "k", "v", "o", "lse", "do")):
+                g_.check(f"{case}, the {what} buffer")
+            check.require(isinstance(got, (tuple, list)) and len(got) == 3,
+                          f"{case}: return (dq, dk, dv), got {type(got).__name__}")
+            for t, like, what in zip(got, (q, k, v), ("dq", "dk", "dv")):
+                check.require(isinstance(t, torch.Tensor) and t.shape == like.shape and t.dtype == dtype,
+                              f"{case}: {what} must have the shape {tuple(like.shape)} and dtype {dtype} of "
+                              f"{what[1:]}, got {getattr(t, 'shape', type(t))} {getattr(t, 'dtype', '')}")
+            tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}[dtype]
+            errors = {what: _rel(t, r) for what, t, r in zip(("dq", "dk", "dv"), got, right)}
+            if max(errors.values()) > tol:
+                cause = _diagnose_attention(got, q, k, v, do, causal, scale, max(tol, 2e-3))
+                shown = ", ".join(f"{w} {e:.1e}" for w, e in errors.items())
+                raise check.CheckFailure(f"{case}: your gradients differ from the float64 reference (max error / "
+                                         f"max |reference|: {shown}; tolerance {tol:g}).\nLikely cause: {cause}")
+    args = [check.randn(s, dtypes[0]) for s in ((1, 2, 17, 16), (1, 1, 17, 16), (1, 1, 17, 16))]
+    o, lse = attention_grads64(*args, args[0], True, 0.25)[:2]
+    call = (*args, o.to(dtypes[0]), lse.float(), args[0])
+    check.check_kernel_launches(name, fn, *call, expected=3, causal=True, sm_scale=0.25)
+    check.verdict(name, "dq, dk and dv match float64 autograd with grouped-query heads, causal masks aligned "
+                        "bottom-right (more keys than queries, and more queries than keys), every dtype tried; "
+                        "three launches of your kernels")
