@@ -42,6 +42,62 @@ def test_time_ms_imported_by_name_is_still_the_harness():
         checks.check_timer(escaped)
 
 
+def test_discarding_the_first_repetitions_is_a_valid_warm_up(capsys):
+    def discards(gpu, fn, rep=50, skip=3):   # events around every call from the first; the first 3 dropped
+        starts, ends = [gpu.Event() for _ in range(rep + skip)], [gpu.Event() for _ in range(rep + skip)]
+        for s, e in zip(starts, ends):
+            gpu.flush_l2()
+            s.record()
+            fn()
+            e.record()
+        gpu.synchronize()
+        return statistics.median([s.elapsed_time(e) for s, e in zip(starts, ends)][skip:])
+    checks.check_timer(discards)
+    assert capsys.readouterr().out.startswith("PASS time_kernel")
+
+
+def test_no_warm_up_with_a_mean_fails():
+    def mean_of_all(gpu, fn, rep=50):
+        starts, ends = [gpu.Event() for _ in range(rep)], [gpu.Event() for _ in range(rep)]
+        for s, e in zip(starts, ends):
+            gpu.flush_l2()
+            s.record()
+            fn()
+            e.record()
+        gpu.synchronize()
+        return statistics.mean(s.elapsed_time(e) for s, e in zip(starts, ends))
+    with pytest.raises(CheckFailure, match="no warm-up"):
+        checks.check_timer(mean_of_all)
+
+
+def test_time_rounds_is_the_harness_too():
+    def rounds(gpu, fn):
+        return bench.time_rounds({"k": fn}, rounds=3, device=gpu)["k"].median
+    with pytest.raises(CheckFailure, match="harness"):
+        checks.check_timer(rounds)
+
+    def rounds_swallowing_errors(gpu, fn):   # time_rounds(errors=...) swallows the refusal: still caught
+        out = bench.time_rounds({"k": fn}, rounds=3, device=gpu, errors={})
+        return out["k"].median if "k" in out else 1.0
+    with pytest.raises(CheckFailure, match="harness"):
+        checks.check_timer(rounds_swallowing_errors)
+
+
+def test_a_function_local_import_or_an_alias_of_the_harness_is_refused():
+    def local_import(gpu, fn):
+        from course_utils import timing
+        return timing.time_ms(fn, device=gpu).median
+    with pytest.raises(CheckFailure, match="harness"):
+        checks.check_timer(local_import)
+
+    hidden = {"t": getattr(__import__("course_utils.timing").timing, "time_" + "ms")}
+
+    def aliased(gpu, fn):
+        return hidden["t"](fn, device=gpu).median
+    with pytest.raises(CheckFailure, match="harness"):
+        checks.check_timer(aliased)
+
+
 def test_reading_the_true_time_or_the_bandwidth_fails():
     with pytest.raises(CheckFailure, match="true_ms"):
         checks.check_timer(lambda gpu, fn, rep=50: gpu.true_ms(fn))
