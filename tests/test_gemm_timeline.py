@@ -9,7 +9,7 @@ from course_utils.widgets import gemm_timeline as g
 
 
 @pytest.mark.parametrize("shape", list(g.SHAPES.values()))
-@pytest.mark.parametrize("mode", ["eager", "fused"])
+@pytest.mark.parametrize("mode", list(g.MODES))
 def test_timelines_add_up_to_the_traffic_model(shape, mode):
     m, n, k = shape
     tl = g.timeline(m, n, k, trailing=mode)
@@ -40,15 +40,15 @@ def test_bytes_grow_with_time_and_start_at_zero():
             assert st["fused"]["bytes"] >= prev["fused"]["bytes"]
         prev = st
     st0 = g.state(tl, 0)
-    assert st0["trailing"]["bytes"] == 0 and st0["trailing"]["running"] == "gemm"
+    assert st0["trailing"]["bytes"] == 0 and st0["trailing"]["running"] == "gemm + bias"
     assert g.state(tl, -3)["step"] == 0 and g.state(tl, 10**6)["step"] == g.STEPS
 
 
 def test_in_bytes_decode_saves_little_and_a_large_square_a_lot():
     """At decode the weights dominate the bytes (the (M, N) round trips are ~1%); at 8192^3 the round
     trips are over half the bytes, and the GEMM's compute hides only part of them."""
-    decode = g.state(g.timeline(16, 16384, 4096), g.STEPS)
-    square = g.state(g.timeline(8192, 8192, 8192), g.STEPS)
+    decode = g.state(g.timeline(16, 16384, 4096, trailing="eager"), g.STEPS)
+    square = g.state(g.timeline(8192, 8192, 8192, trailing="eager"), g.STEPS)
     share = lambda st: st["bytes_saved"] / st["trailing"]["total_bytes"]  # noqa: E731
     assert share(decode) < 0.02 < 0.5 < share(square)
     assert decode["speedup"] < 1.02 < square["speedup"]
@@ -60,10 +60,33 @@ def test_widget_headless():
     assert w.view.value == w.render() and "t = 0.0 us" in w.render()
     w.step.value = g.STEPS
     assert "finished" in w.view.value and w.view.value == w.render()
+    assert "the bias in cuBLASLt's GEMM" in w.view.value
     w.mode.value = "fused"
     assert "one fused elementwise kernel" in w.view.value
+    w.ceilings.value = "measured"
+    assert "778 TFLOP/s" in w.view.value and w.view.value == w.render()
     w.shape.value = "square: 8192 x 8192 x 8192"
     assert "M=8192" in w.view.value and w.view.value == w.render()
-    assert len(w.controls) == 4
+    assert len(w.controls) == 5
     with pytest.raises(ValueError, match="shape must be one of"):
         g.GemmTimeline(shape="nope")
+
+
+def test_the_addmm_baseline_is_two_kernels_and_570_mb_at_the_mlp_shape():
+    """PyTorch's addmm with a 1-D bias runs the bias in cuBLASLt's epilogue: GEMM + bias, then GELU."""
+    tl = g.timeline(4096, 16384, 4096)
+    assert [s["name"] for s in tl["trailing"]] == ["gemm + bias", "gelu"]
+    comp = traffic.gemm_epilogue(4096, 16384, 4096, dtype="bfloat16", trailing="addmm")
+    assert comp.unfused.total_bytes == pytest.approx(570.458112e6)
+    assert traffic.gemm_epilogue(4096, 16384, 4096, dtype="bfloat16").unfused.total_bytes == pytest.approx(838.893568e6)
+    assert comp.fused.total_bytes == traffic.gemm_epilogue(4096, 16384, 4096, dtype="bfloat16").fused.total_bytes
+
+
+def test_measured_ceilings_slow_every_kernel_alike():
+    """On the measured ceilings (778 TFLOP/s, 3002 GB/s against 989 and 3350) both sides take longer, and
+    the model's speedup at the MLP shape stays near 1.15x: the model, not the measured 1.00x."""
+    sheet = g.state(g.timeline(4096, 16384, 4096), g.STEPS)
+    meas = g.state(g.timeline(4096, 16384, 4096, gpu="measured"), g.STEPS)
+    assert meas["fused"]["end_us"] > sheet["fused"]["end_us"]
+    assert meas["speedup"] == pytest.approx(sheet["speedup"], abs=0.02)
+    assert 1.1 < meas["speedup"] < 1.2

@@ -6,8 +6,11 @@ store. A cursor moves along both at the same time scale; each side adds up the H
 far, kernel by kernel.
 
 Times and bytes come from ``course_utils.traffic`` (``gemm_epilogue`` counts the bytes,
-``estimate_time`` is the roofline time model, on an H100 SXM by default); they are a model, not a
-measurement. The logic is in pure functions (:func:`timeline`, :func:`state`, :func:`render`) that the
+``estimate_time`` is the roofline time model, on an H100 SXM's datasheet ceilings or on the ceilings
+measured on an H100 in ``results/h100-80gb-hbm3/ceilings.csv``); they are a model, not a measurement.
+The trailing side is PyTorch's ``addmm`` + GELU by default (the bias inside cuBLASLt's GEMM, 2 kernels),
+or one kernel per op (``eager``), or one fused elementwise kernel (``fused``). The logic is in pure
+functions (:func:`timeline`, :func:`state`, :func:`render`) that the
 tests drive; :class:`GemmTimeline` only draws them: a Play button linked to a slider, a shape and the
 trailing mode. Works on ipywidgets 7.7 and 8.x.
 """
@@ -23,10 +26,24 @@ SHAPES = {  # label -> (M, N, K)
     "MLP: M=4096, K=4096, N=16384": (4096, 16384, 4096),
     "square: 8192 x 8192 x 8192": (8192, 8192, 8192),
 }
-COLORS = {"gemm": "#6d9eeb", "add bias": "#f6b26b", "gelu": "#93c47d"}
+COLORS = {"gemm": "#6d9eeb", "gemm + bias": "#6d9eeb", "add bias": "#f6b26b", "gelu": "#93c47d"}
+MODES = {"addmm": "the bias in cuBLASLt's GEMM, then a GELU kernel", "eager": "one kernel per op",
+         "fused": "one fused elementwise kernel"}
+CEILINGS = {"datasheet": "h100-sxm", "measured": "measured"}   # control label -> timeline's gpu
+MEASURED = "h100-80gb-hbm3"   # results/<slug>/ceilings.csv
 
 
-def _segments(tr: traffic.Traffic, gpu: str, dtype: str) -> list[dict]:
+def machine(gpu):
+    """The time model's ceilings: a hardware-table key, or ``"measured"`` (the recorded H100 copy and
+    matmul rates, with no launch cost: device time only)."""
+    if gpu != "measured":
+        return gpu
+    from .. import bench
+    measured = bench.Ceilings.from_frame(bench.recorded("ceilings", gpu=MEASURED))
+    return traffic.machine_from_ceilings(measured, launch_us=0.0)
+
+
+def _segments(tr: traffic.Traffic, gpu, dtype: str) -> list[dict]:
     """One dict per kernel: name, start/end (us) and HBM bytes, from the time model run on the
     first 1, 2, ... kernels (so a kernel's L2 reuse of its predecessor's output is counted). Device
     time only: the host's launch cost is left out, as when the kernels are replayed in a CUDA graph."""
@@ -41,13 +58,16 @@ def _segments(tr: traffic.Traffic, gpu: str, dtype: str) -> list[dict]:
 
 
 def timeline(m: int, n: int, k: int, dtype: str = "bfloat16", gpu: str = "h100-sxm",
-             trailing: str = "eager") -> dict:
-    """Both timelines of ``gelu(x @ w + b)`` for an (m, k) x (k, n) product: ``trailing`` (the GEMM,
-    then one kernel per epilogue op, or one fused elementwise kernel with ``trailing="fused"``) and
-    ``fused`` (the epilogue inside the GEMM)."""
+             trailing: str = "addmm") -> dict:
+    """Both timelines of ``gelu(x @ w + b)`` for an (m, k) x (k, n) product: ``trailing`` (one of
+    :data:`MODES`) and ``fused`` (the epilogue inside the GEMM). ``gpu``: a hardware-table key or
+    ``"measured"``."""
     comp = traffic.gemm_epilogue(m, n, k, dtype=dtype, trailing=trailing)
-    return {"shape": (m, n, k), "dtype": dtype, "gpu": gpu, "trailing_mode": trailing,
-            "trailing": _segments(comp.unfused, gpu, dtype), "fused": _segments(comp.fused, gpu, dtype)}
+    mach = machine(gpu)
+    name = gpu if isinstance(mach, str) else \
+        f"{mach.gpu}, copy {mach.copy_gbps:.0f} GB/s, matmul {mach.matmul_tflops:.0f} TFLOP/s"
+    return {"shape": (m, n, k), "dtype": dtype, "gpu": name, "trailing_mode": trailing,
+            "trailing": _segments(comp.unfused, mach, dtype), "fused": _segments(comp.fused, mach, dtype)}
 
 
 def _side(segments: list[dict], t_us: float) -> dict:
@@ -98,7 +118,7 @@ def render(tl: dict, st: dict) -> str:
     """HTML for a :func:`state`: two bars on one time scale, the bytes so far, the verdict."""
     m, n, k = tl["shape"]
     t_end, t_us = st["t_end_us"], st["t_us"]
-    mode = "one kernel per op" if tl["trailing_mode"] == "eager" else "one fused elementwise kernel"
+    mode = MODES[tl["trailing_mode"]]
     rows = [f"<p>gelu(x @ w + b), M={m}, N={n}, K={k}, {tl['dtype']}; time model of {tl['gpu']} "
             f"(traffic.estimate_time, device time). t = {t_us:.1f} us</p>",
             f"<p>{_line(f'Trailing epilogue ({mode})', st['trailing'], len(tl['trailing']))}</p>",
@@ -123,13 +143,15 @@ class GemmTimeline:
         self.play = w.Play(value=0, min=0, max=STEPS, step=1, interval=150, description="play")
         w.jslink((self.play, "value"), (self.step, "value"))
         self.shape = w.Dropdown(options=list(SHAPES), value=shape, description="shape")
-        self.mode = w.ToggleButtons(options=["eager", "fused"], value="eager", description="trailing")
+        self.mode = w.ToggleButtons(options=list(MODES), value="addmm", description="trailing")
+        self.ceilings = w.ToggleButtons(options=list(CEILINGS), value="datasheet", description="ceilings")
         self.view = w.HTML()
-        self.controls = [self.step, self.play, self.shape, self.mode]
+        self.controls = [self.step, self.play, self.shape, self.mode, self.ceilings]
         self.step.observe(self._update, names="value")
-        self.shape.observe(self._new_timeline, names="value")
-        self.mode.observe(self._new_timeline, names="value")
-        self.widget = w.VBox([w.HBox([self.play, self.step]), w.HBox([self.shape, self.mode]), self.view])
+        for c in (self.shape, self.mode, self.ceilings):
+            c.observe(self._new_timeline, names="value")
+        self.widget = w.VBox([w.HBox([self.play, self.step]), w.HBox([self.shape, self.mode]), self.ceilings,
+                              self.view])
         self._new_timeline()
 
     def timeline(self) -> dict:
@@ -143,7 +165,8 @@ class GemmTimeline:
 
     def _new_timeline(self, change=None):
         m, n, k = SHAPES[self.shape.value]
-        self._tl = timeline(m, n, k, self.dtype, self.gpu, self.mode.value)
+        gpu = self.gpu if self.ceilings.value == "datasheet" else CEILINGS[self.ceilings.value]
+        self._tl = timeline(m, n, k, self.dtype, gpu, self.mode.value)
         self._update()
 
     def _update(self, change=None):
