@@ -284,7 +284,7 @@ def plot(df):
 
     shown = df[df["ms"].notna()] if "ms" in df else df.iloc[0:0]
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.barh(shown["impl"], shown["ms"], color=["C1" if o == "course" else "C0" for o in shown["ops"]])
+    ax.barh(shown["impl"], shown["ms"], color=["C1" if i.startswith("course") else "C0" for i in shown["impl"]])
     if "gpu_busy_ms" in shown:
         ax.scatter(shown["gpu_busy_ms"], shown["impl"], color="k", marker="|", s=200, label="GPU-busy time")
         ax.legend()
