@@ -1,0 +1,173 @@
+"""Checks for chapter 12 (the whole training step).
+
+:func:`check_ce_backward_kernel` launches a student's cross-entropy backward kernel as the course's
+operator launches its own::
+
+    kernel[(n_rows,)](dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols,
+                      row_stride, d_row_stride, inv_n_rows, BLOCK_SIZE=...)
+
+and compares ``dlogits = (exp(logits - lse) - onehot(target)) * dloss * inv_n_rows`` with float64.
+Every call draws fresh inputs: rows around a large offset (``exp(logits)`` without ``lse``
+overflows), targets in the first tile, in later tiles and in the last column, rows read through a
+row stride wider than the row (its gap holds huge values), an output with its own row stride, a
+BLOCK_SIZE much shorter than the row (the row takes several tiles), outputs poisoned with NaN inside
+guard zones. A wrong answer is matched against the usual faults, each named.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import check, env
+
+OFFSET = 60.0          # exp(60) and up overflow float16 and, summed over a row with outliers, float32
+GAP = 5                # extra columns between rows of the logits (and 3 between rows of dlogits)
+HINT = ("one program per row: lse and the target come first; then a loop over the row in tiles of BLOCK_SIZE "
+        "(cols = start + tl.arange(0, BLOCK_SIZE), mask = cols < n_cols) that loads a tile in float32, computes "
+        "tl.exp(x - lse), subtracts 1 where cols == target, multiplies by dloss * inv_n_rows and stores it.")
+
+
+def _block() -> int:
+    return env.pick(gpu=128, cpu=32)
+
+
+def _shapes():
+    return env.pick(gpu=((1, 1), (7, 100), (33, 1000), (5, 5003)), cpu=((1, 1), (3, 37), (4, 101)))
+
+
+def _inputs(n_rows, n_cols, dtype, strided: bool):
+    """logits (n_rows, n_cols) in a guarded buffer (row stride n_cols + GAP when strided), targets that
+    visit the first column, the last one and later tiles, the float32 logsumexp, dloss."""
+    stride = n_cols + (GAP if strided else 0)
+    full = check.randn((n_rows, stride), dtype, scale=3.0, offset=OFFSET, outliers=0.05, outlier_scale=200.0)
+    if strided:
+        full[:, n_cols:] = torch.where(torch.rand(n_rows, GAP, device=full.device) < 0.5, 3e4, -3e4).to(dtype)
+    g = check.guarded_copy(full)
+    logits = g.tensor[:, :n_cols]
+    targets = torch.randint(0, n_cols, (n_rows,), generator=check.generator(), device=logits.device)
+    targets[0] = n_cols - 1
+    if n_rows > 1:
+        targets[1] = 0
+    lse = torch.logsumexp(logits.double(), dim=-1).float()
+    dloss = check.randn((1,), torch.float32, offset=1.0, scale=0.3)
+    return g, logits, targets, lse, dloss
+
+
+def _candidates(logits, targets, lse, block):
+    """(fault, what a kernel with that fault computes divided by dloss * inv_n_rows), float64."""
+    x = logits.double().cpu()
+    lse64 = lse.double().cpu()[:, None]
+    t = targets.cpu()[:, None]
+    cols = torch.arange(x.shape[1])[None, :]
+    p = torch.exp(x - lse64)
+    onehot = (cols == t).double()
+    first_tile_onehot = ((cols % block) == t).double()            # compares target with offsets, not start + offsets
+    p_max = torch.exp(x - x.amax(-1, keepdim=True))
+    return {
+        "right": p - onehot,
+        "no one-hot": p,
+        "target column found only in the first tile": p - first_tile_onehot,
+        "not normalized by lse": p_max - onehot,
+        "one-hot added instead of subtracted": p + onehot,
+    }
+
+
+FAULTS = {
+    "no one-hot": "the target's column: dlogits[target] = p[target] - 1; subtract 1 where cols == target",
+    "target column found only in the first tile": "the target is compared with the lanes of the tile, not with "
+        "the column index: use cols = start + offsets, and cols == target",
+    "not normalized by lse": "the softmax needs the row's logsumexp: p = exp(x - lse) with the saved lse, "
+        "not exp(x - max of the row)",
+    "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "
+        "target's column",
+}
+
+
+def _diagnose(case, got, cands, scale, n_cols, block, dtype) -> None:
+    g = got.detach().double().cpu() / scale
+    atol, rtol = check.tolerance(dtype)
+    right = cands["right"]
+    if n_cols > block and bool(g[:, block:].isnan().all()) and bool(torch.isclose(
+            g[:, :block], right[:, :block], atol=atol, rtol=rtol).all()):
+        raise check.CheckFailure(f"{case}: only the first {block} columns of each row were written: loop over "
+                                 f"the row in tiles of BLOCK_SIZE={block} (for start in tl.range(0, n_cols, "
+                                 "BLOCK_SIZE)).\nHint: " + HINT)
+    n_rows = got.shape[0]
+    for factor, missing in ((1.0 / scale, "dloss * inv_n_rows"), (float(n_rows), "inv_n_rows (the loss is a mean "
+                            "over rows)"), (1.0 / (scale * n_rows), "dloss (read it from dloss_ptr)")):
+        if factor != 1.0 and bool(torch.isclose(g, right * factor, atol=atol * abs(factor), rtol=rtol).all()):
+            raise check.CheckFailure(f"{case}: your gradient is missing the factor {missing}: dlogits = (softmax - "
+                                     "onehot) * dloss * inv_n_rows.")
+    for fault, why in FAULTS.items():
+        if bool(torch.isclose(g, cands[fault], atol=atol, rtol=rtol).all()):
+            raise check.CheckFailure(f"{case}: {fault}: {why}.")
+
+
+def _launch(kernel, dlogits, logits, targets, lse, dloss, block, case):
+    try:
+        kernel[(logits.shape[0],)](dlogits, logits, targets, lse, dloss, logits.shape[1], logits.stride(0),
+                                   dlogits.stride(0), 1.0 / logits.shape[0], BLOCK_SIZE=block)
+    except (NotImplementedError, check.CheckFailure):
+        raise
+    except Exception as e:
+        raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\nIt is launched "
+                                 "as kernel[(n_rows,)](dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, "
+                                 "n_cols, row_stride, d_row_stride, inv_n_rows, BLOCK_SIZE=...).") from e
+
+
+def _refuse(kernel, what):
+    from ..kernels import cross_entropy as K
+    check.refuse_answer_key(what, kernel, {"cross-entropy backward kernel": K.cross_entropy_bwd_kernel,
+                                           "cross-entropy backward launcher": K.cross_entropy_backward_teaching})
+    module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
+    if module.startswith("course_utils"):
+        raise check.CheckFailure(f"{what}: this is the course's own kernel ({module}): write yours.")
+
+
+def _one_case(kernel, name, dtype, n_rows, n_cols, strided, block):
+    case = (f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols, BLOCK_SIZE={block}"
+            f"{', rows ' + str(n_cols + GAP) + ' apart' if strided else ''})")
+    g, logits, targets, lse, dloss = _inputs(n_rows, n_cols, dtype, strided)
+    before = logits.clone()
+    d_gap = 3 if strided else 0
+    out = check.Guarded((n_rows, n_cols + d_gap), dtype)
+    gap_before = out.tensor[:, n_cols:].clone()
+    dlogits = out.tensor[:, :n_cols]
+    with check.track_loads() as loads:
+        _launch(kernel, dlogits, logits, targets, lse, dloss, block, case)
+    check.check_loads_inside(case, loads, [logits, targets, lse, dloss])
+    if not torch.equal(out.tensor[:, n_cols:].isnan(), gap_before.isnan()) or \
+            not torch.equal(out.tensor[:, n_cols:].nan_to_num(), gap_before.nan_to_num()):
+        raise check.CheckFailure(f"{case}: your kernel wrote between the rows of dlogits: row pid starts at "
+                                 "dlogits_ptr + pid * d_row_stride (not row_stride, not n_cols), and every "
+                                 "tl.store needs mask=cols < n_cols.")
+    out.check(case, HINT)
+    g.check(f"{case}, the logits' buffer")
+    if not torch.equal(logits, before):
+        raise check.CheckFailure(f"{case}: your kernel changed the logits; it must only write dlogits")
+    scale = float(dloss) / n_rows
+    cands = _candidates(logits, targets, lse, block)
+    got = dlogits.detach().double().cpu() / scale
+    atol, rtol = check.tolerance(dtype)
+    if not bool(torch.isclose(got, cands["right"], atol=atol, rtol=rtol, equal_nan=False).all()):
+        _diagnose(case, dlogits, cands, scale, n_cols, block, dtype)
+        hint = HINT + (" Rows are row_stride apart in memory here, not n_cols." if strided else "")
+        check.compare(f"{case}, dlogits / (dloss * inv_n_rows)", got, cands["right"], dtype=dtype, hint=hint)
+
+
+def check_ce_backward_kernel(kernel, name: str = "cross-entropy backward kernel") -> None:
+    """Judge a student's ``kernel`` (see the module docstring) on fresh inputs of every supported dtype."""
+    _refuse(kernel, name)
+    block = _block()
+    for dtype in env.supported_dtypes():
+        for strided in (False, True):
+            for n_rows, n_cols in _shapes():
+                _one_case(kernel, name, dtype, n_rows, n_cols, strided, block)
+    g, logits, targets, lse, dloss = _inputs(3, 2 * block + 5, torch.float32, False)
+    dlogits = torch.empty_like(logits)
+    check.check_kernel_launches(name, lambda: kernel[(3,)](dlogits, logits, targets, lse, dloss, logits.shape[1],
+                                                           logits.stride(0), dlogits.stride(0), 1 / 3,
+                                                           BLOCK_SIZE=block), expected=1)
+    check.verdict(name, f"matches float64 (softmax - onehot) * dloss / n_rows on every dtype tried, rows of "
+                        f"several {block}-wide tiles, targets in every tile, strided rows in and out, no reads "
+                        "or writes outside the tensors")

@@ -1,0 +1,108 @@
+"""Chapter 12's checker passes a right cross-entropy backward kernel, refuses the course's own, and
+fails each usual wrong one with a message naming the fault."""
+
+import pytest
+import triton
+import triton.language as tl
+
+from course_utils import check
+from course_utils.checkers import training as checks
+from course_utils.kernels import cross_entropy as K
+
+
+@triton.jit
+def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, row_stride, d_row_stride, inv_n_rows,
+            BLOCK_SIZE: tl.constexpr, FAULT: tl.constexpr):
+    pid = tl.program_id(0)
+    in_stride = row_stride
+    if FAULT == "rows n_cols apart":
+        in_stride = n_cols
+    out_stride = d_row_stride
+    if FAULT == "one stride":
+        out_stride = row_stride
+    row = logits_ptr + pid.to(tl.int64) * in_stride
+    d_row = dlogits_ptr + pid.to(tl.int64) * out_stride
+    offsets = tl.arange(0, BLOCK_SIZE)
+    lse = tl.load(lse_ptr + pid)
+    if FAULT == "max not lse":
+        m = tl.full((BLOCK_SIZE,), -float("inf"), tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_SIZE):
+            cols = start + offsets
+            m = tl.maximum(m, tl.load(row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32))
+        lse = tl.max(m, axis=0)
+    target = tl.load(targets_ptr + pid)
+    dloss = tl.load(dloss_ptr)
+    if FAULT == "no dloss":
+        dloss = dloss * 0.0 + 1.0
+    scale = dloss * inv_n_rows
+    if FAULT == "no inv_n_rows":
+        scale = dloss
+    n_tiles = tl.cdiv(n_cols, BLOCK_SIZE)
+    if FAULT == "one tile":
+        n_tiles = 1
+    for tile in tl.range(0, n_tiles):
+        cols = tile * BLOCK_SIZE + offsets
+        mask = cols < n_cols
+        if FAULT == "no load mask":
+            x = tl.load(row + cols).to(tl.float32)
+        else:
+            x = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
+        hit = cols == target
+        if FAULT == "offsets not cols":
+            hit = offsets == target
+        onehot = tl.where(hit, 1.0, 0.0)
+        if FAULT == "no onehot":
+            onehot = onehot * 0.0
+        if FAULT == "plus onehot":
+            onehot = -onehot
+        d = (tl.exp(x - lse) - onehot) * scale
+        if FAULT == "no store mask":
+            tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty))
+        else:
+            tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty), mask=mask)
+
+
+def bound(fault: str):
+    """``kernel[grid](...)`` with this fault baked in, as the checker launches a student's kernel."""
+    class Bound:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: _ce_bwd[grid](*args, FAULT=fault, **kw)
+    return Bound()
+
+
+def test_right_kernel_passes(capsys):
+    checks.check_ce_backward_kernel(bound("none"))
+    assert capsys.readouterr().out.startswith("PASS cross-entropy backward kernel")
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("no onehot", "no one-hot"),
+    ("plus onehot", "added instead of subtracted"),
+    ("offsets not cols", "only in the first tile"),
+    ("max not lse", "not normalized by lse"),
+    ("no dloss", "missing the factor dloss"),
+    ("no inv_n_rows", "missing the factor inv_n_rows"),
+    ("one tile", "only the first 32 columns"),
+    ("no load mask", "outside its inputs"),
+    ("no store mask", "wrote"),
+    ("rows n_cols apart", "row_stride apart"),
+    ("one stride", "between the rows of dlogits"),
+])
+def test_wrong_kernels_fail_naming_the_fault(fault, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_ce_backward_kernel(bound(fault))
+
+
+def test_the_courses_kernel_is_refused():
+    with pytest.raises(check.CheckFailure, match="course's own"):
+        checks.check_ce_backward_kernel(K.cross_entropy_bwd_kernel)
+
+
+def test_an_untouched_stub_fails():
+    class Stub:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                raise NotImplementedError("Exercise 12.1: replace this line with your code")
+            return launch
+    with pytest.raises(NotImplementedError):
+        checks.check_ce_backward_kernel(Stub())
