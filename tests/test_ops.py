@@ -1,0 +1,218 @@
+"""The course's ops as PyTorch operators (course_utils/ops): torch.ops.course.<op> and the wrappers.
+
+Each op's forward and gradients against float64 references, through both paths (the wrapper's
+autograd.Function and the registered op), ``torch.library.opcheck`` for every registered op, a
+``torch.compile(fullgraph=True)`` trace of a tiny block, attention on packed-QKV views, dropout's
+device seed, plans cached once per shape (nothing global written per call), and clear errors.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import course_utils as cu
+from course_utils import check, ops
+from course_utils.kernels.attention import attention_ref
+from course_utils.kernels.elementwise import bias_gelu_dropout_ref
+
+DT = torch.float32
+TOL = cu.pick(gpu=dict(atol=2e-2, rtol=2e-2), cpu=dict(atol=1e-4, rtol=1e-4))  # GPU: tl.dot may use TF32
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """Every floating torch.empty / empty_like / new_empty starts as NaN: an unwritten element shows."""
+    def poison(fn):
+        def wrapped(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return wrapped
+    monkeypatch.setattr(torch, "empty", poison(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poison(torch.empty_like))
+    monkeypatch.setattr(torch.Tensor, "new_empty", poison(torch.Tensor.new_empty))
+
+
+def _leaf(shape, scale=1.0, dtype=DT):
+    return (check.randn(shape, dtype) * scale).requires_grad_(True)
+
+
+def _inputs():
+    """(name, course call, float64 reference call, inputs): odd sizes, one case per op."""
+    B, N, H, hd, d, V = 1, 7, 2, 5, 15, 37
+    seed = torch.tensor([1234], dtype=torch.int64, device=cu.DEVICE)
+    x, r = _leaf((B, N, d), 2.0), _leaf((B, N, d))
+    w, b = _leaf((d,)), _leaf((d,))
+    fw, fb = _leaf((29, d), d ** -0.5), _leaf((29,))
+    qkv = _leaf((B, N, 3 * H * hd))
+    logits, targets = _leaf((B * N, V), 3.0), torch.randint(0, V, (B * N,), device=cu.DEVICE)
+    db = _leaf((d,))
+
+    def attn(f, qkv):
+        q, k, v = qkv.view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+        return f(q, k, v)
+
+    return [
+        ("layer_norm", lambda f, *a: f(*a, 1e-5), lambda *a: F.layer_norm(a[0], (d,), *a[1:], 1e-5), (x, w, b)),
+        ("add_layer_norm", lambda f, *a: f(*a, 1e-5),
+         lambda x, r, w, b: (F.layer_norm(x + r, (d,), w, b, 1e-5), x + r), (x, r, w, b)),
+        ("linear_gelu", lambda f, *a: f(*a), lambda x, w, b: F.gelu(x @ w.T + b, approximate="tanh"), (x, fw, fb)),
+        ("attention", lambda f, qkv: attn(lambda q, k, v: f(q, k, v, True, 0.3), qkv),
+         lambda qkv: attn(lambda q, k, v: attention_ref(q, k, v, True, 0.3), qkv), (qkv,)),
+        ("cross_entropy", lambda f, *a: f(*a), lambda lg, t: F.cross_entropy(lg, t), (logits, targets)),
+        ("bias_gelu_dropout", lambda f, *a: f(*a, 0.25, seed),
+         lambda x, b: bias_gelu_dropout_ref(x, b, 0.25, 1234), (x, db)),
+    ]
+
+
+CASES = {c[0]: c for c in _inputs()}
+
+
+@pytest.mark.parametrize("path", ["wrapper", "torch.ops"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_and_gradients_match_float64(nan_empty, name, path):
+    _, call, ref, args = CASES[name]
+    f = getattr(ops, name) if path == "wrapper" else getattr(torch.ops.course, name)
+    out = call(f, *args)
+    outs = out if isinstance(out, tuple) else (out,)
+    args64 = [a.detach().double().requires_grad_(True) if a.is_floating_point() else a for a in args]
+    want = ref(*args64)
+    wants = want if isinstance(want, tuple) else (want,)
+    diff = [i for i, a in enumerate(args) if a.is_floating_point()]
+    dys = [check.randn(o.shape, torch.float32).to(o.dtype) for o in outs]
+    got = torch.autograd.grad(outs, [args[i] for i in diff], dys)
+    exp = torch.autograd.grad(wants, [args64[i] for i in diff], [dy.double() for dy in dys])
+    for i, (o, w_) in enumerate(zip(outs, wants)):
+        check.compare(f"{name} output {i}", o, w_, **TOL)
+    for i, g, e in zip(diff, got, exp):
+        check.compare(f"{name} gradient of input {i}", g, e, atol=TOL["atol"] * 20, rtol=TOL["rtol"] * 10)
+
+
+def test_the_two_paths_agree_exactly():
+    for name, (_, call, _, args) in CASES.items():
+        a, b = call(getattr(ops, name), *args), call(getattr(torch.ops.course, name), *args)
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert torch.equal(x, y), name
+
+
+KERNEL_OPS = ["layer_norm_fwd", "add_layer_norm_fwd", "linear_gelu", "attention_fwd", "cross_entropy_fwd",
+              "bias_gelu_dropout"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_opcheck_public_and_kernel_ops(name):
+    _, call, _, args = CASES[name]
+    captured = {}
+    call(lambda *a: captured.setdefault("args", a), *args)   # the op's own arguments (attention: the views)
+    public = getattr(torch.ops.course, name).default
+    torch.library.opcheck(public, captured["args"])
+    kernel = next(k for k in KERNEL_OPS if k.startswith(name))
+    torch.library.opcheck(getattr(torch.ops.course, kernel).default, captured["args"])
+
+
+def test_attention_reads_packed_qkv_views_and_writes_the_projection_layout():
+    B, N, H, hd = 2, 9, 3, 8
+    qkv = check.randn((B, N, 3 * H * hd))
+    q, k, v = qkv.view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+    assert not q.is_contiguous()
+    o = ops.attention(q, k, v, True, hd ** -0.5)
+    assert o.shape == (B, H, N, hd) and o.transpose(1, 2).is_contiguous()  # the reshape below is a view
+    flat = o.transpose(1, 2).reshape(B, N, H * hd)
+    assert flat.data_ptr() == o.data_ptr()
+    check.compare("o", o, attention_ref(q.double(), k.double(), v.double(), True, hd ** -0.5), **TOL)
+
+
+def test_dropout_mask_follows_the_device_seed():
+    x, b = check.randn((5, 40)), check.randn((40,))
+    seed = torch.tensor([7], dtype=torch.int64, device=cu.DEVICE)
+    y1 = ops.bias_gelu_dropout(x, b, 0.5, seed)
+    assert torch.equal(y1, ops.bias_gelu_dropout(x, b, 0.5, seed))       # same seed: same mask
+    seed.add_(1)                                                           # bumped in place, as a graph would
+    y2 = ops.bias_gelu_dropout(x, b, 0.5, seed)
+    assert not torch.equal(y1 == 0, y2 == 0)
+    check.compare("bumped seed", y2, bias_gelu_dropout_ref(x.double(), b.double(), 0.5, 8), **TOL)
+    check.compare("p = 0", ops.bias_gelu_dropout(x, b, 0.0, seed), F.gelu(x.double() + b.double(),
+                                                                          approximate="tanh"), **TOL)
+
+
+def test_torch_compile_traces_a_block_of_course_ops_fullgraph():
+    B, N, H, hd = 1, 5, 2, 4
+    d = H * hd
+    ln_w, ln_b = _leaf((d,)), _leaf((d,))
+    wqkv, wfc, bfc = _leaf((3 * d, d), d ** -0.5), _leaf((2 * d, d), d ** -0.5), _leaf((2 * d,))
+    head = _leaf((11, 2 * d), 0.3)
+    seed = torch.tensor([3], dtype=torch.int64, device=cu.DEVICE)
+
+    def block(x, targets):
+        h = ops.layer_norm(x, ln_w, ln_b, 1e-5)
+        q, k, v = (h @ wqkv.T).view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+        a = ops.attention(q, k, v, True, hd ** -0.5).transpose(1, 2).reshape(B, N, d)
+        y, s = ops.add_layer_norm(a, x, ln_w, ln_b, 1e-5)
+        m = ops.bias_gelu_dropout(ops.linear_gelu(y, wfc, bfc), bfc, 0.1, seed)
+        return ops.cross_entropy((m @ head.T).view(B * N, -1), targets) + s.mean()
+
+    x, targets = _leaf((B, N, d)), torch.randint(0, 11, (B * N,), device=cu.DEVICE)
+    params = (x, ln_w, ln_b, wqkv, wfc, bfc, head)
+    want = block(x, targets)
+    g_want = torch.autograd.grad(want, params)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    got = compiled(x, targets)
+    g_got = torch.autograd.grad(got, params)
+    check.compare("loss", got, want.double(), **TOL)
+    for i, (g, e) in enumerate(zip(g_got, g_want)):
+        check.compare(f"gradient {i}", g, e.double(), **TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="Inductor's code generation is timed on the GPU (about 5 s on the CPU)")
+def test_inductor_compiles_a_block_of_course_ops():
+    B, N, H, hd = 2, 64, 2, 32
+    d = H * hd
+    w, b = _leaf((d,)), _leaf((d,))
+
+    def f(x):
+        q = ops.layer_norm(x, w, b, 1e-5).view(B, N, H, hd).transpose(1, 2)
+        return ops.attention(q, q, q, True, hd ** -0.5).float().square().sum()
+
+    x = _leaf((B, N, d))
+    torch._dynamo.reset()
+    check.compare("inductor", torch.compile(f, fullgraph=True)(x), f(x).double(), **TOL)
+
+
+def test_plans_are_chosen_once_and_hot_calls_write_no_globals():
+    from course_utils.ops import attn, linear, norms
+    from course_utils.tuned import attention as TA
+    from course_utils.tuned import gemm as TG
+    counts = ops.warmup(1, 6, 8, 2, 13)
+    before = {m.__name__: dict(m.PLANS) for m in (attn, linear, norms)}
+    TA.last_config = TG.last_config = "untouched"
+    ops.warmup(1, 6, 8, 2, 13)
+    assert {m.__name__: dict(m.PLANS) for m in (attn, linear, norms)} == before
+    assert TA.last_config == TG.last_config == "untouched"
+    assert counts["attention"] >= 2 and counts["linear"] >= 4 and counts["norms"] >= 4
+
+
+def test_host_overhead_table_has_every_op():
+    table = ops.host_overhead_table(n_calls=1, seq=4, d_model=8, vocab=8)
+    assert list(table["op"]) == list(ops.OPS)
+    assert (table[["course_us", "torch_ops_us", "aten_us"]] > 0).all().all()
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (lambda: ops.layer_norm(torch.randn(3, 4), torch.ones(5), torch.ones(5)), ValueError, "weight must be"),
+    (lambda: ops.add_layer_norm(torch.randn(3, 4), torch.randn(3, 5), torch.ones(4), torch.ones(4)), ValueError,
+     "residual must have shape"),
+    (lambda: ops.linear_gelu(torch.randn(3, 4), torch.randn(4, 5), torch.ones(4)), ValueError, "out_features"),
+    (lambda: ops.attention(torch.randn(1, 2, 3), torch.randn(1, 2, 3), torch.randn(1, 2, 3)), ValueError, "4-D"),
+    (lambda: ops.attention(*[torch.randn(1, 1, 3, 4)] * 3, scale=float("nan")), ValueError, "scale"),
+    (lambda: ops.cross_entropy(torch.randn(3, 4), torch.zeros(3)), ValueError, "int64 or int32"),
+    (lambda: ops.bias_gelu_dropout(torch.randn(3, 4), torch.ones(4), 0.1, 5), TypeError, "seed must be"),
+    (lambda: ops.bias_gelu_dropout(torch.randn(3, 4), torch.ones(4), 0.1, torch.tensor([1.0])), TypeError,
+     "int64"),
+    (lambda: ops.bias_gelu_dropout(torch.randn(3, 4), torch.ones(4), 1.0, torch.tensor([1])), ValueError,
+     r"\[0, 1\)"),
+], ids=["ln weight", "aln residual", "linear weight", "attention 3-D", "attention scale", "ce targets",
+        "seed int", "seed float", "p = 1"])
+def test_bad_inputs_say_what_was_expected(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
