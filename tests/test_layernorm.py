@@ -6,6 +6,8 @@ the chunked backward and the atomics variant.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -170,6 +172,70 @@ def test_plans_are_pure_functions_of_shape_and_device():
             assert cands and all(c.grid * c.rows_per_program >= 4096 for c in cands)
             assert (n > T.CHUNKED_FROM) == all(c.version == "chunked" for c in cands)
 
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_per_sm_plan_matches_float64(rms):
+    """Liger-Kernel's layout (one program per SM, one row at a time): 5 SMs, 23 rows, runs of 5 (the last 3)."""
+    m, n = 23, 100
+    x, w, b, dy = _inputs(m, n, torch.float32, offset=30.0)
+    plan = T.per_sm_plan(m, n, dataclasses.replace(hardware.DeviceInfo.for_arch(90), sms=5))
+    assert (plan.ROWS, plan.grid, plan.rows_per_program) == (1, 5, 5)
+    ref = _ref(x, w, b, dy, rms=rms)
+    if rms:
+        _, rstd = L.rms_norm_teaching(x, w, return_stats=True)
+        got = T.rms_norm_backward(dy, x, w, rstd, plan=plan)
+    else:
+        _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+        got = T.layer_norm_backward(dy, x, w, mean, rstd, plan=plan)
+    for what, g, r in zip(("dx", "dw", "db"), got, ref[1:]):
+        _close(what, g, r, torch.float32)
+
+
+def test_backward_design_selects_the_candidates_and_autograd_follows():
+    info = hardware.DeviceInfo.for_arch(90)
+    course = T.backward_candidates(8192, 1024, 2, info, interpreter=False)
+    per_sm = T.per_sm_plan(8192, 1024, info)
+    assert per_sm not in course  # the default is unchanged until measured
+    with T.backward_design("per-sm"):
+        assert T.backward_candidates(8192, 1024, 2, info, interpreter=False) == [per_sm]
+        assert all(c.version == "chunked" for c in T.backward_candidates(64, 40000, 2, info, interpreter=False))
+        x, w, b, dy = _inputs(9, 70, torch.float32)
+        xa, wa, ba = (t.detach().clone().requires_grad_() for t in (x, w, b))
+        got = torch.autograd.grad(A.layer_norm_autograd(xa, wa, ba), (xa, wa, ba), dy)
+        for what, g, r in zip(("dx", "dw", "db"), got, _ref(x, w, b, dy)[1:]):
+            _close(what, g, r, torch.float32)
+    with T.backward_design("both"):
+        assert T.backward_candidates(8192, 1024, 2, info, interpreter=False) == course + [per_sm]
+        assert T.per_sm_plan(4096, 4096, info) in T.backward_candidates(4096, 4096, 2, info, interpreter=False)
+    assert T.BACKWARD_DESIGN == "course"
+    with pytest.raises(ValueError, match="backward design must be one of"), T.backward_design("fast"):
+        pass
+
+
+def test_deterministic_mode_pins_the_first_plan_and_refuses_atomics(monkeypatch):
+    x, w, b, dy = _inputs(12, 50, torch.float32)
+    _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+    monkeypatch.setattr(T, "_choose", lambda *a: pytest.fail("timed a choice in deterministic mode"))
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _close("dw", T.layer_norm_backward(dy, x, w, mean, rstd)[1], _ref(x, w, b, dy)[2], torch.float32)
+        with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+            T.layer_norm_backward(dy, x, w, mean, rstd, atomic=True)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_atomics_save_no_launch(dtype):
+    """What chapter 10 says of atomics: the reduction kernels go, but zeroing the float32 sums (and, in 16-bit
+    dtypes, converting them) takes as many launches or more."""
+    x, w, b, dy = _inputs(40, 200, dtype)
+    _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+    partials = count_launches(T.layer_norm_backward, dy, x, w, mean, rstd)
+    atomics = count_launches(lambda: T.layer_norm_backward(dy, x, w, mean, rstd, atomic=True))
+    assert partials.total == 3 and atomics.total == (3 if dtype == torch.float32 else 5)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not env.on_gpu(), reason="needs a GPU")

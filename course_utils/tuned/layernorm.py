@@ -6,12 +6,16 @@ Backward: one kernel reads x and dy once, writes dx, and sums dy * x_hat and dy 
 one float32 partial row per program; ``column_sum_kernel`` adds the partials up (deterministic).
 ``atomic=True`` adds each program's sums into one float32 row with ``tl.atomic_add`` instead: one
 launch fewer, but the order of the additions changes from run to run (the notebook measures both).
-Tiles, warps and programs per SM come from :func:`plan_forward` and :func:`backward_candidates`
-(tables measured on an H100 with benchmarks/layernorm.py); the kernels are in ``layernorm_kernels.py``.
+Tiles, warps and programs per SM come from :func:`plan_forward` and :func:`backward_candidates`; the
+kernels are in ``layernorm_kernels.py``. ``BACKWARD_DESIGN`` ("course", "per-sm": Liger-Kernel's layout,
+"both") picks the backward candidates; the fastest is kept per shape, unless
+``torch.use_deterministic_algorithms(True)`` pins the first (a pure function of shape and device: the
+bits of dw and db depend on the plan, since each plan sums the rows in its own order).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +29,8 @@ from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_fw
 # --------------------------------------------------------------------------- plans
 
 MAX_BLOCK_N = 65536
-# Measured on an H100 (results/h100-80gb-hbm3/layernorm_tune.csv, 256 MiB inputs), used on sm_90:
-# (BLOCK_N, bytes per element) -> (tile elements, num_warps) of the forward kernel, and
+# From results/h100-80gb-hbm3/layernorm_tune.csv (256 MiB inputs, recorded before the backward's tl.range loops),
+# used on sm_90: (BLOCK_N, bytes per element) -> (tile elements, num_warps) of the forward kernel, and
 # -> (tile elements, num_warps, programs per SM) of the backward tile kernel.
 FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {
     (1024, 2): (4096, 4), (2048, 2): (4096, 8), (4096, 2): (4096, 8), (8192, 2): (8192, 16), (16384, 2): (16384, 16),
@@ -38,7 +42,12 @@ TILE_ELEMENTS = 4096          # elsewhere: rows per program = this // BLOCK_N
 ELEMENTS_PER_THREAD = 16      # elsewhere: num_warps = tile / (32 x this), between 4 and 32
 BWD_PROGRAMS_PER_SM = 2       # backward grid: SMs x this programs, each summing a contiguous run of rows
 CHUNKED_FROM = 8192           # BLOCK_N from which the chunked backward is a candidate (the only one above)
-CHUNKED = ((2048, 4, 1), (4096, 8, 1), (2048, 4, 2), (4096, 8, 2))  # (CHUNK, num_warps, programs per SM)
+# (CHUNK, num_warps, programs per SM): not in layernorm_tune.csv (recorded before the chunked kernel existed);
+# all four are timed at first use of a shape
+CHUNKED = ((2048, 4, 1), (4096, 8, 1), (2048, 4, 2), (4096, 8, 2))
+BACKWARD_DESIGNS = ("course", "per-sm", "both")
+BACKWARD_DESIGN = "course"  # until tools/gpu_checks/layernorm.py has measured "per-sm" against it on an H100
+PER_SM_MAX_BLOCK = 16384    # the per-SM layout keeps a whole row and two accumulator rows in registers
 _BEST: dict = {}
 
 
@@ -85,12 +94,36 @@ def _grid(n_rows: int, rows: int, programs: int) -> tuple[int, int]:
     return triton.cdiv(n_rows, rows_per_program), rows_per_program
 
 
+def per_sm_plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> Plan:
+    """Liger-Kernel's backward layout on the course's kernel: one program per SM, each a contiguous run of
+    rows taken one row at a time (dx written, dw/db summed in registers), warps by row length as Liger's."""
+    block = _block(n_cols)
+    warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return Plan("tiles", block, 1, warps, *_grid(n_rows, 1, max(1, info.sms)))
+
+
+@contextlib.contextmanager
+def backward_design(design: str):
+    """Use backward ``design`` (one of BACKWARD_DESIGNS) inside the block, autograd included."""
+    global BACKWARD_DESIGN
+    if design not in BACKWARD_DESIGNS:
+        raise ValueError(f"backward design must be one of {BACKWARD_DESIGNS}, got {design!r}")
+    saved, BACKWARD_DESIGN = BACKWARD_DESIGN, design
+    try:
+        yield
+    finally:
+        BACKWARD_DESIGN = saved
+
+
 def backward_candidates(n_rows: int, n_cols: int, itemsize: int, info: hardware.DeviceInfo, *,
-                        interpreter: bool | None = None) -> list[Plan]:
+                        interpreter: bool | None = None, design: str | None = None) -> list[Plan]:
     """The backward plans worth trying, best guess first (on a GPU :func:`_backward` times them once
-    per shape and keeps the fastest; under the interpreter the first is used)."""
+    per shape and keeps the fastest; under the interpreter, or deterministic, the first is used)."""
     block = _block(n_cols)
     interpreter = (not env.on_gpu()) if interpreter is None else interpreter
+    design = design or BACKWARD_DESIGN
+    if design == "per-sm" and block <= PER_SM_MAX_BLOCK:
+        return [per_sm_plan(n_rows, n_cols, info)]
     if interpreter:
         rows = _rows(n_rows, block, 16384)
         return [Plan("tiles", block, rows, 4, *_grid(n_rows, rows, 4))]
@@ -104,6 +137,8 @@ def backward_candidates(n_rows: int, n_cols: int, itemsize: int, info: hardware.
     if block >= CHUNKED_FROM:
         for chunk, warps, per_sm in CHUNKED:
             cands.append(Plan("chunked", min(chunk, block), 1, warps, *_grid(n_rows, 1, info.sms * per_sm)))
+    if design == "both" and block <= PER_SM_MAX_BLOCK:  # (for some shapes the per-SM-1 candidate already is it)
+        cands += [p for p in (per_sm_plan(n_rows, n_cols, info),) if p not in cands]
     return cands
 
 
@@ -167,11 +202,15 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, atomic: bool, what: str, pla
     if x.numel() == 0:
         zero = torch.zeros_like(weight)
         return dx.view(x.shape), zero, None if rms else zero.clone()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if atomic and deterministic:
+        raise RuntimeError(f"{what}: atomic=True adds in a different order on every run, and "
+                           "torch.use_deterministic_algorithms(True) is on: use atomic=False")
     if plan is None:
-        info = hardware.device_info()
-        cands = backward_candidates(n_rows, n_cols, x.element_size(), info)
-        key = (n_rows, n_cols, x.dtype, weight.dtype, rms, atomic, str(x.device))
-        plan = _choose(cands, key, lambda p: _launch_backward(p, dx, dy2, x2, weight, mean, rstd, rms, atomic))
+        cands = backward_candidates(n_rows, n_cols, x.element_size(), hardware.device_info())
+        key = (n_rows, n_cols, x.dtype, weight.dtype, rms, atomic, str(x.device), BACKWARD_DESIGN)
+        plan = cands[0] if deterministic else _choose(
+            cands, key, lambda p: _launch_backward(p, dx, dy2, x2, weight, mean, rstd, rms, atomic))
     dw, db = _launch_backward(plan, dx, dy2, x2, weight, mean, rstd, rms, atomic)
     if atomic:
         return dx.view(x.shape), dw.to(weight.dtype), None if rms else db.to(weight.dtype)
