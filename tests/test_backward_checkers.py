@@ -314,3 +314,15 @@ def _gelu_backward_unmasked_loads(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n
 def test_gelu_backward_checker_fails_unmasked_loads():
     with pytest.raises(check.CheckFailure, match="outside its inputs"):
         checks.check_gelu_backward_kernel(_gelu_backward_unmasked_loads)
+
+
+def test_the_checkers_float64_reference_is_autograds():
+    # the checker's textbook formulas against torch autograd through the course's reference attention
+    g = check.generator()
+    q, do = (torch.randn(2, 4, 9, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 2, 14, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    for causal in (False, True):
+        got = checks.attention_grads64(q, k, v, do, causal, 0.3)[2:5]
+        want = AB.attention_backward_ref(q, k, v, do, causal=causal, sm_scale=0.3)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -7,6 +7,13 @@
   ``kernel[grid](dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE=...)``
   over a flat contiguous (rows x n_cols) tensor, writing ``dx = dy * gelu'(x + b) * keep / (1 - p)``
   with the keep mask of chapter 4 (``tl.rand(seed, offsets) >= p``) regenerated, not stored.
+- :func:`check_flash_backward` calls a student's ``flash_backward(q, k, v, o, lse, do, causal, sm_scale)``
+  (their 11.1 delta kernel, dK/dV pass and dQ pass) on contiguous inputs: one head, grouped-query 4/1 and
+  4/2, causal with more keys than queries and more queries than keys, a random dO (so D != 0); a wrong
+  answer is compared with the float64 answer of each usual mistake to name it. The course's backward
+  kernels, its references and torch.autograd are refused as the answer; three launches of their kernels.
+
+Both kernel checkers also record the loads (under the interpreter) and fail a load outside the inputs.
 
 Fresh inputs every call: odd head dims and row lengths, rows read through strides wider than the
 row (the gap holds huge values), outputs poisoned with NaN inside guard zones, float64 references.
@@ -319,6 +326,6 @@ def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
     o, lse = attention_grads64(*args, args[0], True, 0.25)[:2]
     call = (*args, o.to(dtypes[0]), lse.float(), args[0])
     check.check_kernel_launches(name, fn, *call, expected=3, causal=True, sm_scale=0.25)
-    check.verdict(name, "dq, dk and dv match float64 autograd with grouped-query heads, causal masks aligned "
+    check.verdict(name, "dq, dk and dv match the float64 reference with grouped-query heads, causal masks aligned "
                         "bottom-right (more keys than queries, and more queries than keys), every dtype tried; "
                         "three launches of your kernels")
