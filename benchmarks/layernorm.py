@@ -4,7 +4,10 @@ Every case is M x N with M chosen so that x is 256 MiB, N in NS, in fp32 and bf1
 minimum traffic: forward reads x and writes y (2MN elements); forward + backward adds reading x and
 dy and writing dx (5MN in all); softmax backward reads y and dy and writes dx (3MN). The copy row is
 a device-to-device copy of x (the ceiling). Liger-Kernel's rows are skipped, with a note, when the
-``liger-kernel`` package is not installed.
+``liger-kernel`` package is not installed. A torch.compile row whose function dynamo ran eagerly (a
+fallback: recompile limit, graph break) is kept with ``fallback=True``; :func:`ratios` shows it as such
+and :func:`targets` never judges a target on it. "ours (per-SM plan)" is the fwd+bwd with the tuned
+backward's Liger-Kernel layout (``backward_design("per-sm")``), beside the default.
 
     python -m benchmarks.layernorm sweep  [--out DIR]   # what make bench runs: CSV + table + targets
     python -m benchmarks.layernorm tune   [--out DIR]   # tiles/warps/grids of our kernels, CSV + table
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -31,6 +35,8 @@ ROUNDS = 3          # interleaved rounds: every implementation once per round, t
 EPS = 1e-5
 MN_FACTOR = {"ln_fwd": 2, "rms_fwd": 2, "ln_fwd_bwd": 5, "rms_fwd_bwd": 5, "softmax_bwd": 3, "copy": 2}
 NOTES: list[str] = []
+EAGER_RUNS: Counter = Counter()  # calls of a torch.compile'd function that dynamo ran eagerly, per (kind, op)
+FALLBACK_PREFIX = "not a torch.compile measurement"  # how the first recorded sweep marked its fallbacks
 
 
 def _log(msg: str) -> None:
@@ -57,6 +63,17 @@ def liger():
             _log(note)
         return None
     return LigerLayerNormFunction, LigerRMSNormFunction
+
+
+def _flag_eager(fn, key):
+    """``fn`` that counts, in EAGER_RUNS[key], the calls dynamo did not compile: traced, the branch is
+    dropped (torch.compiler.is_compiling() is True there); run eagerly, it counts."""
+    def run(*args):
+        out = fn(*args)
+        if not torch.compiler.is_compiling():
+            EAGER_RUNS[key] += 1
+        return out
+    return run
 
 
 def _fwd_bwd(fn, inputs, dy):
@@ -89,7 +106,7 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
         args = (x, w, b)
     key = ("rms" if rms else "ln", op)
     if key not in compiled:  # one graph per shape and op, as a model of fixed shape gets
-        compiled[key] = torch.compile(torch_fn, dynamic=False)
+        compiled[key] = torch.compile(_flag_eager(torch_fn, key), dynamic=False)
     fns = {"ours": ours, "torch": torch_fn, "torch.compile": compiled[key]}
     if lig is not None:
         fns["liger"] = lig
@@ -101,7 +118,18 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
         else:
             fns["ours"] = lambda x, w, b: L.layer_norm(x, w, b, EPS)
         return {k: (lambda f=f: f(*[a.detach() for a in args])) for k, f in fns.items()}
-    return {k: _fwd_bwd(f, args, dy) for k, f in fns.items()}
+    runs = {k: _fwd_bwd(f, args, dy) for k, f in fns.items()}
+    runs["ours (per-SM plan)"] = _with_design(runs["ours"], "per-sm")
+    return runs
+
+
+def _with_design(run, design):
+    from course_utils.tuned import layernorm as T
+
+    def timed():
+        with T.backward_design(design):
+            return run()
+    return timed
 
 
 def _inputs(n, dtype, grad: bool):
@@ -132,6 +160,7 @@ def sweep(quick: bool = False, partial: Path | None = None):
             # torch._dynamo.config.recompile_limit (8) shapes and silently runs it eagerly from then on.
             torch.compiler.reset()
             compiled.clear()
+            EAGER_RUNS.clear()
             m, x, w, b, dy = _inputs(n, dtype, grad=True)
             out = torch.empty_like(x)
             impls = {("copy", "copy"): lambda: out.copy_(x.detach())}  # noqa: B023 (called at once)
@@ -146,8 +175,11 @@ def sweep(quick: bool = False, partial: Path | None = None):
                              "error": e[:300]})
             for (op, impl), t in timings.items():
                 nbytes = MN_FACTOR[op] * m * n * dtype.itemsize
+                fallback = impl == "torch.compile" and EAGER_RUNS[("rms" if op.startswith("rms") else "ln", op)] > 0
+                if fallback:
+                    _log(f"  {op} torch.compile N={n} {_name(dtype)}: dynamo ran it eagerly (a fallback, kept as such)")
                 rows.append({"op": op, "n_cols": n, "n_rows": m, "dtype": _name(dtype), "impl": impl,
-                             **t.columns(), "gbps": bench.gbps(nbytes, t)})
+                             **t.columns(), "gbps": bench.gbps(nbytes, t), "fallback": fallback})
             if partial is not None:
                 pd.DataFrame(rows).to_csv(partial, index=False)
             _log(f"  N={n:>5} {_name(dtype):>8}: " + ", ".join(
@@ -160,22 +192,43 @@ def sweep(quick: bool = False, partial: Path | None = None):
     return df
 
 
+def fallbacks(df):
+    """Which rows are torch.compile's eager fallbacks: the ``fallback`` column, or the first sweep's note."""
+    import pandas as pd
+
+    fb = df["fallback"].astype("boolean").fillna(False).astype(bool) if "fallback" in df.columns else \
+        pd.Series(False, index=df.index)
+    if "error" in df.columns:
+        fb |= df["error"].fillna("").astype(str).str.startswith(FALLBACK_PREFIX)
+    return fb
+
+
 def ratios(df):
-    """Per (op, dtype, N): ours / each peer (speed, time ratio) and ours / copy (bandwidth)."""
+    """Per (op, dtype, N): ours / each peer (speed, time ratio), ours / copy and Liger / copy (bandwidth), and
+    ``compile``: "compiled", "eager fallback" (its vs_torch.compile is left out, never judged), "failed" or
+    "absent"."""
     import pandas as pd
 
     out = []
-    if "error" in df.columns:
-        df = df[df["error"].isna()]
+    fb = fallbacks(df)
+    failed = df["error"].notna() & ~fb if "error" in df.columns else pd.Series(False, index=df.index)
+    status = {(r.op, r.dtype, r.n_cols): "failed" for r in df[failed & (df.impl == "torch.compile")].itertuples()}
+    status.update({(r.op, r.dtype, r.n_cols): "eager fallback" for r in df[fb].itertuples()})
+    df = df[~failed & ~fb]
     copy = df[df.op == "copy"].set_index(["dtype", "n_cols"])["gbps"]
     for (op, d, n), g in df[df.op != "copy"].groupby(["op", "dtype", "n_cols"]):
         ms = g.set_index("impl")["ms"]
         if "ours" not in ms:
             continue
-        r = {"op": op, "dtype": d, "n_cols": n, "ours_gbps": float(g[g.impl == "ours"].gbps.iloc[0]),
-             "vs_copy": float(g[g.impl == "ours"].gbps.iloc[0] / copy.get((d, n), float("nan")))}
+        gbps = g.set_index("impl")["gbps"]
+        line = copy.get((d, n), float("nan"))
+        r = {"op": op, "dtype": d, "n_cols": n, "ours_gbps": float(gbps["ours"]), "vs_copy": float(gbps["ours"] / line),
+             "liger_vs_copy": float(gbps["liger"] / line) if "liger" in gbps else float("nan")}
         for peer in ("torch", "torch.compile", "liger"):
             r[f"vs_{peer}"] = float(ms[peer] / ms["ours"]) if peer in ms else float("nan")
+        r["compile"] = status.get((op, d, n), "compiled" if "torch.compile" in ms else "absent")
+        if "ours (per-SM plan)" in ms:
+            r["per_sm_vs_ours"] = float(ms["ours"] / ms["ours (per-SM plan)"])
         out.append(r)
     return pd.DataFrame(out)
 
@@ -196,6 +249,8 @@ def targets(df) -> list:
         for peer in ("torch", "torch.compile", "liger"):
             name = {"torch": peers[op.split("_")[0]], "torch.compile": "torch.compile",
                     "liger": "Liger-Kernel"}[peer]
+            if peer == "torch.compile" and r["compile"] != "compiled":
+                continue  # an eager fallback (or a failure) is no torch.compile measurement: never a verdict
             if r[f"vs_{peer}"] == r[f"vs_{peer}"]:  # not NaN (Liger may be missing)
                 found.append(bench.Target(15, f"{what} {d} N={n} vs {name}", r[f"vs_{peer}"], 1.0))
     return found
@@ -206,6 +261,8 @@ def plot(df):
     import matplotlib.pyplot as plt
 
     ops = [o for o in MN_FACTOR if o != "copy" and o in set(df.op)]
+    df = df.assign(impl=df.impl.where(~fallbacks(df), "torch.compile (eager fallback)"))
+    df = df[df.ms.notna()]
     fig, axes = plt.subplots(len(DTYPES), len(ops), figsize=(4 * len(ops), 7), squeeze=False, sharex=True)
     for i, d in enumerate(_name(t) for t in DTYPES):
         copy = df[(df.op == "copy") & (df.dtype == d)].sort_values("n_cols")
