@@ -200,7 +200,7 @@ def _writes(call: ast.Call) -> bool:
 def _mentions_course(call: ast.Call, scanner: _Scanner) -> bool:
     for n in ast.walk(call):
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(
-                r"course_utils|solutions/|exercises/|checkers", n.value):
+                r"course_utils|solutions/|exercises/|notebooks/|results/|checkers", n.value):
             return True
         if isinstance(n, ast.Attribute) and n.attr in ("__file__", "__path__"):
             return True

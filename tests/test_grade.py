@@ -1,5 +1,6 @@
 """The grading pipeline on a small synthetic course: both directions, and every kind of bad input."""
 
+import functools
 import hashlib
 import json
 import xml.etree.ElementTree as ET
@@ -167,3 +168,131 @@ def test_cli_table_exit_code_and_junit(course, tmp_path, capsys):
     names = [c.get("name") for c in cases]
     assert sorted(names) == ["cube", "integrity", "notebook", "square"], names
     assert all((c.find("failure") is None) == (c.get("name") == "integrity") for c in cases)
+
+
+def _move(nb, cell_id, to):
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    nb.cells.remove(cell)
+    nb.cells.insert(to if to >= 0 else len(nb.cells), cell)
+    return nb
+
+
+def test_moved_check_cells_are_found_and_graded_in_the_exercise_order(course):
+    sol, sol_dir, student_dir = course
+    nb = _move(_move(toy_solution(), "check-square", -1), "check-cube", 1)  # one to the end, one to the top
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
+    assert r.ok and r.passed == 2, grade.table([r])
+    assert r.checks[1].moved_from == 2  # the alignment keeps order: the cell moved against it is found apart
+
+
+def test_a_kernel_that_dies_inside_a_check_is_said_to_have_died(course):
+    sol, sol_dir, student_dir = course
+    nb = _solve(toy_solution(), "ex-square", "def square(x):\n    import os\n    os._exit(3)")
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir, cell_timeout=120)
+    square, cube = r.checks
+    assert "kernel process died while this cell ran: exit code 3" in square.reason, square.reason
+    assert "longer than" not in square.reason
+    assert cube.reason == ("this check did not run: the kernel process died earlier, while check 'square' ran: "
+                           "exit code 3"), cube.reason
+
+
+def test_a_segfault_in_a_students_cell_is_named(course):
+    sol, sol_dir, student_dir = course
+    nb = toy_solution()
+    nb.cells.insert(3, new_code_cell("import ctypes\nctypes.string_at(0)", id="crash"))
+    r = grade.grade_notebook(_student(student_dir, nb), sol_dir, cell_timeout=120)
+    assert all(not c.passed for c in r.checks)
+    reason = r.checks[0].reason
+    assert "the kernel process died earlier, while your cell 4 (starts 'import ctypes') ran" in reason, reason
+    assert "SIGSEGV" in reason, reason
+
+
+def _toy_checkout(tmp_path):
+    """A checkout like the instructor's: the package, solutions/, exercises/, notebooks/, results/."""
+    import shutil
+    root = tmp_path / "checkout"
+    shutil.copytree(exercises.ROOT / "course_utils", root / "course_utils",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("solutions", "exercises", "notebooks"):
+        (root / folder).mkdir()
+        nbformat.write(toy_solution() if folder != "exercises" else exercises.make_exercise(toy_solution()),
+                       root / folder / "toy.ipynb")
+    (root / "results" / "h100").mkdir(parents=True)
+    (root / "results" / "h100" / "bench.csv").write_text("op,ms\nadd,1.0\n")
+    return root
+
+
+def _hashes(root):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+CHEAT = '''import os, pathlib, course_utils
+from course_utils import exercises as ex
+CHECKOUT = pathlib.Path({root!r})
+mine = pathlib.Path(course_utils.__file__).parents[1]
+blocked = []
+for target in [mine / "solutions/toy.ipynb", ex.ROOT / "exercises/toy.ipynb", CHECKOUT / "solutions/toy.ipynb",
+               CHECKOUT / "exercises/toy.ipynb", CHECKOUT / "notebooks/toy.ipynb",
+               CHECKOUT / "results/h100/bench.csv", CHECKOUT / "solutions/new.ipynb",
+               CHECKOUT / "course_utils/check.py"]:
+    try:
+        target.write_text("overwritten by a student")
+    except OSError:
+        blocked.append(str(target))
+for action in (lambda: os.rename(CHECKOUT / "solutions", CHECKOUT / "gone"),
+               lambda: os.unlink(CHECKOUT / "notebooks/toy.ipynb")):
+    try:
+        action()
+    except OSError:
+        blocked.append("rename/unlink")
+os.system(f"echo x > {{CHECKOUT}}/results/h100/bench.csv 2>/dev/null")  # a child process
+print(len(blocked))'''
+
+
+def test_a_notebook_writing_into_the_checkout_leaves_it_unchanged(tmp_path):
+    """Writes by relative path land in the sandbox's copies (and are reported); writes by absolute
+    path into solutions/, exercises/, notebooks/, results/ are refused by the write protection."""
+    from course_utils.grade import jail
+    root = _toy_checkout(tmp_path)
+    before = _hashes(root)
+    nb = toy_solution()
+    nb.cells.insert(2, new_code_cell(CHEAT.format(root=str(root)), id="cheat"))
+    path = tmp_path / "student" / "toy.ipynb"
+    path.parent.mkdir()
+    nbformat.write(nb, path)
+    r = grade.grade_notebook(path, root / "solutions", course_root=root)
+    if jail.abi() < 1:  # no Landlock here: the writes happen, and the grader must say so loudly
+        assert r.checkout_changed and r.infra and "toy.ipynb" in r.error and "CHECKOUT CHANGED" in r.error, r.error
+        pytest.skip("Landlock is not available here: the change was detected, not prevented")
+    assert r.protection == "protected"
+    assert _hashes(root) == before, "a graded notebook changed the instructor's checkout"
+    assert r.checkout_changed == [] and not r.error
+    assert r.passed == 2 and not r.integrity.passed, grade.table([r])
+    assert "wrote into the course's files (exercises/toy.ipynb, solutions/toy.ipynb)" in r.integrity.reason, \
+        r.integrity.reason
+
+
+def test_a_checkout_that_changes_while_a_notebook_runs_fails_the_run_loudly(tmp_path, monkeypatch, capsys):
+    """Where the checkout cannot be write-protected, the hashes before and after name the notebook."""
+    from course_utils.grade import jail, runner
+    root = _toy_checkout(tmp_path)
+
+    def run_and_write(nb_path, junit, cell_timeout, total, sandbox_root, checkout_root):
+        (checkout_root / "solutions" / "toy.ipynb").write_text("rewritten")
+        return runner.Run(True, "", "Landlock is not available on this machine", 1)
+
+    monkeypatch.setattr(grade, "run_nbval", run_and_write)
+    monkeypatch.setattr(jail, "abi", lambda: 0)
+    monkeypatch.setattr(grade, "grade_notebook", functools.partial(grade.grade_notebook, course_root=root))
+    students = tmp_path / "student"
+    students.mkdir()
+    nbformat.write(toy_solution(), students / "a.ipynb")
+    nbformat.write(toy_solution(), students / "b.ipynb")
+    code = grade.main([str(students), "--solutions", str(root / "solutions"), "--jobs", "1"])
+    assert code == 2
+    out = capsys.readouterr().out
+    assert "THE INSTRUCTOR'S CHECKOUT CHANGED while a.ipynb was graded" in out, out
+    assert "solutions/toy.ipynb (changed)" in out
+    assert "not graded: the instructor's checkout changed earlier in this run" in out  # b.ipynb
+    assert "it was not write-protected" in out

@@ -20,13 +20,8 @@ from __future__ import annotations
 import ast
 import copy
 import os
-import re
 import secrets
-import signal
-import subprocess
-import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,12 +29,11 @@ import nbformat
 
 from .. import integrity
 from ..exercises import ROOT, SOLUTIONS, is_check_cell, make_exercise
-from .guard import changed_files, sandbox
-from .match import Cell, align, coerce, exercise_cells_for, identify, import_source, names_used, read_cells
+from . import checkout, jail
+from .match import Cell, align, coerce, exercise_cells_for, identify, import_source, names_used, normalized, read_cells
+from .runner import junit_cases, kernel_died, last_error_line, run_nbval
 
 CELL_TIMEOUT = 300  # seconds a single cell may run before it counts as hung
-_ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*[A-Za-z]")  # junit escapes ESC as #x1B
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Interrupt|Exit)|KeyboardInterrupt)\b:?.*")
 
 
 @dataclass
@@ -49,6 +43,7 @@ class Check:
     passed: bool = False
     reason: str = ""
     look_at: str = ""   # the student's cell(s) this check judges, for the report
+    moved_from: int = 0  # the student moved this check cell: its position in their notebook
 
 
 @dataclass
@@ -60,6 +55,8 @@ class Report:
     exercise: str = ""  # the solution it was graded against
     student: str = ""
     infra: bool = False  # the grader itself failed (not the student's notebook)
+    protection: str = ""  # "protected", or why the checkout could not be write-protected
+    checkout_changed: list[str] = field(default_factory=list)  # the instructor's files changed meanwhile
 
     @property
     def passed(self) -> int:
@@ -110,14 +107,15 @@ def merge(solution, student: list[Cell], label: str):
     sol = [coerce(c, k + 1) for k, c in enumerate(solution.cells)]
     ex_sources = [c.get("source", "") for c in exercise.cells]
     pairs = align(sol, ex_sources, student)
-    matched_students = set(pairs.values())
+    moved = moved_checks(sol, student, pairs)
+    matched_students = set(pairs.values()) | set(moved.values())
     anchors: dict[int, list[Cell]] = {}
     anchor = -1
     by_student = {j: i for i, j in pairs.items()}
     for j, c in enumerate(student):
         if j in by_student:
             anchor = by_student[j]
-        elif c.cell_type == "code" and c.source.strip():
+        elif j not in matched_students and c.cell_type == "code" and c.source.strip():
             anchors.setdefault(anchor, []).append(c)
 
     token = secrets.token_hex(6)
@@ -129,7 +127,7 @@ def merge(solution, student: list[Cell], label: str):
     bound = {n.asname or n.name.split(".")[0] for stmt in ast.parse(imports).body for n in stmt.names}
     checks: list[Check] = []
 
-    positions = merged.metadata["grader_positions"] = {}  # merged cell id -> the student's cell number
+    positions: dict[str, int] = {}  # merged cell id -> the student's cell number
 
     def add_student_cell(c: Cell):
         cell = _code_cell(c.source, f"student-{c.position}")
@@ -143,11 +141,13 @@ def merge(solution, student: list[Cell], label: str):
             check = Check(check_name(sol_cell, len(checks) + 1), sol_cell.get("id"))
             check.look_at = _look_at(sol, i, pairs, student)
             checks.append(check)
-            if i not in pairs:
+            if i not in pairs and i not in moved:
                 check.reason = ("this check cell is missing from your notebook (deleted, or its code edited?): "
                                 "copy it back from the exercise notebook, unchanged")
             else:
                 cell = copy.deepcopy(sol_cell)
+                if i in moved:
+                    check.moved_from = student[moved[i]].position
                 names = sorted(names_used(sol_cell["source"]) & bound)
                 where = f"check {check.name!r}"
                 cell["source"] = (f"{guard}.bind({names!r}); {guard}.verify({where!r})\n" + sol_cell["source"]
@@ -165,14 +165,31 @@ def merge(solution, student: list[Cell], label: str):
         for c in anchors.get(i, []):
             add_student_cell(c)
 
-    scanned = [(c.position, c.source) for j, c in enumerate(student)
-               if c.cell_type == "code" and not (j in matched_students and sol[by_student[j]].is_check)]
+    scanned = [(c.position, c.source) for j, c in enumerate(student) if c.cell_type == "code"
+               and j not in moved.values() and not (j in by_student and sol[by_student[j]].is_check)]
     findings = integrity.scan(scanned)
     integ = Check("integrity", "", not findings)
     if findings:
         integ.reason = "tampering with the checks: " + "; ".join(
             f"{f} ({_preview(student, f.cell)})" for f in findings[:6])
+    merged.metadata["grader_positions"] = positions  # (nbformat copies a dict it is given: set it when full)
     return merged, checks, integ
+
+
+def moved_checks(sol: list[Cell], student: list[Cell], pairs: dict[int, int]) -> dict[int, int]:
+    """{solution index: student index} for check cells the order-keeping alignment left out because the
+    student moved them: the same cell id, or the same code, anywhere else in the notebook."""
+    used, out = set(pairs.values()), {}
+    for i, c in enumerate(sol):
+        if not c.is_check or i in pairs:
+            continue
+        for j, st in enumerate(student):
+            if j not in used and st.cell_type == "code" and (
+                    (c.id and st.id == c.id) or normalized(st.source) == normalized(c.source)):
+                out[i] = j
+                used.add(j)
+                break
+    return out
 
 
 def _preview(student: list[Cell], position: int) -> str:
@@ -192,69 +209,14 @@ def _look_at(sol: list[Cell], k: int, pairs: dict[int, int], student: list[Cell]
     return "; ".join(parts)
 
 
-def _last_error_line(text: str) -> str:
-    lines = [_ANSI.sub("", ln).rstrip() for ln in text.splitlines()]
-    errors = [ln.strip() for ln in lines if _ERROR_LINE.match(ln.strip())]
-    if errors:
-        # the message of the exception that was raised last, with any continuation lines
-        last = errors[-1]
-        start = max(i for i, ln in enumerate(lines) if ln.strip() == last)
-        tail = []
-        for ln in lines[start + 1:start + 4]:
-            if not ln.strip() or ln.startswith(("---", "===", "  File", "Traceback")):
-                break
-            tail.append(ln.strip())
-        return " ".join([last, *tail])[:600]
-    if "outputs differ" in text.lower() or "mismatch" in text.lower():
-        return "the check ran but printed something other than the expected verdict"
-    return next((ln.strip() for ln in lines if ln.strip()), "failed")[:600]
-
-
-def _run_nbval(nb_path: Path, junit: Path, cell_timeout: int, total_timeout: int,
-               root: Path = ROOT) -> tuple[bool, str]:
-    """Run pytest --nbval-lax on one notebook; return (finished in time, combined output)."""
-    ini = nb_path.parent / "pytest.ini"
-    ini.write_text("[pytest]\n")
-    cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-           f"--nbval-cell-timeout={cell_timeout}", "-p", "no:cacheprovider", "-c", str(ini),
-           "--rootdir", str(nb_path.parent), "-q", f"--junitxml={junit}", str(nb_path)]
-    envv = dict(os.environ)
-    envv["PYTHONPATH"] = os.pathsep.join([str(root), envv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.Popen(cmd, cwd=nb_path.parent, env=envv, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=total_timeout)
-        return True, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return False, out
-
-
-def _junit_cases(junit: Path) -> dict[int, tuple[bool, str]]:
-    """nbval's items by cell index: {index: (passed, failure text)}."""
-    cases: dict[int, tuple[bool, str]] = {}
-    if not junit.exists():
-        return cases
-    for tc in ET.parse(junit).getroot().iter("testcase"):
-        m = re.search(r"Cell (\d+)", tc.get("name", ""))
-        if not m:
-            continue
-        bad = tc.find("failure")
-        if bad is None:
-            bad = tc.find("error")
-        if tc.find("skipped") is not None:
-            cases[int(m.group(1))] = (False, "skipped")
-        elif bad is None:
-            cases[int(m.group(1))] = (True, "")
-        else:
-            cases[int(m.group(1))] = (False, (bad.get("message") or "") + "\n" + (bad.text or ""))
-    return cases
-
-
 def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = CELL_TIMEOUT,
-                   solution_path: Path | None = None) -> Report:
-    """Grade one student notebook against ``solutions/<same name>`` (or the solution it matches)."""
+                   solution_path: Path | None = None, course_root: Path = ROOT) -> Report:
+    """Grade one student notebook against ``solutions/<same name>`` (or the solution it matches).
+
+    It runs in a private copy of ``course_root`` (the instructor's checkout) with every write into
+    the checkout forbidden (:mod:`.jail`); the checkout is hashed before and after, and a change
+    fails this notebook and the run (``report.checkout_changed``, an infrastructure error).
+    """
     report = Report(path.name)
     try:
         student = read_student(path)
@@ -280,37 +242,83 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
     report.exercise = solution_path.stem
     if not to_run:
         return report
+    unprotected = jail.abi() < 1 or os.environ.get("COURSE_GRADE_UNPROTECTED") == "1"  # then watch .venv too
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        root, files = sandbox(Path(tmp), ROOT)
+        root, files = checkout.sandbox(Path(tmp), course_root)
         work = Path(tmp) / "work"
         work.mkdir()
         nb_path = work / "graded.ipynb"
         nb_path.write_text(nbformat.writes(merged))
         junit = work / "junit.xml"
         n_code = sum(c.get("cell_type") == "code" for c in merged.cells)
-        finished, output = _run_nbval(nb_path, junit, cell_timeout, cell_timeout * 2 + 30 * n_code + 120, root)
-        cases = _junit_cases(junit)
-        changed = changed_files(files, root)
+        before = checkout.snapshot(course_root, course_root / ".venv" if unprotected else None)
+        run = run_nbval(nb_path, junit, cell_timeout, cell_timeout * 2 + 30 * n_code + 120, root, course_root)
+        after = checkout.snapshot(course_root, course_root / ".venv" if unprotected else None)
+        cases = junit_cases(junit) if run.returncode in (0, 1) else {}
+        changed = checkout.changed_files(files, root)
+    report.protection = run.protection if jail.abi() > 0 else "Landlock is not available on this machine"
     if changed:
         report.integrity.passed = False
         report.integrity.reason = "; ".join(filter(None, [
             "your notebook wrote into the course's files (" + ", ".join(changed[:5]) + ")", report.integrity.reason]))
-    last_failure = ""
+    _read_cells(report, merged, student, cases, cell_timeout, run.finished)
+    if run.finished and run.returncode < 0:
+        report.error = (f"the grading process was killed from inside the notebook (signal {-run.returncode}); "
+                        "its results cannot be trusted")
+    elif not cases and not run.finished:
+        report.error = "grading timed out before any cell finished"
+    elif not cases:
+        report.error, report.infra = "nbval did not run: " + last_error_line(run.output), True
+    report.checkout_changed = checkout.differences(before, after)
+    if report.checkout_changed and report.protection != "protected":  # it may have been this notebook
+        report.infra = True
+        report.integrity.passed = False
+        report.integrity.reason = "; ".join(filter(None, [report.integrity.reason,
+                                                          "the instructor's checkout changed while it ran"]))
+        report.error = checkout_warning(report, course_root)
+    return report
+
+
+def checkout_warning(report: Report, course_root: Path = ROOT) -> str:
+    """The loud line for a checkout that changed while ``report``'s notebook ran."""
+    files = ", ".join(report.checkout_changed[:8]) + (" ..." if len(report.checkout_changed) > 8 else "")
+    who = ("it was write-protected, so not by this notebook: was the checkout edited meanwhile?"
+           if report.protection == "protected" else "it was not write-protected: this notebook may have written there")
+    return (f"THE INSTRUCTOR'S CHECKOUT CHANGED while {report.notebook} was graded ({who}): {files} "
+            f"(in {course_root}: see `git status` there, and restore it before grading again)")
+
+
+def _read_cells(report: Report, merged, student: list[Cell], cases: dict, cell_timeout: int, finished: bool):
+    """Each check's verdict from nbval's items; the first failure or crash of another cell, named."""
+    to_run = [c for c in report.checks if not c.reason]
+    last_failure = died = ""
     positions = merged.metadata.get("grader_positions", {})
     code_cells = [c for c in merged.cells if c.get("cell_type") == "code"]  # nbval numbers these
     for i, cell in enumerate(code_cells):
         passed, text = cases.get(i, (None, ""))
+        death = kernel_died(text) if passed is False else ""
         check = next((c for c in to_run if c.cell_id == cell.get("id") and is_check_cell(cell)), None)
         if check is None:
+            where = positions.get(cell.get("id"))
+            cell_name = f"your cell {where} ({_preview(student, where)})" if where else "a cell the exercise gives you"
             if i == 0 and passed is False:
-                report.error = "the grader could not start the notebook: " + _last_error_line(text)
+                report.error = "the grader could not start the notebook: " + last_error_line(text)
                 report.infra = True
+            elif death and not died:
+                died = death.replace("died while this cell ran", f"died earlier, while {cell_name} ran")
+                last_failure = last_failure or died
             elif passed is False and text != "skipped" and not last_failure:
-                where = positions.get(cell.get("id"))
-                last_failure = (f"your cell {where}" if where else "a cell the exercise gives you") + \
-                    f" failed first: {_last_error_line(text)}"
+                last_failure = f"{cell_name} failed first: {last_error_line(text)}"
             continue
-        if text == "skipped":
+        moved = (f" (you moved this check cell to cell {check.moved_from}: it was graded where the exercise puts it)"
+                 if check.moved_from else "")
+        if death:
+            check.reason = (f"{death}, so it gave no verdict (a crash in the code it calls: e.g. a segmentation fault, "
+                            "os._exit, or the out-of-memory killer)")
+            died = died or death.replace("died while this cell ran", f"died earlier, while check {check.name!r} ran")
+        elif died and passed is False:
+            check.reason = f"this check did not run: {died}"
+        elif text == "skipped":
             check.reason = ("this check did not run: an earlier cell hung past the time limit or the kernel "
                             "died, and the rest of the notebook was skipped")
             check.reason += f" [{last_failure}]" if last_failure else ""
@@ -319,8 +327,11 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
                             "or the kernel died)" if not finished else "this check did not run")
         elif passed:
             check.passed = True
+        elif "Kernel dead on test start" in text:
+            check.reason = "this check did not run: the kernel was stopped after an earlier cell hung" + (
+                f" [{last_failure}]" if last_failure else "")
         else:
-            check.reason = _last_error_line(text)
+            check.reason = last_error_line(text) + moved
             if "timeout" in text.lower() and "exceeded" in text.lower():
                 check.reason = f"the cell ran longer than {cell_timeout} s (does a loop never end?)"
             if last_failure and "NameError" in check.reason:  # a definition missing: say which cell broke
@@ -329,11 +340,6 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
                 report.integrity.passed = False
                 what = f"at run time, in check {check.name!r}: the course's code was changed"
                 report.integrity.reason = "; ".join(filter(None, [report.integrity.reason, what]))
-    if not cases and not finished:
-        report.error = "grading timed out before any cell finished"
-    elif not cases:
-        report.error, report.infra = "nbval did not run: " + _last_error_line(output), True
-    return report
 
 
 from .report import main, table, write_csv, write_junit  # noqa: E402  (the CLI and the outputs)

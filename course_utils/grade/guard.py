@@ -6,9 +6,8 @@ function (with its code object), class and constant of the loaded ``course_utils
 IPython's input transformers and exception handlers. Each check cell then calls the returned
 :class:`Guard`: :meth:`Guard.bind` re-binds the names the check uses to the recorded objects, and
 :meth:`Guard.verify`, before and after the check, raises :class:`IntegrityError` naming whatever
-changed. :func:`sandbox` gives each graded notebook a private copy of the package, so a notebook
-that rewrites the course's files changes only its copy, and :func:`changed_files` reports it.
-(The static layer is :mod:`course_utils.integrity`.)
+changed. (The static layer is :mod:`course_utils.integrity`; the course's files on disk are kept
+out of reach by :mod:`.checkout` and :mod:`.jail`.)
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import pkgutil
-import shutil
 import sys
-from pathlib import Path
 
 COURSE = "course_utils"
 
@@ -155,25 +152,3 @@ _MISSING = object()
 def arm(import_source: str = "") -> Guard:
     """Record the course's code as imported (the grader calls this before any student cell runs)."""
     return Guard(import_source)
-
-
-def sandbox(tmp: Path, course_root: Path) -> tuple[Path, dict[Path, bytes]]:
-    """A private copy of the course package for one notebook (the rest of the checkout linked in).
-
-    The notebook imports this copy, so nothing it does can change the course's files that later
-    notebooks are graded with; comparing the copy afterwards shows whether it tried.
-    """
-    root = tmp / "course"
-    root.mkdir()
-    shutil.copytree(course_root / "course_utils", root / "course_utils", ignore=shutil.ignore_patterns("__pycache__"))
-    for entry in course_root.iterdir():
-        if entry.name not in ("course_utils", ".git", ".venv") and not (root / entry.name).exists():
-            (root / entry.name).symlink_to(entry)
-    files = {f: f.read_bytes() for f in sorted((root / "course_utils").rglob("*")) if f.is_file()}
-    return root, files
-
-
-def changed_files(files: dict[Path, bytes], root: Path) -> list[str]:
-    now = {f for f in (root / "course_utils").rglob("*") if f.is_file() and "__pycache__" not in f.parts}
-    out = [str(f.relative_to(root)) for f, data in files.items() if not f.exists() or f.read_bytes() != data]
-    return out + [str(f.relative_to(root)) for f in sorted(now - set(files))]

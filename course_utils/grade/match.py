@@ -93,7 +93,7 @@ def read_cells(path: Path) -> list[Cell]:
     return [coerce(c, k + 1) for k, c in enumerate(nb["cells"])]
 
 
-def _norm(s: str) -> str:
+def normalized(s: str) -> str:
     return "\n".join(ln.rstrip() for ln in s.strip().splitlines())
 
 
@@ -103,10 +103,10 @@ def score(sol: Cell, ex_source: str, st: Cell) -> float:
         return 0.0
     if sol.id and st.id == sol.id:
         return 100.0
-    s = _norm(st.source)
+    s = normalized(st.source)
     if sol.is_check:
-        return 90.0 if s == _norm(sol.source) else 0.0
-    if s and s in (_norm(ex_source), _norm(sol.source)):
+        return 90.0 if s == normalized(sol.source) else 0.0
+    if s and s in (normalized(ex_source), normalized(sol.source)):
         return 90.0
     if sol.cell_type == "code":  # a cell that defines the same functions, or has the same marker
         shared = sol.defs & st.defs
@@ -114,7 +114,7 @@ def score(sol: Cell, ex_source: str, st: Cell) -> float:
             return 50.0 + len(shared)
         if sol.is_exercise:
             return 0.0
-    m = difflib.SequenceMatcher(None, _norm(ex_source), s, autojunk=False)
+    m = difflib.SequenceMatcher(None, normalized(ex_source), s, autojunk=False)
     if m.real_quick_ratio() < 0.6 or m.quick_ratio() < 0.6:
         return 0.0
     r = m.ratio()

@@ -13,6 +13,7 @@ import argparse
 import csv
 import os
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -51,6 +52,9 @@ def table(reports) -> str:
         lines.append(f"{who}{r.notebook:<{width}}  {r.passed:>2}/{total:<3}  {status}")
         if r.error:
             lines.append(f"    ! {r.error}")
+        if r.checkout_changed and not r.error:
+            from . import checkout_warning
+            lines.append(f"    !! {checkout_warning(r)}")
         if r.integrity is not None and not r.integrity.passed:
             lines.append(f"    x integrity: {r.integrity.reason}")
         for c in r.checks:
@@ -61,7 +65,22 @@ def table(reports) -> str:
     n_ok = sum(r.ok for r in reports)
     lines.append("-" * (width + 16))
     lines.append(f"{n_ok} of {len(reports)} exercise notebook(s) pass every check")
+    lines += protection_lines(reports)
     return "\n".join(lines)
+
+
+def protection_lines(reports) -> list[str]:
+    """Whether the instructor's checkout was write-protected, and the notebooks it changed under."""
+    why_not = sorted({r.protection for r in reports if r.protection and r.protection != "protected"})
+    changed = [r.notebook for r in reports if r.checkout_changed]
+    if changed:
+        return [f"!! THE INSTRUCTOR'S CHECKOUT CHANGED while grading {', '.join(changed)} (see above): exit status 2"]
+    if why_not:
+        return ["WARNING: the checkout could not be write-protected here (" + "; ".join(why_not) + "): a notebook's "
+                "writes into it are detected (hashes before and after each notebook), not prevented"]
+    if any(r.protection for r in reports):
+        return ["The checkout was write-protected (Linux Landlock) while the notebooks ran, and was unchanged after."]
+    return []
 
 
 def write_junit(reports, path: Path) -> None:
@@ -112,14 +131,23 @@ def main(argv=None) -> int:
     if not jobs:
         print(f"no notebooks found in {args.klass or args.targets}")
         return 2
+    changed = threading.Event()  # the checkout changed: later notebooks would be graded against it
+
     def one(job):
         student, p = job
+        if changed.is_set():
+            from . import Report
+            r = Report(p.name, error="not graded: the instructor's checkout changed earlier in this run", infra=True)
+            r.student = student
+            return r
         try:
             r = grade_notebook(p, args.solutions, args.cell_timeout)
         except Exception as e:  # the grader's own failure: report it, go on, exit 2 at the end
             from . import Report
             r = Report(p.name, error=f"the grader failed on this notebook: {type(e).__name__}: {e}", infra=True)
         r.student = student
+        if r.checkout_changed:
+            changed.set()
         return r
 
     # each notebook runs in its own kernel process: grading several at once uses the runner's cores
@@ -143,6 +171,6 @@ def main(argv=None) -> int:
     if not args.klass:
         print("(this is the self-check: the same grader your instructor runs)" if all(r.ok for r in reports)
               else "Fix what is marked x above (the cell to look at is named), save, and run make grade again.")
-    if any(r.infra for r in reports):
+    if any(r.infra or r.checkout_changed for r in reports):
         return 2
     return 0 if args.klass or all(r.ok for r in reports) else 1
