@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import elementwise
 from ..kernels.gelu_backward import bias_gelu_backward_teaching
+from ..tuned import elementwise
 
 AMP = torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.bfloat16)  # under autocast: bf16 in
 AMP_BWD = torch.amp.custom_bwd(device_type="cuda")

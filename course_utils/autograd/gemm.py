@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import gemm
 from ..kernels.gelu_backward import bias_gelu_backward_teaching
+from ..tuned import gemm
 from .elementwise import AMP, AMP_BWD
 
 
