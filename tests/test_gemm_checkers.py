@@ -265,3 +265,75 @@ def test_torch_and_course_answers_are_refused_by_name(fn, name):
     checker = cg.check_linear_gelu if fn.__code__.co_argcount == 3 else cg.check_matmul
     with pytest.raises(check.CheckFailure, match=name):
         checker(fn, dtypes=FP)
+
+
+# ---- the modelling exercises (no kernels: cheap) ----
+def _student_prediction(mistake=None):
+    """A student's own prediction, written with the traffic model's public functions."""
+    from course_utils import bench, traffic
+    mistake = mistake or {}
+
+    def predict(m, n, k):
+        ops = [traffic.Op("add bias", ("col",)), traffic.Op("gelu", (), 9)]
+        if not mistake.get("no_residual"):
+            ops.append(traffic.Op("add residual", (mistake.get("kind", "full"),)))
+        comp = traffic.gemm_epilogue(m, n, k, ops, "bfloat16", trailing=mistake.get("trailing", "addmm"))
+        if mistake.get("datasheet"):
+            mach = traffic.machine("h100-sxm", "bfloat16", launch_us=0.0)
+        else:
+            ceil = bench.Ceilings.from_frame(bench.recorded("ceilings", gpu="h100-80gb-hbm3"))
+            mach = traffic.machine_from_ceilings(ceil, launch_us=None if mistake.get("launches") else 0.0)
+        slow = traffic.estimate_time(comp.unfused, mach, "bfloat16").us
+        fast = traffic.estimate_time(comp.fused, mach, "bfloat16").us
+        return comp.unfused.total_bytes - comp.fused.total_bytes, slow / fast
+    return predict
+
+
+def _student_group_m(mistake=None):
+    mistake = mistake or {}
+
+    def choose(m, n, k, block_m, block_n, programs):
+        best = None
+        for g in (1, 2, 4, 8, 16, 32, 64):
+            order = G.tile_order(-(-m // block_m), -(-n // block_n), g)[:programs]
+            rows = len({pm for pm, _ in order}) * block_m
+            cols = len({pn for _, pn in order}) * block_n
+            nbytes = ((0 if mistake.get("only_b") else rows) + cols) * (1 if mistake.get("no_k") else k) * 2
+            if best is None or nbytes < best[1] or (mistake.get("largest") and nbytes == best[1]):
+                best = (g, nbytes)
+        return best
+    return choose
+
+
+def test_modelling_exercises_pass_a_correct_answer(capsys):
+    from course_utils.checkers import gemm_model as cm
+    cm.check_residual_prediction(_student_prediction())
+    cm.check_group_m(_student_group_m())
+    assert capsys.readouterr().out.count("PASS") == 2
+
+
+@pytest.mark.parametrize("mistake, words", [
+    ({"trailing": "eager"}, "addmm"), ({"no_residual": True}, "residual is missing"),
+    ({"kind": "col"}, "'full'"), ({"datasheet": True}, "measured"), ({"launches": True}, "launch_us=0.0"),
+])
+def test_prediction_mistakes_are_named(mistake, words):
+    from course_utils.checkers import gemm_model as cm
+    with pytest.raises(check.CheckFailure, match=words):
+        cm.check_residual_prediction(_student_prediction(mistake))
+
+
+@pytest.mark.parametrize("mistake, words", [
+    ({"only_b": True}, "count both operands"), ({"no_k": True}, "multiply by K"), ({"largest": True}, "smallest"),
+])
+def test_group_m_mistakes_are_named(mistake, words):
+    from course_utils.checkers import gemm_model as cm
+    with pytest.raises(check.CheckFailure, match=words):
+        cm.check_group_m(_student_group_m(mistake))
+
+
+def test_modelling_answer_keys_are_refused():
+    from course_utils.checkers import gemm_model as cm
+    with pytest.raises(check.CheckFailure, match="residual_prediction"):
+        cm.check_residual_prediction(lambda m, n, k: cm.residual_prediction(m, n, k))
+    with pytest.raises(check.CheckFailure, match="group_choice"):
+        cm.check_group_m(lambda m, n, k, bm, bn, p: cm.group_choice(m, n, k, bm, bn, p))

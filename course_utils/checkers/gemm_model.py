@@ -1,0 +1,151 @@
+"""Checks for chapter 9's modelling exercises: a fused epilogue's saving predicted with the traffic model
+(:func:`check_residual_prediction`) and GROUP_M chosen from the operand bytes a wave touches
+(:func:`check_group_m`).
+
+Each check compares the student's function with the course's own computation on several shapes, and
+when they disagree it recomputes the usual mistakes (the wrong baseline, the datasheet's ceilings, the
+launch cost counted, the residual left out, one operand forgotten...) and names the one that matches.
+The course's computations here are the answer key: a function that calls them is refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import check
+
+MEASURED_GPU = "h100-80gb-hbm3"   # results/<slug>/ceilings.csv: the ceilings the prediction uses
+GROUPS = (1, 2, 4, 8, 16, 32, 64)
+RESIDUAL_SHAPES = ((4096, 16384, 4096), (8192, 8192, 2048), (16, 16384, 4096), (333, 1000, 777))   # M, N, K
+GROUP_SHAPES = ((4096, 16384, 4096, 128, 256, 132), (8192, 8192, 2048, 128, 256, 132),
+                (1000, 3000, 512, 64, 128, 108), (200, 50000, 1024, 128, 128, 132), (4096, 4096, 4096, 128, 128, 16))
+
+
+def _epilogue(residual: bool = True, residual_kind: str = "full"):
+    from .. import traffic as T
+    ops = [T.Op("add bias", ("col",)), T.Op("gelu", (), 9)]
+    return ops + [T.Op("add residual", (residual_kind,))] if residual else ops
+
+
+def _machine(measured: bool = True, launches: bool = False):
+    from .. import bench
+    from .. import traffic as T
+    launch = None if launches else 0.0
+    if not measured:
+        return T.machine("h100-sxm", "bfloat16", launch_us=launch)
+    ceilings = bench.Ceilings.from_frame(bench.recorded("ceilings", gpu=MEASURED_GPU))
+    return T.machine_from_ceilings(ceilings, launch_us=launch)
+
+
+def residual_prediction(m, n, k, *, trailing="addmm", residual=True, residual_kind="full", measured=True,
+                        launches=False, dtype="bfloat16", inverted=False):
+    """(bytes saved, model speedup) of ``gelu(x @ w + b) + r`` fused against PyTorch's
+    ``gelu(addmm(b, x, w)) + r`` on the measured H100 ceilings, device time only; the keywords make the
+    usual mistakes."""
+    from .. import traffic as T
+    comp = T.gemm_epilogue(m, n, k, _epilogue(residual, residual_kind), dtype, trailing=trailing)
+    mach = _machine(measured, launches)
+    slow = T.estimate_time(comp.unfused, mach, dtype).us
+    fast = T.estimate_time(comp.fused, mach, dtype).us
+    speedup = fast / slow if inverted else slow / fast
+    return comp.unfused.total_bytes - comp.fused.total_bytes, speedup
+
+
+RESIDUAL_FAULTS = (
+    ("the baseline is PyTorch's addmm (the bias inside cuBLASLt's GEMM: trailing='addmm'), not one kernel per "
+     "op", {"trailing": "eager"}),
+    ("the baseline runs one kernel per op after the GEMM (trailing='addmm'), not one fused elementwise kernel",
+     {"trailing": "fused"}),
+    ("the residual is missing from the epilogue: add an op that reads a full M x N operand", {"residual": False}),
+    ("the residual is a full M x N tensor (operand kind 'full'), not one value per column",
+     {"residual_kind": "col"}),
+    ("use the ceilings measured on the H100 (results/h100-80gb-hbm3/ceilings.csv through "
+     "traffic.machine_from_ceilings), not the datasheet's", {"measured": False}),
+    ("device time only: pass launch_us=0.0 (a CUDA graph replays the kernels without the host's launch cost)",
+     {"launches": True}),
+    ("the operands are bf16 (2 bytes), not float32", {"dtype": "float32"}),
+    ("the speedup is the baseline's time over the fused kernel's (above 1 when fusion wins), not the inverse",
+     {"inverted": True}),
+)
+
+
+def _close(a, b, rel=1e-6) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-9)
+
+
+def check_residual_prediction(fn, name: str = "predicted saving of the residual epilogue") -> None:
+    """``fn(m, n, k) -> (bytes_saved, model_speedup)`` for the bias + GELU + residual epilogue."""
+    from .. import traffic as T
+    check.refuse_answer_key(name, fn, {"reference prediction (checkers.gemm_model.residual_prediction)":
+                                       residual_prediction})
+    for m, n, k in RESIDUAL_SHAPES:
+        case = f"{name} (M={m}, N={n}, K={k})"
+        got = fn(m, n, k)
+        check.require(isinstance(got, tuple) and len(got) == 2, f"{case}: return (bytes_saved, model_speedup), "
+                      f"got {type(got).__name__}")
+        want = residual_prediction(m, n, k)
+        if all(_close(g, w) for g, w in zip(got, want)):
+            continue
+        hint = next((h for h, kw in RESIDUAL_FAULTS
+                     if all(_close(g, w) for g, w in zip(got, residual_prediction(m, n, k, **kw)))), "")
+        if not hint:
+            hint = next((h for h, kw in RESIDUAL_FAULTS if _close(got[0], residual_prediction(m, n, k, **kw)[0])
+                         or _close(got[1], residual_prediction(m, n, k, **kw)[1])), "")
+        which = "bytes saved" if not _close(got[0], want[0]) else "model speedup"
+        raise check.CheckFailure(f"{case}: the {which} differ from the traffic model's (saved "
+                                 f"{T.format_bytes(want[0])}, speedup computed to 6 digits)."
+                                 + (f"\nHint: {hint}" if hint else ""))
+    check.verdict(name, "the bytes and the model speedup match the traffic model at the MLP, decode and odd shapes")
+
+
+def wave_bytes(m, n, k, block_m, block_n, group_m, programs, itemsize=2, *, only=None, times_k=True,
+               whole_grid=False) -> int:
+    """Operand bytes the first wave of ``programs`` tiles (in grouped order) reads: its A row tiles
+    (block_m x K each) and B column tiles (K x block_n each); the keywords make the usual mistakes."""
+    from ..kernels.gemm import tile_order
+    order = tile_order(math.ceil(m / block_m), math.ceil(n / block_n), group_m)
+    first = order if whole_grid else order[:programs]
+    a = len({pm for pm, _ in first}) * block_m
+    b = len({pn for _, pn in first}) * block_n
+    rows = {"a": a, "b": b}.get(only, a + b)
+    return rows * (k if times_k else 1) * itemsize
+
+
+def group_choice(m, n, k, block_m, block_n, programs, itemsize=2, *, largest=False, **mistake):
+    """(GROUP_M, bytes): the GROUP_M of :data:`GROUPS` whose first wave reads the fewest operand bytes."""
+    costs = [(wave_bytes(m, n, k, block_m, block_n, g, programs, itemsize, **mistake), g) for g in GROUPS]
+    best = min(c for c, _ in costs)
+    ties = [g for c, g in costs if c == best]
+    return (max(ties) if largest else min(ties)), best
+
+
+GROUP_FAULTS = (
+    ("count both operands: the wave's A row tiles (block_m x K each) and its B column tiles (K x block_n each)",
+     {"only": "a"}),
+    ("count both operands: the wave's A row tiles (block_m x K each) and its B column tiles (K x block_n each)",
+     {"only": "b"}),
+    ("a tile of A is block_m x K elements and a tile of B is K x block_n: multiply by K (and by the itemsize)",
+     {"times_k": False}),
+    ("only the first wave (the first `programs` tiles in grouped order) shares the L2; over the whole grid every "
+     "GROUP_M reads every tile", {"whole_grid": True}),
+    ("among GROUP_M values that read the same bytes, take the smallest", {"largest": True}),
+)
+
+
+def check_group_m(fn, name: str = "GROUP_M from the L2 arithmetic") -> None:
+    """``fn(m, n, k, block_m, block_n, programs) -> (group_m, bytes)`` for 2-byte operands."""
+    check.refuse_answer_key(name, fn, {"reference choice (checkers.gemm_model.group_choice)": group_choice,
+                                       "reference bytes (checkers.gemm_model.wave_bytes)": wave_bytes})
+    for m, n, k, bm, bn, programs in GROUP_SHAPES:
+        case = f"{name} (M={m}, N={n}, K={k}, {bm} x {bn} tiles, {programs} programs)"
+        got = fn(m, n, k, bm, bn, programs)
+        check.require(isinstance(got, tuple) and len(got) == 2, f"{case}: return (group_m, bytes), "
+                      f"got {type(got).__name__}")
+        want = group_choice(m, n, k, bm, bn, programs)
+        if int(got[0]) == want[0] and _close(got[1], want[1]):
+            continue
+        hint = next((h for h, kw in GROUP_FAULTS if tuple(got) == group_choice(m, n, k, bm, bn, programs, **kw)), "")
+        raise check.CheckFailure(f"{case}: expected GROUP_M={want[0]} reading {want[1]} bytes in the first wave, "
+                                 f"got GROUP_M={got[0]} and {got[1]} bytes." + (f"\nHint: {hint}" if hint else ""))
+    check.verdict(name, f"the first wave's operand bytes and the GROUP_M that minimizes them, "
+                        f"{len(GROUP_SHAPES)} shapes")
