@@ -50,48 +50,65 @@ def bias_gelu_backward(rows, cols, dtype="bfloat16", *, p=0.0, block_m=32) -> Co
 
 
 def layernorm_backward(rows, cols, dtype="bfloat16", *, block_m=64) -> Comparison:
-    """Backward of LayerNorm on a (rows x cols) input: saving ``x_hat`` against recomputing it.
+    """Backward of LayerNorm on a (rows x cols) input, eager against fused; and what storing x_hat would add.
 
-    "store": the forward writes the normalized ``x_hat`` (an extra rows x cols tensor) and the
-    backward reads it with dy and w. "recompute": the forward saves only float32 mean and rstd per
-    row; the backward reads x, recomputes ``x_hat = (x - mean) * rstd`` in registers. Both write dx
-    and float32 partial sums of dw and db (two rows per ``block_m`` rows), reduced by a second kernel.
+    Neither stores ``x_hat``: eager PyTorch's ``native_layer_norm`` saves float32 mean and rstd per
+    row (with the input x and the weight, which exist anyway; ``grad_fn._saved_result1/2``), and its
+    CUDA backward runs at least two kernels, dx and then dw and db, each reading dy, x, mean and rstd
+    and recomputing ``x_hat`` (counted here as two).
+    The fused backward reads dy and x once, writes dx and float32 partial sums of dw and db (two rows
+    per ``block_m`` rows), reduced by a second kernel. The notes also give the bytes a forward that
+    stored ``x_hat`` instead would keep (``saved_bytes x_hat``): a whole rows x cols tensor.
     """
     m, n = _count("rows", rows), _count("cols", cols)
     b, mn = dtype_bytes(dtype), m * n
     tiles = _cdiv(m, block_m)
+    stats = 2 * m * STAT_BYTES
     partials = 2 * tiles * n * STAT_BYTES
-    reduce = Kernel("dw, db = sum of partial sums", partials, 2 * n * b, 2 * tiles * n)
-    store = (Kernel("backward reading x_hat", 2 * mn * b + n * b, mn * b + partials, 8 * mn), reduce)
-    recompute = (Kernel("backward recomputing x_hat", 2 * mn * b + n * b + 2 * m * STAT_BYTES, mn * b + partials,
-                        10 * mn), reduce)
+    eager = (Kernel("dx (recomputes x_hat)", 2 * mn * b + n * b + stats, mn * b, 8 * mn),
+             Kernel("dw, db (recomputes x_hat)", 2 * mn * b + stats, 2 * n * b, 4 * mn))
+    fused = (Kernel("dx + partial dw, db", 2 * mn * b + n * b + stats, mn * b + partials, 10 * mn),
+             Kernel("dw, db = sum of partial sums", partials, 2 * n * b, 2 * tiles * n))
     return Comparison(f"LayerNorm backward on {m}x{n} {dtype_name(dtype)}",
-                      Traffic("x_hat stored", store), Traffic("x_hat recomputed", recompute),
-                      (f"saved_bytes stored={mn * b}", f"saved_bytes recomputed={2 * m * STAT_BYTES}",
-                       "the forward that stores x_hat also writes it: rows*cols*bytes more forward traffic"))
+                      Traffic("eager (mean, rstd saved)", eager), Traffic("fused (mean, rstd saved)", fused),
+                      (f"saved_bytes eager={stats}", f"saved_bytes fused={stats}", f"saved_bytes x_hat={mn * b}"))
 
 
 DQ_MODES = ("separate", "atomic")
+# Matrix products of N x N x d per (query tile, key tile) pair, 2 N^2 d FLOPs each for a whole head.
+FORWARD_PRODUCTS = 2                # S = Q K^T, O = P V
+STANDARD_BACKWARD_PRODUCTS = 4     # from the saved P: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q
+# FlashAttention recomputes S. With dQ in a pass of its own (the course's default), the dK/dV pass
+# computes S, dV, dP, dK (4) and the dQ pass S and dP again, then dQ (3): 7. FlashAttention-2's
+# single pass (dQ by atomic adds from the key-tile programs) computes S, dV, dP, dK, dQ once: 5.
+BACKWARD_PRODUCTS = {"separate": 7, "atomic": 5}
+
+
+def backward_flop_factor(dq: str = "separate") -> float:
+    """Backward FLOPs / forward FLOPs of FlashAttention: 7 / 2 = 3.5 with the separate dQ pass, 5 / 2 = 2.5
+    in FlashAttention-2's single pass (the convention its paper and most benchmarks use)."""
+    if dq not in DQ_MODES:
+        raise ValueError(f"dq must be one of {DQ_MODES}, got {dq!r}")
+    return BACKWARD_PRODUCTS[dq] / FORWARD_PRODUCTS
 
 
 def attention_backward(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False, block_m=64,
                        block_n=64, dq="separate") -> Comparison:
     """Attention backward: P saved by the forward (standard) against P recomputed (FlashAttention).
 
-    Standard (five kernels per pass; the forward kept P, N x N): dV = P^T dO, dP = dO V^T,
-    dS = P * (dP - rowsum(dP * P)) (softmax's backward), dQ = dS K, dK = dS^T Q.
-    Flash: a preprocessing kernel ``D = rowsum(dO * O)``; one program per key tile of ``block_n``
-    rows keeps its K, V, dK, dV on chip and walks the query tiles, reading Q, dO, the log-sum-exp
-    and D of each (all of them per key tile: fewer when causal), recomputing S and P = exp(S - lse).
-    dQ: ``"separate"``, a second pass with one program per query tile that re-reads K and V per
-    tile; or ``"atomic"``, float32 atomic adds into dQ from every key tile (a read and a write of dQ
-    per key tile, and a conversion kernel). FLOPs: standard 4 products (8 B H N^2 d); flash
-    recomputes Q K^T (one product more, and a second one for dP in the separate dQ pass).
+    Both versions are counted the same way, logical traffic: each kernel reads each tensor it needs
+    once and writes each result once. Standard (the forward kept P, N x N): dV = P^T dO, dP = dO V^T,
+    dS = P * (dP - rowsum(dP * P)), dQ = dS K, dK = dS^T Q, five kernels, 4 products. Flash: D =
+    rowsum(dO * O); a dK/dV kernel (one program per key tile of ``block_n`` rows) reading Q, K, V, dO,
+    lse and D; and either (``"separate"``) a dQ kernel reading the same, or (``"atomic"``) float32
+    atomic adds of dQ from the dK/dV kernel and a conversion kernel. FLOPs: ``BACKWARD_PRODUCTS[dq]``
+    products (7 or 5), halved when causal (the flash kernels skip the tiles above the diagonal).
+    What tiling adds on top, each key tile re-reading its query rows (and each query tile its key
+    rows, or each key tile's atomics re-reading dQ), is :func:`attention_backward_rereads`.
     """
     bsz, h = _count("batch", batch), _count("heads", heads)
     n, d = _count("seq_len", seq_len), _count("head_dim", head_dim)
-    if dq not in DQ_MODES:
-        raise ValueError(f"dq must be one of {DQ_MODES}, got {dq!r}")
+    backward_flop_factor(dq)  # validates dq
     b, bh = dtype_bytes(dtype), bsz * h
     t = bh * n * d * b                    # one of Q, K, V, O, dO, dQ, dK, dV
     s = bh * n * n * b                    # one N x N matrix per (batch, head)
@@ -101,21 +118,40 @@ def attention_backward(batch, heads, seq_len, head_dim, dtype="bfloat16", *, cau
                 Kernel("dS = P * (dP - rowsum(dP * P))", 2 * s, s, 4.0 * bh * n * n),
                 Kernel("dQ = dS K", s + t, t, mm), Kernel("dK = dS^T Q", s + t, t, mm))
     stats = bh * n * STAT_BYTES
-    q_rows = flash_kv_rows(n, block_n, causal)       # query rows a key tile visits, summed over key tiles
-    per_tile_q = bh * q_rows * (2 * d * b + 2 * STAT_BYTES)     # Q, dO, lse and D of every visited query row
+    fp32_dq = bh * n * d * STAT_BYTES
     flash = [Kernel("D = rowsum(dO * O)", 2 * t, stats, 2.0 * bh * n * d),
-             Kernel("dK, dV per key tile", 2 * t + per_tile_q, 2 * t, (4 if dq == "separate" else 5) * mm * half)]
+             Kernel("dK, dV per key tile" + (" (+ dQ atomics)" if dq == "atomic" else ""),
+                    4 * t + 2 * stats, 2 * t + (fp32_dq if dq == "atomic" else 0),
+                    (4 if dq == "separate" else 5) * mm * half)]
     if dq == "separate":
-        kv_rows = flash_kv_rows(n, block_m, causal)
-        flash.append(Kernel("dQ per query tile", 2 * t + 2 * stats + 2 * bh * kv_rows * d * b, t, 3 * mm * half))
+        flash.append(Kernel("dQ per query tile", 4 * t + 2 * stats, t, 3 * mm * half))
     else:
-        atomics = _cdiv(n, block_n) * bh * n * d * STAT_BYTES
-        flash += [Kernel("dQ float32 atomics (inside the key-tile kernel)", atomics, atomics, 0.0),
-                  Kernel("dQ float32 -> dtype", bh * n * d * STAT_BYTES, t, 0.0)]
+        flash.append(Kernel("dQ float32 -> dtype", fp32_dq, t, 0.0))
     return Comparison(f"attention backward B={bsz} H={h} N={n} d={d} {dtype_name(dtype)}"
                       + (" causal" if causal else "") + f", dQ {dq}",
                       Traffic("standard (P saved)", standard), Traffic("flash (P recomputed)", tuple(flash)),
                       (f"saved_bytes standard={s}", f"saved_bytes flash={stats}"))
 
 
-__all__ = ["MASK_BYTES", "STAT_BYTES", "DQ_MODES", "bias_gelu_backward", "layernorm_backward", "attention_backward"]
+def attention_backward_rereads(batch, heads, seq_len, head_dim, dtype="bfloat16", *, causal=False, block_m=64,
+                               block_n=64, dq="separate") -> int:
+    """Bytes the flash backward's tiles read (or, for atomics, read and write) beyond its logical traffic
+    if no re-read hit in L2: each key tile reads Q, dO, lse and D of every query row it visits, each
+    query tile of the dQ pass K and V of every key row it visits, each key tile's atomics read and
+    write the float32 dQ rows it visits. An upper bound: L2 serves part of it."""
+    bsz, h = _count("batch", batch), _count("heads", heads)
+    n, d = _count("seq_len", seq_len), _count("head_dim", head_dim)
+    backward_flop_factor(dq)
+    b, bh = dtype_bytes(dtype), bsz * h
+    q_rows = flash_kv_rows(n, block_n, causal)       # query rows the key tiles visit, summed over key tiles
+    extra = bh * (q_rows - n) * (2 * d * b + 2 * STAT_BYTES)
+    if dq == "separate":
+        extra += bh * (flash_kv_rows(n, block_m, causal) - n) * 2 * d * b
+    else:
+        extra += bh * (2 * q_rows - n) * d * STAT_BYTES   # a read and a write per visit; one write is logical
+    return extra
+
+
+__all__ = ["MASK_BYTES", "STAT_BYTES", "DQ_MODES", "FORWARD_PRODUCTS", "STANDARD_BACKWARD_PRODUCTS",
+           "BACKWARD_PRODUCTS", "backward_flop_factor", "bias_gelu_backward", "layernorm_backward",
+           "attention_backward", "attention_backward_rereads"]
