@@ -108,17 +108,20 @@ def bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, seed
 
 # --- Plain launchers: check, allocate, one kernel[grid](...) call --------------------------------
 
-def _check(name: str, t, like: torch.Tensor | None = None) -> None:
+def _check(name: str, t, like: torch.Tensor | None = None, copy: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != env.DEVICE.type:
         raise ValueError(f"{name} is on {t.device}, but the kernels run on {env.DEVICE.type}: use {name}.to(cu.DEVICE)")
     if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"{name} has dtype {t.dtype}; expected float32, float16 or bfloat16")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} is not contiguous: these kernels index it as one flat array ({name}.contiguous())")
     if like is not None and t.dtype != like.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but x has {like.dtype}: pass them in the same dtype")
+    if not t.is_contiguous():
+        if not copy:
+            raise ValueError(f"{name} is not contiguous: the kernels index it as one flat array ({name}.contiguous())")
+        t = t.contiguous()  # a transposed or sliced x: one copy, then the flat kernel (an extra read and write)
+    return t
 
 
 def _check_bias(x: torch.Tensor, bias) -> int:
@@ -149,9 +152,12 @@ def add_teaching(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_teaching(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """GELU of ``x`` with :func:`gelu_kernel` (``approximate``: 'tanh' or 'none')."""
+    """GELU of ``x`` with :func:`gelu_kernel` (``approximate``: 'tanh' or 'none').
+
+    The GELU launchers copy a non-contiguous x (a transpose, a slice) once, then index it as one flat
+    array; the output is contiguous. (The tuned ``gelu`` reads most layouts in place.)"""
     flag = _approximate(approximate)
-    _check("x", x)
+    x = _check("x", x, copy=True)
     y = torch.empty_like(x)
     n = x.numel()
     if n > 0:
@@ -163,7 +169,7 @@ def bias_gelu_scale_teaching(x: torch.Tensor, bias: torch.Tensor, scale: float,
                              approximate: str = "tanh") -> torch.Tensor:
     """``gelu(x + bias) * scale`` with :func:`bias_gelu_scale_kernel`; ``bias`` has x.shape[-1] values."""
     flag = _approximate(approximate)
-    _check("x", x)
+    x = _check("x", x, copy=True)
     n_cols = _check_bias(x, bias)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
@@ -183,7 +189,7 @@ def bias_gelu_dropout_teaching(x: torch.Tensor, bias: torch.Tensor, p: float, se
     every call, layer and training step: the same seed draws the same mask.
     """
     flag = _approximate(approximate)
-    _check("x", x)
+    x = _check("x", x, copy=True)
     n_cols = _check_bias(x, bias)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1), got {p}")

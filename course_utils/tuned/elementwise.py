@@ -8,9 +8,8 @@ tensor comes within reach of 2^31 elements (``INT64``); one modulo per program f
 instead of one per element (``WRAPS``, :func:`bias_columns`). Inputs are float32, float16 or
 bfloat16 (bfloat16 from sm_80 on); the math is float32, the output has the input's dtype.
 
-Every call goes through Triton's ordinary ``kernel[grid](...)``; the Python around it stays small
-because the device, the launch configuration and the (dtype, device) pairs already validated are
-remembered. Small calls are launch-bound: replay them from a CUDA graph (:mod:`course_utils.graphs`).
+Every call is Triton's ordinary ``kernel[grid](...)``, with the device, launch configuration and
+validated (dtype, device) pairs remembered; replay small calls from a CUDA graph (course_utils.graphs).
 """
 
 from __future__ import annotations
@@ -29,11 +28,20 @@ from .elementwise_config import (  # noqa: F401  (names users import from here)
     INT64_THRESHOLD,
     MAX_BLOCK_SIZE,
     LaunchConfig,
+    _approximate_flag,
+    _check_bias,
+    _check_tensor,
+    _flat,
+    _output,
+    _same,
     config_for,
+    dense_in_memory,
     device_of,
+    dropout_args,
     input_dtypes,
     launch_config,
     needs_int64,
+    rows_of,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -99,6 +107,17 @@ def gelu_tuned_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, APPROX
 
 
 @triton.jit
+def gelu_rows_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr,
+                     APPROXIMATE: tl.constexpr):
+    """GELU of rows one ``x_row_stride`` apart (a sliced or broadcast x): grid (rows, column tiles)."""
+    row = tl.program_id(axis=0).to(tl.int64)
+    cols = tl.program_id(axis=1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask).to(tl.float32)
+    tl.store(y_ptr + row * y_row_stride + cols, gelu_math(x, APPROXIMATE).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def bias_gelu_scale_tuned_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr,
                                  APPROXIMATE: tl.constexpr, INT64: tl.constexpr, WRAPS: tl.constexpr):
     start = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64)
@@ -136,71 +155,6 @@ def keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr, IN
 # Input checks: the full check once per (dtype, device), then only what can change per call
 # ----------------------------------------------------------------------------------------------
 
-_CHECKED: set = set()
-
-
-def _check_tensor(name: str, t) -> None:
-    if type(t) is torch.Tensor and t.is_contiguous() and (t.dtype, t.device) in _CHECKED:
-        return
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != env.DEVICE.type:
-        raise ValueError(f"{name} is on {t.device}, but in {env.MODE} mode the kernels run on "
-                         f"{env.DEVICE.type}: move it with {name}.to(cu.DEVICE)")
-    allowed = input_dtypes(device_of(t))
-    if t.dtype not in allowed:
-        raise TypeError(f"{name} has dtype {t.dtype}; expected one of "
-                        f"{[str(d).removeprefix('torch.') for d in allowed]} on this device")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}): these kernels index it as "
-                         f"one flat array; pass {name}.contiguous() (a copy: one more read and write of it)")
-    _CHECKED.add((t.dtype, t.device))
-
-
-def _same(name: str, t, x: torch.Tensor, shape, what: str) -> None:
-    """``t`` passes the tensor checks and has x's dtype and device and this shape."""
-    _check_tensor(name, t)
-    if t.shape != shape or t.dtype != x.dtype or t.device != x.device:
-        raise ValueError(f"{name} must {what}: shape {tuple(shape)}, dtype {x.dtype}, device {x.device}; "
-                         f"got {tuple(t.shape)} {t.dtype} {t.device}")
-
-
-def _output(x: torch.Tensor, out) -> torch.Tensor:
-    if out is None:
-        return torch.empty_like(x)
-    _same("out", out, x, x.shape, "match the input (same shape, dtype and device)")
-    return out
-
-
-def _approximate_flag(approximate: str) -> bool:
-    if approximate == "tanh":
-        return True
-    if approximate == "none":
-        return False
-    raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
-
-
-def _check_bias(x: torch.Tensor, bias) -> int:
-    _check_tensor("bias", bias)
-    if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
-        raise ValueError(f"bias must be 1-D with one value per column of x (x.shape[-1] = "
-                         f"{x.shape[-1] if x.dim() else 'none: x is 0-D'}), got shape {tuple(bias.shape)}")
-    if bias.dtype != x.dtype:
-        raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}: pass them in the same dtype")
-    if bias.device != x.device:
-        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
-    return bias.shape[0]
-
-
-def _check_dropout(p, seed) -> tuple[float, int]:
-    p = float(p)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
-    return p, seed
-
-
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -218,11 +172,24 @@ def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> to
 
 
 def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = None) -> torch.Tensor:
-    """GELU of ``x`` in one kernel: ``approximate='tanh'`` (the tanh approximation) or ``'none'`` (erf)."""
+    """GELU of ``x`` in one kernel: ``approximate='tanh'`` (the tanh approximation) or ``'none'`` (erf).
+
+    Any layout: an x dense in memory (transposed, permuted) is walked in memory order, the output
+    with its strides; rows one stride apart (``x[:, :k]``) run :func:`gelu_rows_kernel`; any other
+    layout (``x[:, ::2]``) is copied once first (``x.contiguous()``: one more read and write)."""
     flag = _approximate_flag(approximate)
-    _check_tensor("x", x)
+    _check_tensor("x", x, any_layout=True)
+    dense = dense_in_memory(x)
+    rows = None if dense else rows_of(x)
+    if not dense and (rows is None or triton.cdiv(rows[1], 1024) > 65535):
+        x, rows = x.contiguous(), None  # the one copy
     out = _output(x, out)
-    if x.numel() > 0:
+    if x.numel() > 0 and rows is not None:
+        n_rows, n_cols, row_stride = rows
+        block = min(1024, triton.next_power_of_2(n_cols))
+        gelu_rows_kernel[(n_rows, triton.cdiv(n_cols, block))](x, out, n_cols, row_stride, n_cols, BLOCK_SIZE=block,
+                                                               APPROXIMATE=flag, num_warps=4)
+    elif x.numel() > 0:
         cfg = config_for(x, x.dtype)
         gelu_tuned_kernel[cfg.grid](x, out, x.numel(), BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=flag,
                                     INT64=cfg.int64, num_warps=cfg.num_warps)
@@ -233,7 +200,7 @@ def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approxima
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
     flag = _approximate_flag(approximate)
-    _check_tensor("x", x)
+    x = _flat("x", x)  # a non-contiguous x is copied once (the kernel indexes it as one flat array)
     n_cols = _check_bias(x, bias)
     scale = float(scale)
     if not math.isfinite(scale):
@@ -256,8 +223,8 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
     every call, layer and training step.
     """
     flag = _approximate_flag(approximate)
-    p, seed = _check_dropout(p, seed)
-    _check_tensor("x", x)
+    p, seed = dropout_args(p, seed)
+    x = _flat("x", x)  # a non-contiguous x is copied once; the mask is drawn by logical index all the same
     n_cols = _check_bias(x, bias)
     out = _output(x, out)
     if x.numel() > 0:
@@ -270,7 +237,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
 
 def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
     """The boolean keep mask :func:`bias_gelu_dropout` uses for ``shape``, ``p`` and ``seed``."""
-    p, seed = _check_dropout(p, seed)
+    p, seed = dropout_args(p, seed)
     keep = torch.empty(tuple(shape), dtype=torch.int8, device=torch.device(device) if device else env.DEVICE)
     if keep.numel() > 0:
         cfg = config_for(keep, torch.float32, DROPOUT_MAX_BLOCK)  # the tiles of a float32 dropout: the same mask
@@ -303,6 +270,7 @@ def compile_cases(info):
         yield f"bias_gelu_dropout_teaching {dtype_name(dt)}", lambda x=x, b=b: teaching.bias_gelu_dropout_teaching(
             x(), b(), 0.1, 7)
     yield "dropout_keep_mask", lambda: dropout_keep_mask((4096, 4096), 0.1, 1234)
+    yield "gelu strided rows", lambda: gelu(empty(4096, 8192, dtype=torch.float16)[:, :4100])
     narrow = (4096, 100)  # rows shorter than a tile: the bias columns wrap several times per tile (ANY_WRAP)
     yield "bias_gelu_scale narrow rows", lambda: bias_gelu_scale(empty(*narrow), empty(100), 0.5)
     yield "bias_gelu_dropout narrow rows", lambda: bias_gelu_dropout(empty(*narrow), empty(100), 0.1, 7)

@@ -1,4 +1,5 @@
-"""Launch configuration of the tuned elementwise kernels (:mod:`course_utils.tuned.elementwise`).
+"""Launch configuration and argument checks of the tuned elementwise kernels
+(:mod:`course_utils.tuned.elementwise`).
 
 :func:`launch_config` is a pure function of the element count, the dtype and a
 :class:`~course_utils.hardware.DeviceInfo`, so what a launcher would pick on a T4, an A100 or an
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .. import hardware
+from .. import env, hardware
 
 MAX_BLOCK_SIZE = 2**16
 # Offsets are int64 once a tile could reach 2^31 - 1: the margin (one largest tile) makes the
@@ -106,3 +107,110 @@ def config_for(x: torch.Tensor, dtype: torch.dtype, max_block: int = MAX_BLOCK_S
     return cfg
 
 
+
+
+# Argument checks of the launchers (the full check once per (dtype, device); the rest every call)
+
+_CHECKED: set = set()
+
+
+def _check_tensor(name: str, t, any_layout: bool = False) -> None:
+    if type(t) is torch.Tensor and t.is_contiguous() and (t.dtype, t.device) in _CHECKED:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != env.DEVICE.type:
+        raise ValueError(f"{name} is on {t.device}, but in {env.MODE} mode the kernels run on "
+                         f"{env.DEVICE.type}: move it with {name}.to(cu.DEVICE)")
+    allowed = input_dtypes(device_of(t))
+    if t.dtype not in allowed:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected one of "
+                        f"{[str(d).removeprefix('torch.') for d in allowed]} on this device")
+    if not any_layout and not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}): these kernels index it as "
+                         f"one flat array; pass {name}.contiguous() (a copy: one more read and write of it)")
+    _CHECKED.add((t.dtype, t.device))
+
+
+def _same(name: str, t, x: torch.Tensor, shape, what: str, any_layout: bool = False) -> None:
+    """``t`` passes the tensor checks and has x's dtype and device and this shape."""
+    _check_tensor(name, t, any_layout)
+    if t.shape != shape or t.dtype != x.dtype or t.device != x.device:
+        raise ValueError(f"{name} must {what}: shape {tuple(shape)}, dtype {x.dtype}, device {x.device}; "
+                         f"got {tuple(t.shape)} {t.dtype} {t.device}")
+
+
+def _output(x: torch.Tensor, out) -> torch.Tensor:
+    if out is None:  # x's strides when x is dense in memory (a transpose), else contiguous
+        return torch.empty_like(x)
+    _same("out", out, x, x.shape, "match the input (same shape, dtype and device)", not x.is_contiguous())
+    want = [st for st, n in zip(torch.empty_like(x, device="meta").stride(), x.shape) if n != 1]
+    if not x.is_contiguous() and [st for st, n in zip(out.stride(), out.shape) if n != 1] != want:
+        raise ValueError(f"out must have the strides the kernel writes ({torch.empty_like(x, device='meta').stride()}"
+                         f": x's, for an x dense in memory, else contiguous), got {out.stride()}")
+    return out
+
+
+def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t``, or one contiguous copy of it (documented: a strided input costs one more read and write)."""
+    _check_tensor(name, t, any_layout=True)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _approximate_flag(approximate: str) -> bool:
+    if approximate == "tanh":
+        return True
+    if approximate == "none":
+        return False
+    raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
+
+
+def _check_bias(x: torch.Tensor, bias) -> int:
+    _check_tensor("bias", bias)
+    if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
+        raise ValueError(f"bias must be 1-D with one value per column of x (x.shape[-1] = "
+                         f"{x.shape[-1] if x.dim() else 'none: x is 0-D'}), got shape {tuple(bias.shape)}")
+    if bias.dtype != x.dtype:
+        raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}: pass them in the same dtype")
+    if bias.device != x.device:
+        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+    return bias.shape[0]
+
+
+# How an input's elements lie in memory (the GELU launchers accept any layout)
+
+def dense_in_memory(t: torch.Tensor) -> bool:
+    """True when ``t``'s elements fill one block of memory without gaps or overlaps: contiguous, or a
+    transpose or permutation of a contiguous tensor. An elementwise kernel may then walk the block in
+    memory order and write an output with the same strides."""
+    expect = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def rows_of(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(n_rows, n_cols, row_stride)`` when ``t`` is rows of contiguous columns one row stride apart
+    (``x[:, :k]``, ``x[::2]``, a broadcast row; leading dims merged as ``t.view(-1, n_cols)`` merges
+    them), else None."""
+    if t.dim() == 0:
+        return None
+    try:
+        v = t.view(-1, t.shape[-1])
+    except RuntimeError:  # the leading dims do not merge into one row index
+        return None
+    if v.shape[1] > 1 and v.stride(1) != 1:
+        return None
+    return v.shape[0], v.shape[1], v.stride(0)
+
+
+def dropout_args(p, seed) -> tuple[float, int]:
+    """``(p, seed)`` checked: p in [0, 1), seed an int in [0, 2^63)."""
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
+    return p, seed
