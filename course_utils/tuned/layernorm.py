@@ -4,8 +4,9 @@ Forward: a tile of ROWS rows x BLOCK_N columns per program (several rows per pro
 short), statistics in float32, mean/rstd stored only when a backward pass will need them.
 Backward: one kernel reads x and dy once, writes dx, and sums dy * x_hat and dy over its rows into
 one float32 partial row per program; ``column_sum_kernel`` adds the partials up (deterministic).
-``atomic=True`` adds each program's sums into one float32 row with ``tl.atomic_add`` instead: one
-launch fewer, but the order of the additions changes from run to run (the notebook measures both).
+``atomic=True`` adds each program's sums into one float32 row with ``tl.atomic_add`` instead: no
+reduction kernel, but no fewer launches (the float32 rows are zeroed first, and converted after in 16-bit
+dtypes), and the order of the additions changes from run to run (the notebook counts and measures both).
 Tiles, warps and programs per SM come from :func:`plan_forward` and :func:`backward_candidates`; the
 kernels are in ``layernorm_kernels.py``. ``BACKWARD_DESIGN`` ("course", "per-sm": Liger-Kernel's layout,
 "both") picks the backward candidates; the fastest is kept per shape, unless
