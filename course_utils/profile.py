@@ -150,11 +150,14 @@ def categorize(kernel: str, ops=()) -> str:
     for category, keys in _KERNEL_RULES:
         if any(k in name for k in keys):
             return category
-    for op in ops:
-        low = op.lower()
-        for category, keys in _OP_RULES:
-            if any(k in low for k in keys):
-                return category
+    # nearest operator first, but a copy_ names a category only when nothing above it does (a cast is
+    # aten::_to_copy calling aten::copy_; a copy inside an attention backward belongs to attention)
+    for rules in (_OP_RULES[:-1], _OP_RULES[-1:]):
+        for op in ops:
+            low = op.lower()
+            for category, keys in rules:
+                if any(k in low for k in keys):
+                    return category
     return "elementwise glue"
 
 

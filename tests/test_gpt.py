@@ -1,4 +1,5 @@
-"""Chapter 11's GPT: the same model through torch ops and through the course's kernels."""
+"""Chapters 11 and 12's GPT: the same model through torch ops and through the course's ops; its KV-cache
+decoding, FLOP count and optimizer; the training benchmark's judging of losses and targets."""
 
 import pytest
 import torch
@@ -40,10 +41,17 @@ def test_course_ops_refuse_rather_than_fall_back(monkeypatch):
     assert any(r["op"] == "attention" and r["implementation"] == "missing" for r in registry.course_table())
 
 
-def test_every_op_has_a_course_kernel():
+def test_every_op_has_a_course_kernel_from_the_operator_module():
     table = registry.course_table()
-    assert [r["op"] for r in table] == ["layer_norm", "linear_gelu", "attention"]
+    assert [r["op"] for r in table] == ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy"]
     assert all(r["implementation"] != "missing" for r in table), table
+    assert registry.uses_library_ops(), table  # every op from torch.ops.course, none from chapter 11's fallbacks
+
+
+def test_an_operator_still_a_skeleton_counts_as_missing(monkeypatch):
+    monkeypatch.setattr(registry, "_unwritten", lambda package, op: op == "cross_entropy")
+    row = next(r for r in registry.course_table() if r["op"] == "cross_entropy")
+    assert "PyTorch's cross_entropy" in row["implementation"] and not registry.uses_library_ops()
 
 
 def test_forward_and_gradients_agree_with_torch_ops():
@@ -73,3 +81,113 @@ def test_sequence_longer_than_the_model_is_refused():
     m = gpt.GPT(gpt.TINY)
     with pytest.raises(ValueError, match="longer than the model"):
         m(torch.zeros(1, gpt.TINY.seq_len + 1, dtype=torch.int64))
+
+
+def _decode_matches_full_forward(model, idx, prompt):
+    full = model(idx)
+    cache = gpt.KVCache(model.cfg, idx.shape[0])
+    rows = [model(idx[:, :prompt], cache=cache)[:, -1]]
+    rows += [model(idx[:, j:j + 1], cache=cache)[:, -1] for j in range(prompt, idx.shape[1])]
+    assert cache.length == idx.shape[1]
+    check.compare(f"{model.ops.name}: decoded logits", torch.stack(rows, 1), full[:, prompt - 1:].double(),
+                  atol=1e-5, rtol=1e-4)
+
+
+def test_kv_cache_decoding_gives_the_full_forwards_logits():
+    a, b = gpt.twins(gpt.TINY, cu.DEVICE)
+    idx = next(gpt.batches(gpt.tokens(), 2, gpt.TINY.seq_len, 1, seed=4))[0][:1, :9].to(cu.DEVICE)
+    with torch.no_grad():
+        for model in (a, b):  # one query row against every cached key: causal aligned bottom-right
+            _decode_matches_full_forward(model, idx, 6)
+
+
+def test_generate_is_reproducible_and_refuses_too_long():
+    model = gpt.GPT(gpt.TINY).to(cu.DEVICE)
+    first, again = gpt.generate(model, "ab", 6, seed=3), gpt.generate(model, "ab", 6, seed=3)
+    assert first == again and isinstance(first, str)
+    with pytest.raises(ValueError, match="exceed seq_len"):
+        gpt.generate(model, "x" * 30, 10)
+    with pytest.raises(ValueError, match="temperature"):
+        gpt.generate(model, "ab", 2, temperature=0.0)
+    cache = gpt.KVCache(gpt.TINY, 1)
+    cache.length = gpt.TINY.seq_len
+    with pytest.raises(ValueError, match="longer than the model"):
+        model(torch.zeros(1, 1, dtype=torch.int64, device=cu.DEVICE), cache=cache)
+
+
+def test_model_flops_counts_every_parameter_but_the_position_embeddings():
+    m = gpt.GPT(gpt.TINY)
+    f = gpt.model_flops(gpt.TINY, batch=3)
+    assert f["params"] == sum(p.numel() for p in m.parameters()) - m.wpe.weight.numel()
+    cfg = gpt.TINY
+    assert f["tokens"] == 3 * cfg.seq_len
+    assert f["flops"] == (6 * f["params"] + 12 * cfg.n_layer * cfg.d_model * cfg.seq_len) * f["tokens"]
+
+
+def test_optimizer_is_adamw_fused_on_a_gpu_only():
+    opt = gpt.optimizer(gpt.GPT(gpt.TINY))
+    assert isinstance(opt, torch.optim.AdamW) and not opt.defaults["fused"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="needs a CUDA GPU")
+def test_optimizer_is_fused_on_the_gpu():
+    opt = gpt.optimizer(gpt.GPT(gpt.TINY).cuda(), capturable=True)
+    assert opt.defaults["fused"] and opt.defaults["capturable"]
+
+
+@pytest.mark.slow
+def test_course_model_traces_whole_under_torch_compile():
+    torch._dynamo.reset()
+    model = gpt.GPT(gpt.TINY).to(cu.DEVICE).use("course")
+    x, y = (t.to(cu.DEVICE) for t in next(gpt.batches(gpt.tokens(), 1, 16, 1)))
+    eager = model(x, y)[1]
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x, y)[1]  # raises on a graph break
+    check.compare("compiled loss", compiled, eager.detach().double(), atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ the training benchmark's judging
+
+
+@pytest.fixture
+def training_bench():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import training
+    return training
+
+
+def test_losses_are_judged_step_by_step_and_a_divergent_step_replayed(training_bench, monkeypatch):
+    original = gpt.twins
+
+    def twins(cfg, device, seed=0):  # torch ops twice, the second one's weights nudged: its loss differs
+        a, b = original(cfg, device, seed)
+        with torch.no_grad():
+            b.wte.weight.mul_(30.0)
+        return a, b.use("torch")
+    monkeypatch.setattr(gpt, "twins", twins)
+    curve, report = training_bench.losses(2, gpt.TINY, gpt.tokens(), device="cpu")
+    assert list(curve.columns) == ["step", "torch_ops", "course_ops", "rel_diff"] and len(curve) == 2
+    assert (curve["rel_diff"] > training_bench.LOSS_TOLERANCE).iloc[0]
+    assert set(report["step"]) == {0} and set(report["version"]) == {"torch", "course"}
+    assert {"blocks.0.proj", "blocks.1.out", "logits", "loss"} <= set(report["output"])
+    assert (report["rel_err_vs_fp32"] < 1e-6).all()  # on the CPU both run in float32: no rounding to find
+
+
+def test_targets_are_the_issues_ratios(training_bench):
+    import pandas as pd
+    rows = {"eager": (18.0, 10.0, 5.0), "torch.compile": (14.0, 9.0, 4.5), "course": (15.0, 7.5, 4.0),
+            "course + torch.compile": (13.0, 7.0, 4.0), "eager + CUDA graph": (11.0, None, None),
+            "course + CUDA graph": (8.0, None, None), "torch.compile reduce-overhead": (9.0, None, None),
+            "course + torch.compile reduce-overhead": (8.5, None, None)}
+    df = pd.DataFrame([{"impl": k, "ms": ms, "gpu_busy_ms": busy, "peak_alone_gib": peak}
+                       for k, (ms, busy, peak) in rows.items()]).assign(loss_max_rel_diff=0.01, loss_steps=200)
+    got = {t.claim.split(":")[0] + ":" + t.claim.split(":")[1][:12]: t for t in training_bench.targets(df)}
+    measured = [round(t.measured, 4) for t in training_bench.targets(df)]
+    assert measured == [round(11 / 8, 4), round(9 / 8.5, 4), round(18 / 15, 4), round(14 / 13, 4), round(10 / 7.5, 4),
+                        round(5 / 4, 4), 2.0]
+    assert [t.required for t in training_bench.targets(df)] == [1.3, 1.0, 1.1, 1.0, 1.25, 1.0, 1.0]
+    assert len(got) == 7
+    old = pd.DataFrame([{"impl": "eager", "ms": 14.5}])  # a recorded file of chapter 11: nothing is invented
+    assert all(t.measured != t.measured for t in training_bench.targets(old)[:6])

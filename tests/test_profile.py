@@ -71,3 +71,59 @@ def test_counting_restores_triton_and_counts_nothing_afterwards():
 def test_cuda_kernel_table_needs_a_gpu():
     with pytest.raises(RuntimeError, match="count_launches"):
         profile.cuda_kernel_table(lambda: None)
+
+
+# ------------------------------------------------------------------ chapter 12: a step's kernels and host time
+
+
+@pytest.mark.parametrize("kernel, ops, category", [
+    ("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_NNT", ("aten::mm",), "GEMM"),
+    ("void at::native::elementwise_kernel<128, 4, ...>", ("aten::copy_", "aten::_to_copy", "aten::to"), "cast"),
+    ("void at::native::elementwise_kernel<128, 4, ...>", ("aten::copy_", "aten::contiguous"), "copy"),
+    ("void at::native::vectorized_elementwise_kernel<4, AddFunctor>", ("aten::add",), "elementwise glue"),
+    ("void at::native::(anonymous)::GammaBetaBackwardCUDAKernel", ("aten::native_layer_norm_backward",), "norm"),
+    ("void at::native::reduce_kernel<512, 1, ...>", ("aten::sum", "aten::native_layer_norm_backward"), "norm"),
+    ("multi_tensor_apply_kernel<FusedAdamMathFunctor>", ("aten::_fused_adamw_",), "optimizer"),
+    ("void at::native::elementwise_kernel<...>", ("aten::mul_", "Optimizer.step#AdamW.step"), "optimizer"),
+    ("pytorch_flash::flash_fwd_kernel<...>", ("aten::_flash_attention_forward",), "attention"),
+    ("attn_fwd_tuned_kernel", ("course::attention",), "attention"),
+    ("cross_entropy_bwd_kernel", (), "loss"),
+    ("void at::native::cunn_SoftMaxForward<...>", ("aten::_log_softmax", "aten::cross_entropy_loss"), "loss"),
+    ("triton_per_fused_add_native_layer_norm_0", ("CompiledFunction",), "norm"),
+    ("Memcpy DtoD (Device -> Device)", (), "copy"),
+    ("add_layer_norm_fwd_kernel", ("course::add_layer_norm",), "norm"),
+])
+def test_categorize_names_a_kernel_by_its_name_else_the_nearest_operator(kernel, ops, category):
+    assert profile.categorize(kernel, ops) == category
+    assert category in profile.CATEGORIES
+
+
+def test_by_category_sums_launches_and_gpu_time_per_step():
+    import pandas as pd
+    k = pd.DataFrame({"kernel": ["a", "b", "c", "d"], "ops": ["", "", "", ""],
+                      "category": ["GEMM", "GEMM", "cast", "elementwise glue"], "us": [100.0, 300.0, 10.0, 30.0]})
+    t = profile.by_category(k, steps=2).set_index("category")
+    assert list(t.index[:-1]) == list(profile.CATEGORIES)
+    assert t.loc["GEMM", "launches"] == 1.0 and t.loc["GEMM", "gpu_ms"] == pytest.approx(0.2)
+    assert t.loc["attention", "launches"] == 0 and t.loc["cast", "gpu_ms"] == pytest.approx(0.005)
+    assert t.iloc[-1]["launches"] == 2.0 and t.iloc[-1]["gpu_ms"] == pytest.approx(0.22)
+
+
+def test_host_split_charges_python_to_its_file_and_builtins_to_their_caller():
+    x = torch.ones(64)
+
+    def step():  # a course wrapper's Python, then torch's functional Python, then a bare builtin
+        launch.add_one(x)
+        torch.nn.functional.relu(x)
+        sum(range(20_000))
+    split = profile.host_split(step, calls=3)
+    assert list(split) == list(profile.HOST_BUCKETS)
+    assert split["course's Python wrappers"] > 0 and split["PyTorch modules and functional (Python)"] > 0
+    assert split["other Python"] > 0                # sum(range(...)) called from this test's own function
+    assert split["autograd engine (C++)"] == 0.0    # no backward in this step
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_step_kernels_needs_a_gpu():
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        profile.step_kernels(lambda: None)
