@@ -101,7 +101,7 @@ def add_layer_norm_bwd_kernel(dx_ptr, dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rs
 # --------------------------------------------------------------------------- launchers
 
 
-def check(what: str, x, weight, *others) -> int:
+def check(what: str, x, weight, *others, max_cols: int = MAX_BLOCK_N) -> int:
     """Checks x (..., N), weight (N,) contiguous and ``others`` (name, tensor or None, shape); returns N."""
     for name, t in (("x", x), ("weight", weight)) + tuple(o[:2] for o in others):
         if t is None:
@@ -118,8 +118,8 @@ def check(what: str, x, weight, *others) -> int:
     if weight.dim() != 1 or weight.shape[0] != n or not weight.is_contiguous():
         raise ValueError(f"{what}: weight must be a contiguous 1-D tensor of {n} (x.shape[-1]) elements, "
                          f"got shape {tuple(weight.shape)}")
-    if triton.next_power_of_2(n) > MAX_BLOCK_N:
-        raise ValueError(f"{what}: rows are kept in registers: at most {MAX_BLOCK_N} columns, got {n}")
+    if triton.next_power_of_2(n) > max_cols:
+        raise ValueError(f"{what}: rows are kept in registers: at most {max_cols} columns, got {n}")
     for name, t, shape in others:
         if t is not None and tuple(t.shape) != tuple(shape):
             raise ValueError(f"{what}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")

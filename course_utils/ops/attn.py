@@ -9,8 +9,10 @@ bottom-right (query i sees keys j <= i + N_kv - N), as everywhere in the course.
 contiguous (B, H, N, d) tensors (the backward kernels write them so); autograd maps them back
 through the views.
 
-Tile choices (forward and backward) are timed once per (shapes, strides class, dtype, causal,
-device) and kept in ``PLANS``; :func:`course_utils.ops.warmup` makes those first calls.
+Tile choices (forward and backward) are timed once per (shapes, dtypes, devices, causal) and kept in
+``PLANS``, and the inputs are validated on that first call only (the checks depend on nothing else):
+:func:`course_utils.ops.warmup` makes those first calls. A tile chosen with tensor descriptors still
+runs on inputs whose alignment rules them out (the launcher falls back to pointer loads).
 """
 
 from __future__ import annotations
@@ -42,17 +44,23 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((B, N, H, D)).permute(0, 2, 1, 3)
 
 
+def _meta(*ts):
+    """What the checks and the plan depend on: shapes, dtypes and devices (strides go to the kernel)."""
+    return tuple((t.shape, t.dtype, t.device) for t in ts)
+
+
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
-    validate(q, k, v, causal)
     scale = _scale(q, scale)
+    key = ("fwd", bool(causal), *_meta(q, k, v))
+    cfg = PLANS.get(key)
+    if cfg is None:
+        validate(q, k, v, causal)   # once per key: the same shapes, dtypes and devices pass again
     B, H, N, D = q.shape
     o = _empty_out(q)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         lse.fill_(float("-inf"))
         return o, lse
-    key = ("fwd", q.device, q.shape, k.shape, q.dtype, bool(causal), F_.tma_ok(q, k, v, o))
-    cfg = PLANS.get(key)
     if cfg is None:
         cands = F_.attention_configs(hardware.device_info(q), D, q.dtype, causal)
         cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
@@ -67,7 +75,10 @@ def _fake_fwd(q, k, v, causal, scale):
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool, scale: float):
-    B_.check_backward_inputs(q, k, v, o, lse, do, causal)
+    key = ("bwd", bool(causal), *_meta(q, k, v, o, lse, do))
+    cfg = PLANS.get(key)
+    if cfg is None or not lse.is_contiguous():
+        B_.check_backward_inputs(q, k, v, o, lse, do, causal)
     B, H, N, D = q.shape
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
@@ -75,8 +86,6 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     attn_bwd_preprocess_kernel[(triton.cdiv(N, 64) * B * H,)](
         o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=64, BLOCK_D=block_d(D))
-    key = ("bwd", q.device, q.shape, k.shape, q.dtype, bool(causal))
-    cfg = PLANS.get(key)
     if cfg is None:
         cands = B_.backward_configs(hardware.device_info(q), D, q.dtype)
         cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,

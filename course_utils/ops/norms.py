@@ -38,7 +38,7 @@ def _ln_fwd_plan(n_rows: int, n: int, x: torch.Tensor) -> T.Plan:
 
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    n = A.check("layer_norm", x, weight, ("bias", bias, weight.shape))
+    n = A.check("layer_norm", x, weight, ("bias", bias, weight.shape), max_cols=T.MAX_BLOCK_N)
     x2 = A.rows_of(x, n)
     n_rows = x2.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -59,7 +59,7 @@ def _fake_fwd(x, weight, bias, eps):
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
                    rstd: torch.Tensor):
-    n = A.check("layer_norm backward", x, weight, ("dy", dy, x.shape))
+    n = A.check("layer_norm backward", x, weight, ("dy", dy, x.shape), max_cols=T.MAX_BLOCK_N)
     x2, dy2 = A.rows_of(x, n), A.rows_of(dy, n)
     n_rows = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
