@@ -1,4 +1,4 @@
-"""Softmax backward along the last dimension (chapter 5's kernels, for chapter 11's training).
+"""Softmax backward along the last dimension (chapter 5's kernels, timed by benchmarks/layernorm.py).
 
 With y = softmax(x) and the upstream gradient dy, the Jacobian-vector product per row is
 dx = y * (dy - sum(y * dy)): one reduction and an elementwise tail, like LayerNorm's backward.
