@@ -216,3 +216,18 @@ def test_host_overhead_table_has_every_op():
 def test_bad_inputs_say_what_was_expected(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+@pytest.mark.parametrize("n_q,n_kv,kv_heads", [(1, 9, 2), (3, 7, 1)], ids=["decode", "gqa"])
+def test_attention_bottom_right_causal_against_a_cache(n_q, n_kv, kv_heads):
+    cache = check.randn((1, kv_heads, 12, 2, 8))   # (B, H_kv, max_len, k|v, d): k and v are strided views
+    q = check.randn((1, 2, n_q, 8)).requires_grad_(True)
+    k, v = cache[:, :, :n_kv, 0].requires_grad_(True), cache[:, :, :n_kv, 1].requires_grad_(True)
+    o = ops.attention(q, k, v, True, 0.4)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = attention_ref(q64, k64, v64, True, 0.4)
+    check.compare("o", o, want, **TOL)
+    do = check.randn(o.shape)
+    for name, g, e in zip("qkv", torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(want, (q64, k64, v64),
+                                                                                         do.double())):
+        check.compare(f"d{name}", g, e, atol=TOL["atol"] * 20, rtol=TOL["rtol"] * 10)
