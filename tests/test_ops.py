@@ -109,6 +109,39 @@ def test_opcheck_public_and_kernel_ops(name):
     torch.library.opcheck(getattr(torch.ops.course, kernel).default, captured["args"])
 
 
+def _backward_args(name):
+    """(backward op, its arguments as autograd would pass them) from a forward on CASES' inputs."""
+    _, call, _, args = CASES[name]
+    captured = {}
+    call(lambda *a: captured.setdefault("args", a), *args)
+    a = [t.detach() if isinstance(t, torch.Tensor) else t for t in captured["args"]]
+    c = torch.ops.course
+    if name == "layer_norm":
+        y, mean, rstd = c.layer_norm_fwd(*a)
+        return c.layer_norm_bwd, (torch.randn_like(y), a[0], a[1], mean, rstd)
+    if name == "add_layer_norm":
+        y, s, mean, rstd = c.add_layer_norm_fwd(*a)
+        return c.add_layer_norm_bwd, (torch.randn_like(y), torch.randn_like(s), s, a[2], mean, rstd)
+    if name == "linear_gelu":
+        y = c.linear_gelu(*a)
+        return c.linear_gelu_bwd, (torch.randn_like(y), *a)
+    if name == "attention":
+        o, lse = c.attention_fwd(*a)
+        return c.attention_bwd, (torch.randn_like(o), a[0], a[1], a[2], o, lse, a[3], a[4])
+    if name == "cross_entropy":
+        loss, lse = c.cross_entropy_fwd(*a)
+        return c.cross_entropy_bwd, (torch.tensor(1.5, device=cu.DEVICE), a[0], a[1], lse)
+    y = c.bias_gelu_dropout(*a)
+    return c.bias_gelu_dropout_bwd, (torch.randn_like(y), *a)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_opcheck_backward_ops(name):
+    """Each backward op's schema and fake (shapes, strides, dtypes of its results) against its kernels."""
+    op, args = _backward_args(name)
+    torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
 def test_attention_reads_packed_qkv_views_and_writes_the_projection_layout():
     B, N, H, hd = 2, 9, 3, 8
     qkv = check.randn((B, N, 3 * H * hd))
