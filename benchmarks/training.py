@@ -12,6 +12,9 @@ quick run never overwrites a full one's side files):
 - ``training_kernels.csv``: the largest kernels of each version;
 - ``training_host.csv``: the host's time of one step split by who spends it (cProfile), eager and course;
 - ``training_overhead.csv``: host microseconds per call of each course op against aten's;
+- ``training_ladder.csv``: the fusion ladder, one fusion added at a time (:data:`LADDER`): launches,
+  GPU-busy and host time per step, by category;
+- ``training_sample.csv``: text sampled from the trained course model (KV-cache decoding);
 - ``training_loss.csv``: the loss of every step of both versions (same weights, same batches), and
   ``training_divergence.csv`` when a step differs by more than :data:`LOSS_TOLERANCE`: that batch
   replayed through both versions, each layer against float32.
@@ -28,12 +31,14 @@ import pandas as pd
 import torch
 
 from course_utils import bench, gpt, hardware, profile
+from course_utils.autograd import registry
 
 TITLE = "GPT training step: eager, torch.compile and the course's ops (chapter 12)"
 BATCH = 8
 LOSS_STEPS, QUICK_LOSS_STEPS = 200, 50
 LOSS_TOLERANCE = 0.02      # |loss_course - loss_torch| / loss_torch at every step
 ISSUE = 24
+SAMPLE_PROMPT, SAMPLE_BYTES = "Fusion ", 300
 #: name -> (ops, how the step runs)
 IMPLS = {
     "eager": ("torch", "python"),
@@ -47,7 +52,7 @@ IMPLS = {
 }
 
 
-def _log(msg: str, t0: float) -> None:
+def _log(msg: str, t0: float) -> None:  # what took how long, on stderr (make bench's log)
     print(f"[training {time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
@@ -77,6 +82,47 @@ def build(name: str, cfg, data, warmup: int = 3):
     for _ in range(warmup):
         step()
     return step
+
+
+#: Chapter 12's fusion ladder: (step, the ops taken from torch.ops.course, fused AdamW); each step keeps
+#: the ones before it. None: eager PyTorch, the reference.
+LIBRARY = tuple(registry.COURSE_CANDIDATES)
+LADDER = [
+    ("eager PyTorch", None, True),
+    ("chapter 11's step (its ops, AdamW foreach)", (), False),
+    ("+ AdamW(fused=True)", (), True),
+    ("+ attention reads q, k, v by strides", ("attention",), True),
+    ("+ residual add + LayerNorm in one kernel", ("attention", "layer_norm", "add_layer_norm"), True),
+    ("+ bias + GELU in the GEMM epilogue", ("attention", "layer_norm", "add_layer_norm", "linear_gelu"), True),
+    ("+ fused cross-entropy (the course's step)", LIBRARY, True),
+]
+
+
+def ladder(cfg, data) -> pd.DataFrame:
+    """Each step of :data:`LADDER` from Python: launches, GPU-busy and host time per training step, and
+    launches and GPU milliseconds per kernel category."""
+    rows = []
+    for i, (what, library, fused) in enumerate(LADDER):
+        ops = "torch" if library is None else registry.course_ops(library=library)
+        model = gpt.GPT(cfg).cuda().use(ops)
+        opt = gpt.optimizer(model, fused=fused)
+        x, y = _batch(cfg, data)
+
+        def step(model=model, opt=opt, x=x, y=y):
+            return gpt.train_step(model, opt, x, y)
+
+        for _ in range(3):
+            step()
+        k = profile.step_kernels(step, steps=2)
+        row = {"rung": i, "step": what, "launches": len(k) / 2, "gpu_busy_ms": k["us"].sum() / 2e3,
+               "host_ms": host_ms(step)}
+        for _, c in profile.by_category(k, 2).iloc[:-1].iterrows():
+            row[f"launches {c['category']}"], row[f"gpu_ms {c['category']}"] = c["launches"], c["gpu_ms"]
+        rows.append(row)
+        del model, opt, step
+        gc.collect()
+        torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
 
 
 def _sync_gib() -> float:
@@ -128,9 +174,10 @@ def _kernel_rows(name, kernels, steps, limit=20):
     return pd.concat([pd.DataFrame([total]), g[["impl", "kernel", "category", "calls", "gpu_ms_per_step"]]])
 
 
-def losses(steps: int, cfg=None, data=None, device="cuda") -> tuple[pd.DataFrame, pd.DataFrame]:
+def losses(steps: int, cfg=None, data=None, device="cuda", sample: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both versions from the same weights on the same batches: the loss of every step; for the first
-    step beyond the tolerance, that batch replayed through both, layer by layer against float32."""
+    step beyond the tolerance, that batch replayed through both, layer by layer against float32.
+    With a ``sample`` prompt, the trained course model's continuation of it is ``curve.attrs["sample"]``."""
     cfg, data = cfg or gpt.GPU, data if data is not None else gpt.tokens()
     a, b = gpt.twins(cfg, device)
     opt_a, opt_b = gpt.optimizer(a), gpt.optimizer(b)
@@ -144,7 +191,10 @@ def losses(steps: int, cfg=None, data=None, device="cuda") -> tuple[pd.DataFrame
         rows.append({"step": s, "torch_ops": la, "course_ops": lb, "rel_diff": abs(lb - la) / la})
         if rows[-1]["rel_diff"] > LOSS_TOLERANCE and report.empty:
             report = layer_report(s, cfg, x, y, before)
-    return pd.DataFrame(rows), report
+    curve = pd.DataFrame(rows)
+    if sample:
+        curve.attrs["sample"] = gpt.generate(b, sample, min(SAMPLE_BYTES, cfg.seq_len - len(sample.encode())))
+    return curve, report
 
 
 def layer_report(step: int, cfg, x, y, weights) -> pd.DataFrame:
@@ -219,10 +269,9 @@ def sweep(quick: bool = False) -> pd.DataFrame:
             kernels.append(_kernel_rows(name, k, 2))
         rows.append(row)
     _log("profiled", t0)
-    for name in ("eager", "course"):
-        if name in steps:
-            split = profile.host_split(steps[name])
-            host.append(pd.DataFrame({"impl": name, "who": list(split), "ms_under_cprofile": list(split.values())}))
+    for name in [n for n in ("eager", "course") if n in steps]:
+        split = profile.host_split(steps[name])
+        host.append(pd.DataFrame({"impl": name, "who": list(split), "ms_under_cprofile": list(split.values())}))
     steps.clear()
     gc.collect()
     torch.cuda.empty_cache()
@@ -234,8 +283,12 @@ def sweep(quick: bool = False) -> pd.DataFrame:
         bench.save(ops.host_overhead_table(), f"training_overhead{suffix}")
     except Exception as e:
         _log(f"host_overhead_table failed: {type(e).__name__}: {e}", t0)
-    curve, report = losses(QUICK_LOSS_STEPS if quick else LOSS_STEPS, cfg, data)
+    bench.save(ladder(cfg, data), f"training_ladder{suffix}")
+    _log("ladder", t0)
+    curve, report = losses(QUICK_LOSS_STEPS if quick else LOSS_STEPS, cfg, data, sample=SAMPLE_PROMPT)
     bench.save(curve, f"training_loss{suffix}")
+    bench.save(pd.DataFrame([{"prompt": SAMPLE_PROMPT, "text": curve.attrs.get("sample", ""), "version": "course",
+                              "trained_steps": len(curve)}]), f"training_sample{suffix}")
     if not report.empty:
         bench.save(report, f"training_divergence{suffix}")
     _log("losses", t0)

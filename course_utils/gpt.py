@@ -228,11 +228,12 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
     return loss.detach()
 
 
-def optimizer(model: nn.Module, lr: float = 3e-4, capturable: bool = False) -> torch.optim.Optimizer:
-    """AdamW, fused into a few multi-tensor kernels on a GPU (``fused=True``: the ecosystem's own fused
-    optimizer, the same for both versions); ``capturable=True`` keeps its step counts on the GPU so that
-    a CUDA graph can hold it."""
-    fused = next(model.parameters()).is_cuda
+def optimizer(model: nn.Module, lr: float = 3e-4, capturable: bool = False,
+              fused: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW, on a GPU fused into a few multi-tensor kernels (``fused=True``: the ecosystem's own fused
+    optimizer, the same for both versions; ``fused=False``: the foreach kernels chapter 11 used);
+    ``capturable=True`` keeps its step counts on the GPU so that a CUDA graph can hold it."""
+    fused = next(model.parameters()).is_cuda if fused is None else fused
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, capturable=capturable,
                              fused=fused or None)
 

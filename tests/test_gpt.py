@@ -191,3 +191,14 @@ def test_targets_are_the_issues_ratios(training_bench):
     assert len(got) == 7
     old = pd.DataFrame([{"impl": "eager", "ms": 14.5}])  # a recorded file of chapter 11: nothing is invented
     assert all(t.measured != t.measured for t in training_bench.targets(old)[:6])
+
+
+def test_the_fusion_ladder_takes_each_op_from_the_library_or_chapter_11():
+    chapter11 = registry.course_ops(library=())
+    assert chapter11.add_layer_norm is registry._add_then_layer_norm
+    assert chapter11.cross_entropy is registry._torch_cross_entropy
+    one = registry.course_ops(library=("add_layer_norm",))
+    from course_utils import ops
+    assert one.add_layer_norm is ops.add_layer_norm and one.layer_norm is not ops.layer_norm
+    with pytest.raises(ValueError, match="unknown op"):
+        registry.course_ops(library=("softmax",))

@@ -159,14 +159,22 @@ GEMM_EPILOGUE = ("course_utils.autograd.gemm", "linear_gelu", "chapter 9's GEMM 
                  "z recomputed in backward")
 
 
-def course_ops(gemm_epilogue: bool = False) -> Ops:
+def course_ops(gemm_epilogue: bool = False, library=None) -> Ops:
     """The course's kernels for every op, or a ``RuntimeError`` naming each op that has none.
 
     Without :mod:`course_utils.ops`, ``linear_gelu`` is cuBLAS's matmul followed by the course's
     fused bias + GELU, or, with ``gemm_epilogue=True``, chapter 9's GEMM with the epilogue in the
-    same kernel (the autograd Function of chapter 11).
+    same kernel (the autograd Function of chapter 11). ``library`` (op names) takes those ops from
+    ``torch.ops.course`` and every other one from chapter 11's implementation: the steps of chapter
+    12's fusion ladder (``library=()`` is chapter 11's model).
     """
-    found = {op: _find(op) for op in COURSE_CANDIDATES}
+    if library is None:
+        found = {op: _find(op) for op in COURSE_CANDIDATES}
+    else:
+        unknown = set(library) - set(COURSE_CANDIDATES)
+        if unknown:
+            raise ValueError(f"library: unknown op(s) {sorted(unknown)}; the ops are {list(COURSE_CANDIDATES)}")
+        found = {op: _find_one(*COURSE_CANDIDATES[op][0 if op in library else 1]) for op in COURSE_CANDIDATES}
     if gemm_epilogue:
         found["linear_gelu"] = _find_one(*GEMM_EPILOGUE)
     missing = [f"{op} ({'; '.join(r)})" for op, (fn, _, r) in found.items() if fn is None]
