@@ -26,6 +26,8 @@ import torch.nn.functional as F
 
 import course_utils as cu
 from course_utils import bench
+from course_utils.tuned import layernorm as T
+from course_utils.tuned import layernorm_autograd as TA
 
 TITLE = "LayerNorm and RMSNorm, forward and backward; softmax backward"
 INPUT_BYTES = 256 * 2**20
@@ -95,12 +97,12 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
     rms = op.startswith("rms")
     # The torch functions read N from x: torch.compile'd once per op, they see every shape.
     if rms:
-        ours, torch_fn = (lambda x, w: L.rms_norm_autograd(x, w, EPS)), \
+        ours, torch_fn = (lambda x, w: TA.rms_norm_autograd(x, w, EPS)), \
             (lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS))
         lig = None if lg is None else (lambda x, w: lg[1].apply(x, w, EPS, 0.0, "llama", False))
         args = (x, w)
     else:
-        ours, torch_fn = (lambda x, w, b: L.layer_norm_autograd(x, w, b, EPS)), \
+        ours, torch_fn = (lambda x, w, b: TA.layer_norm_autograd(x, w, b, EPS)), \
             (lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS))
         lig = None if lg is None else (lambda x, w, b: lg[0].apply(x, w, b, EPS))
         args = (x, w, b)
@@ -114,9 +116,9 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
         if not rms:  # the nine eager ops that traffic.layernorm counts (chapter 10, section 1)
             fns["eager (9 ops)"] = lambda x, w, b: L.layer_norm_ref(x, w, b, EPS)
         if rms:
-            fns["ours"] = lambda x, w: L.rms_norm(x, w, EPS)
+            fns["ours"] = lambda x, w: T.rms_norm(x, w, EPS)
         else:
-            fns["ours"] = lambda x, w, b: L.layer_norm(x, w, b, EPS)
+            fns["ours"] = lambda x, w, b: T.layer_norm(x, w, b, EPS)
         return {k: (lambda f=f: f(*[a.detach() for a in args])) for k, f in fns.items()}
     runs = {k: _fwd_bwd(f, args, dy) for k, f in fns.items()}
     runs["ours (per-SM plan)"] = _with_design(runs["ours"], "per-sm")
@@ -124,8 +126,6 @@ def implementations(op: str, x, w, b, dy, compiled: dict):
 
 
 def _with_design(run, design):
-    from course_utils.tuned import layernorm as T
-
     def timed():
         with T.backward_design(design):
             return run()
@@ -303,7 +303,6 @@ def tune(out_dir: Path):
 
     from course_utils import hardware
     from course_utils.kernels import softmax_backward as S
-    from course_utils.tuned import layernorm as T
     from course_utils.tuned import softmax_backward as TS
     lg = liger()
     info = hardware.device_info()
@@ -395,7 +394,6 @@ def atomics(out_dir: Path, runs: int = 10):
     import pandas as pd
 
     from course_utils.kernels import layernorm as L
-    from course_utils.tuned import layernorm as T
     rows = []
     for dtype in DTYPES:
         for n in NS:
@@ -422,15 +420,13 @@ def parts(out_dir: Path):
     host in the way). Written to layernorm_parts.csv."""
     import pandas as pd
 
-    from course_utils.kernels import layernorm as L
-    from course_utils.tuned import layernorm as T
     rows = []
     for dtype in DTYPES:
         for n in (1024, 4096, 16384):
             m, x, w, b, dy = _inputs(n, dtype, grad=True)
             xd, wd, bd = x.detach(), w.detach(), b.detach()
             _, mean, rstd = T._forward(xd, wd, bd, EPS, False, True, "parts")
-            auto = _fwd_bwd(lambda x, w, b: L.layer_norm_autograd(x, w, b, EPS), (x, w, b), dy)
+            auto = _fwd_bwd(lambda x, w, b: TA.layer_norm_autograd(x, w, b, EPS), (x, w, b), dy)
             impls = {"forward": lambda: T.layer_norm(xd, wd, bd, EPS),  # noqa: B023
                      "forward + stats": lambda: T._forward(xd, wd, bd, EPS, False, True, "parts"),  # noqa: B023
                      "backward": lambda: T.layer_norm_backward(dy, xd, wd, mean, rstd),  # noqa: B023
@@ -450,7 +446,6 @@ def check() -> None:
     """Every op against float64 autograd on odd shapes, strided rows and offset rows (one line each)."""
     from course_utils.kernels import layernorm as L
     from course_utils.kernels import softmax_backward as S
-    from course_utils.tuned import layernorm as T
     tol = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
     for dtype in (torch.float32, torch.bfloat16):
         for m, n in ((7, 13), (1000, 1000), (33, 4097), (300, 16384), (5, 40000)):
@@ -460,9 +455,9 @@ def check() -> None:
             dy = torch.randn(m, n, device="cuda").to(dtype)
             xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
             for name, ours, ref, args, refargs in (
-                    ("layer_norm", L.layer_norm_autograd, lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS),
+                    ("layer_norm", TA.layer_norm_autograd, lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS),
                      (x, w, b), (xd, wd, bd)),
-                    ("rms_norm", L.rms_norm_autograd, lambda x, w: F.rms_norm(x, (n,), w, 1e-6), (x, w), (xd, wd)),
+                    ("rms_norm", TA.rms_norm_autograd, lambda x, w: F.rms_norm(x, (n,), w, 1e-6), (x, w), (xd, wd)),
                     ("softmax", S.softmax_autograd, lambda x: torch.softmax(x, -1), (x,), (xd,))):
                 a = [t.detach().clone().requires_grad_() for t in args]
                 y = ours(*a)
