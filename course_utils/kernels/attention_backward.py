@@ -12,7 +12,9 @@ Version ladder (chapter 11):
      q heads of a grouped-query group, accumulating dK and dV in registers) and
      ``attn_bwd_dq_kernel`` (one program per query tile: loops over the key tiles). dQ gets its
      own pass rather than atomic adds from the dK/dV programs: every output is written once by one
-     program (deterministic, no fp32 scratch buffer), at the cost of recomputing P a second time.
+     program (deterministic, no fp32 scratch buffer), at the cost of recomputing S and dP a second
+     time: 7 products of N x N x d per head, against 5 in FlashAttention-2's single pass
+     (``course_utils.traffic.backward.BACKWARD_PRODUCTS``). float32 inputs multiply in IEEE float32.
   v2 ``course_utils.tuned.attention_backward``: v1 in base 2, masks only on diagonal tiles,
      software pipelining, tiles per device, and the autograd Function ``flash_attention_autograd``.
 """
