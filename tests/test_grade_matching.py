@@ -144,3 +144,26 @@ def test_a_chapter_saved_under_another_chapters_name_is_graded_as_itself(tmp_pat
     nbformat.write(sol, path)
     r = grade.grade_notebook(path)
     assert r.exercise == "02_fusion_accounting" and r.ok, grade.table([r])
+
+
+def test_a_moved_check_cell_is_found_not_missing(tmp_path):
+    raw = _solved_raw()
+    k = next(i for i, c in enumerate(raw["cells"]) if c["id"] == "check-cube")
+    raw["cells"].insert(1, raw["cells"].pop(k))  # the last check cell moved to the top
+    raw["cells"][1]["id"] = "renamed-by-an-editor"
+    merged, checks, integ = _merge(raw, tmp_path)
+    assert [c.reason for c in checks] == ["", ""] and integ.passed
+    assert [c.moved_from for c in checks] == [0, 2]
+    srcs = _sources(merged)
+    assert sum("cube(2) == 8" in s for s in srcs) == 1, "the moved check also ran as a student cell"
+    assert "cube(2) == 8" in srcs[-1], "the moved check is graded after the exercise it checks"
+
+
+def test_an_edited_and_moved_check_cell_is_still_missing(tmp_path):
+    raw = _solved_raw()
+    k = next(i for i, c in enumerate(raw["cells"]) if c["id"] == "check-cube")
+    cell = raw["cells"].pop(k)
+    cell["id"], cell["source"] = "mine", 'print("PASS cube: passed")'
+    raw["cells"].insert(1, cell)
+    _, checks, _ = _merge(raw, tmp_path)
+    assert "missing" in checks[1].reason

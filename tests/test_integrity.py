@@ -225,3 +225,83 @@ def test_private_caches_are_not_constants_but_public_tables_are():
     from course_utils.grade import guard
     assert not guard._watched("_DEVICE_INFO", {}) and not guard._watched("_BEST", {0: 1})
     assert guard._watched("TOLERANCES", {}) and guard._watched("GUARD", 8192)
+
+
+WRITES = '''import os, sys
+root = sys.argv[1]
+def attempt(f):
+    try:
+        f()
+        return "written"
+    except OSError:
+        return "refused"
+print(",".join(attempt(f) for f in (
+    lambda: open(os.path.join(root, "solutions", "a.ipynb"), "w").write("x"),
+    lambda: open(os.path.join(root, "solutions", "a.ipynb"), "a").write("x"),
+    lambda: open(os.path.join(root, "results", "new.csv"), "x"),
+    lambda: os.unlink(os.path.join(root, "solutions", "a.ipynb")),
+    lambda: os.rename(os.path.join(root, "solutions"), os.path.join(root, "moved")),
+    lambda: os.truncate(os.path.join(root, "solutions", "a.ipynb"), 0),
+    lambda: os.symlink(os.path.join(root, "solutions", "a.ipynb"), os.path.join(sys.argv[2], "link"))
+            or open(os.path.join(sys.argv[2], "link"), "w").write("x"),
+)))
+open(os.path.join(sys.argv[2], "mine.txt"), "w").write("the sandbox stays writable")
+'''
+
+
+def test_the_write_protection_refuses_every_write_into_the_checkout(tmp_path):
+    """As root too (mode bits do not stop root; Landlock does): write, append, create, delete,
+    rename, truncate, and a write through a link from the sandbox."""
+    import json
+    import subprocess
+    from course_utils.grade import jail
+    if jail.abi() < 1:
+        pytest.skip("Landlock is not available on this machine (the grader then says so, and hashes the checkout)")
+    root, box = tmp_path / "checkout", tmp_path / "sandbox"
+    (root / "solutions").mkdir(parents=True)
+    (root / "results").mkdir()
+    (root / "solutions" / "a.ipynb").write_text("the instructor's")
+    box.mkdir()
+    spec = tmp_path / "jail.json"
+    spec.write_text(json.dumps({"protect": [str(root)], "allow": [str(box)], "status": str(box / "status")}))
+    script = tmp_path / "writes.py"
+    script.write_text(WRITES)
+    out = subprocess.run([sys.executable, "-I", jail.__file__, str(spec), "--", sys.executable, str(script), str(root),
+                          str(box)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == ",".join(["refused"] * 7), out.stdout + out.stderr
+    assert (root / "solutions" / "a.ipynb").read_text() == "the instructor's"
+    assert sorted(p.name for p in root.rglob("*")) == ["a.ipynb", "results", "solutions"]
+    assert (box / "status").read_text() == "protected" and (box / "mine.txt").exists()
+
+
+def test_the_sandbox_copies_the_checkout_and_links_nothing(tmp_path):
+    from course_utils.grade import checkout
+    root = tmp_path / "checkout"
+    for name in ("course_utils/check.py", "solutions/a.ipynb", "results/h100/x.csv", "notebooks/a.ipynb",
+                 ".git/config", ".venv/bin/python", "course_utils/__pycache__/check.pyc"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    (tmp_path / "tmp").mkdir()
+    box, files = checkout.sandbox(tmp_path / "tmp", root)
+    copied = sorted(str(p.relative_to(box)) for p in box.rglob("*") if p.is_file())
+    assert copied == ["course_utils/check.py", "notebooks/a.ipynb", "results/h100/x.csv", "solutions/a.ipynb"]
+    assert not any(p.is_symlink() for p in box.rglob("*"))
+    (box / "solutions" / "a.ipynb").write_text("changed")
+    (box / "results" / "new.csv").write_text("")
+    assert checkout.changed_files(files, box) == ["solutions/a.ipynb", "results/new.csv"]
+
+
+def test_the_checkout_hashes_name_every_change(tmp_path):
+    from course_utils.grade import checkout
+    root = tmp_path / "checkout"
+    (root / "solutions").mkdir(parents=True)
+    (root / "solutions" / "a.ipynb").write_text("a")
+    (root / "results").mkdir()
+    (root / "results" / "x.csv").write_text("x")
+    before = checkout.snapshot(root)
+    (root / "solutions" / "a.ipynb").write_text("b")
+    (root / "results" / "x.csv").unlink()
+    (root / "notebooks").mkdir()
+    (root / "notebooks" / "new.ipynb").write_text("")
+    assert checkout.differences(before, checkout.snapshot(root)) == [
+        "notebooks/new.ipynb (created)", "results/x.csv (deleted)", "solutions/a.ipynb (changed)"]

@@ -74,7 +74,8 @@ def protection_lines(reports) -> list[str]:
     why_not = sorted({r.protection for r in reports if r.protection and r.protection != "protected"})
     changed = [r.notebook for r in reports if r.checkout_changed]
     if changed:
-        return [f"!! THE INSTRUCTOR'S CHECKOUT CHANGED while grading {', '.join(changed)} (see above): exit status 2"]
+        end = "exit status 2" if any(r.infra for r in reports if r.checkout_changed) else "see above"
+        return [f"!! THE INSTRUCTOR'S CHECKOUT CHANGED while grading {', '.join(changed)}: {end}"]
     if why_not:
         return ["WARNING: the checkout could not be write-protected here (" + "; ".join(why_not) + "): a notebook's "
                 "writes into it are detected (hashes before and after each notebook), not prevented"]
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
             from . import Report
             r = Report(p.name, error=f"the grader failed on this notebook: {type(e).__name__}: {e}", infra=True)
         r.student = student
-        if r.checkout_changed:
+        if r.checkout_changed and r.infra:  # not write-protected: this notebook may have changed the solutions
             changed.set()
         return r
 
@@ -171,6 +172,6 @@ def main(argv=None) -> int:
     if not args.klass:
         print("(this is the self-check: the same grader your instructor runs)" if all(r.ok for r in reports)
               else "Fix what is marked x above (the cell to look at is named), save, and run make grade again.")
-    if any(r.infra or r.checkout_changed for r in reports):
+    if any(r.infra for r in reports):
         return 2
     return 0 if args.klass or all(r.ok for r in reports) else 1
