@@ -254,6 +254,7 @@ def test_the_write_protection_refuses_every_write_into_the_checkout(tmp_path):
     rename, truncate, and a write through a link from the sandbox."""
     import json
     import subprocess
+
     from course_utils.grade import jail
     if jail.abi() < 1:
         pytest.skip("Landlock is not available on this machine (the grader then says so, and hashes the checkout)")
