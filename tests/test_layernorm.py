@@ -247,7 +247,9 @@ def test_gpu_long_rows_every_backward_candidate(dtype, n):
     ref = _ref(x, w, b, dy)
     y, mean, rstd = T._forward(x, w, b, 1e-5, False, True, "test")
     _close("y", y, ref[0], dtype)
-    for plan in T.backward_candidates(m, n, dtype.itemsize, hardware.device_info()):
+    info = hardware.device_info()
+    per_sm = [T.per_sm_plan(m, n, info)] if n <= T.PER_SM_MAX_BLOCK else []
+    for plan in T.backward_candidates(m, n, dtype.itemsize, info) + per_sm:
         for atomic in (False, True):
             got = T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic, plan=plan)
             for what, g, r in zip(("dx", "dw", "db"), got, ref[1:]):

@@ -269,5 +269,11 @@ def compile_cases(info):
                     yield (f"backward {p.version} {name} N={n} BLOCK_N={p.BLOCK_N} w={p.num_warps} rms={rms} "
                            f"atomic={atomic}", lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
                                x, x, w, st, st, rms, atomic, "aot", p))
+        for n in (1024, 16384):  # the per-SM (Liger-Kernel) layout, shortest and longest rows it takes
+            m = 2**26 // (n * dt.itemsize)
+            x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
+            p = per_sm_plan(m, n, info)
+            yield f"backward per-sm {name} N={n} w={p.num_warps}", lambda x=x, w=w, st=st, p=p: _backward(
+                x, x, w, st, st, False, False, "aot", p)
     yield "layer_norm int64 offsets", lambda: layer_norm(empty(2**21, 1024, dtype=torch.float16),
                                                          empty(1024, dtype=torch.float16))
