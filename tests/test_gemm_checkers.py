@@ -83,7 +83,7 @@ def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, stride_am, stri
         else:
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc = acc + bias[None, :]
-            if not (RESIDUAL and BUG == RES_BEFORE_GELU):
+            if BUG != RES_BEFORE_GELU:   # RES_BEFORE_GELU applies GELU after adding the residual, below
                 acc = gelu_math(acc, True)
     if RESIDUAL:
         rows = offs_m[:, None]
