@@ -90,11 +90,11 @@ LIBRARY = tuple(registry.COURSE_CANDIDATES)
 LADDER = [
     ("eager PyTorch", None, True),
     ("chapter 11's step (its ops, AdamW foreach)", (), False),
-    ("+ AdamW(fused=True)", (), True),
-    ("+ attention reads q, k, v by strides", ("attention",), True),
-    ("+ residual add + LayerNorm in one kernel", ("attention", "layer_norm", "add_layer_norm"), True),
-    ("+ bias + GELU in the GEMM epilogue", ("attention", "layer_norm", "add_layer_norm", "linear_gelu"), True),
-    ("+ fused cross-entropy (the course's step)", LIBRARY, True),
+    (profile.FUSIONS[0], (), True),
+    (profile.FUSIONS[1], ("attention",), True),
+    (profile.FUSIONS[2], ("attention", "layer_norm", "add_layer_norm"), True),
+    (profile.FUSIONS[3], ("attention", "layer_norm", "add_layer_norm", "linear_gelu"), True),
+    (profile.FUSIONS[4], LIBRARY, True),
 ]
 
 

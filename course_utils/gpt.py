@@ -56,7 +56,8 @@ class Block(nn.Module):
         """proj(attention(q, k, v)) with q, k, v read from the packed projection as strided views."""
         B, N, d = h.shape
         qkv = self.qkv(h).view(B, N, 3, self.cfg.n_head, self.cfg.head_dim)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))       # (B, H, N, hd) views: no copies
+        # (B, H, N, hd) views, no copies; unbind's backward stacks dq, dk, dv into dqkv in one kernel
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
         if cache is not None:
             k, v = cache.append(layer, k, v)                              # every key so far
         o = ops.attention(q, k, v, True)                                  # causal, aligned bottom-right

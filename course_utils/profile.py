@@ -253,3 +253,66 @@ def host_split(fn, calls: int = 1) -> dict:
         for (cpath, _, cfunc), caller_stats in callers.items():   # (calls, prim calls, tottime, cumtime)
             spent[_bucket(cpath, cfunc) or "other Python"] += caller_stats[2]
     return {k: v * 1e3 / calls for k, v in spent.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# What each fusion of the GPT's step should save: the traffic model's prediction (chapter 12)
+# ------------------------------------------------------------------------------------------------
+
+#: The fusion ladder's steps, in order (benchmarks/training.py measures each one).
+FUSIONS = ("+ AdamW(fused=True)", "+ attention reads q, k, v by strides", "+ residual add + LayerNorm in one kernel",
+           "+ bias + GELU in the GEMM epilogue", "+ fused cross-entropy (the course's step)")
+
+
+def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
+    """``{fusion: traffic.Comparison}``: the kernels one training step runs before and after each fusion
+    of :data:`FUSIONS` (forward and backward, every layer), as the course's traffic model counts them.
+
+    M = batch x seq_len rows of width d; bf16 activations (2 bytes), a float32 residual stream and
+    float32 optimizer state (4 bytes), P parameters, vocabulary V. Modelled, not measured:
+
+    - AdamW: the foreach version's seven passes over the parameters (lerp m; v *= b2; v += g*g; sqrt;
+      divide; add eps; p -= lr m / denom: 18 P floats) against one fused pass (reads p, g, m, v and
+      writes p, m, v: 7 P); one launch per pass (each is a few multi-tensor launches in reality).
+    - q, k, v: three copies forward (Md each, read and written) and one in backward (3Md), per layer.
+    - residual add + LayerNorm, at 2 x n_layer sites: forward, the add (reads x and the bf16 branch,
+      writes s) and the LayerNorm reading s again; backward, the add that sums the two gradients of s.
+    - bias + GELU: chapter 9's comparison (the GEMM writes z, one kernel reads it and writes GELU(z)),
+      forward only: what the backward does is the op's choice (see the measurement).
+    - the loss: cast to float32, log-softmax, NLL, and their backward (three kernels each way) against
+      one pass each way over the bf16 logits (and the mean of the rows' losses).
+    """
+    from . import traffic as T
+
+    L, d, V = cfg.n_layer, cfg.d_model, cfg.vocab
+    M = batch * cfg.seq_len
+    md16, md32 = M * d * 2, M * d * 4
+
+    def pair(name, unfused, fused):
+        return T.Comparison(name, T.Traffic("unfused", tuple(T.Kernel(*k) for k in unfused)),
+                            T.Traffic("fused", tuple(T.Kernel(*k) for k in fused)))
+
+    adam = [(n, r * n_params * 4, w * n_params * 4) for n, r, w in (
+        ("lerp m", 2, 1), ("v *= b2", 1, 1), ("v += g*g", 2, 1), ("sqrt v", 1, 1), ("/ bias corr.", 1, 1),
+        ("+ eps", 1, 1), ("p -= lr m / denom", 3, 1))]
+    out = {FUSIONS[0]: pair(FUSIONS[0], adam, [("fused AdamW", 4 * n_params * 4, 3 * n_params * 4)])}
+    copies = [(f"{t}.contiguous() L{i}", md16, md16) for i in range(L) for t in "qkv"]
+    copies += [(f"dqkv copy L{i}", 3 * md16, 3 * md16) for i in range(L)]
+    out[FUSIONS[1]] = pair(FUSIONS[1], copies, [])
+    sites = 2 * L
+    add_ln = [(f"add site {i}", md32 + md16, md32) for i in range(sites)]
+    add_ln += [(f"LayerNorm site {i}", md32, md32) for i in range(sites)]
+    add_ln += [(f"grad accumulate site {i}", 2 * md32, md32) for i in range(sites)]
+    # one kernel forward; its backward reads the gradient of s from outside too (md32) instead of an add
+    fused_ln = [(f"add + LayerNorm site {i}, + its backward's read of ds", 2 * md32 + md16, 2 * md32)
+                for i in range(sites)]
+    out[FUSIONS[2]] = pair(FUSIONS[2], add_ln, fused_ln)
+    mlp = T.gemm_epilogue(M, 4 * d, d, trailing="fused")
+    out[FUSIONS[3]] = T.Comparison(FUSIONS[3], T.Traffic("unfused", mlp.unfused.kernels * L),
+                                   T.Traffic("fused", mlp.fused.kernels * L))
+    mv = M * V
+    loss = [("logits.float()", 2 * mv, 4 * mv), ("log_softmax", 4 * mv, 4 * mv), ("nll_loss", 4 * M + 8 * M, 4),
+            ("nll backward", 8 * M, 4 * mv), ("log_softmax backward", 8 * mv, 4 * mv), ("cast back", 4 * mv, 2 * mv)]
+    out[FUSIONS[4]] = pair(FUSIONS[4], loss, [("loss, online softmax", 2 * mv + 8 * M, 8 * M), ("mean", 4 * M, 4),
+                                              ("gradient", 2 * mv + 8 * M, 2 * mv)])
+    return out

@@ -127,3 +127,26 @@ def test_host_split_charges_python_to_its_file_and_builtins_to_their_caller():
 def test_step_kernels_needs_a_gpu():
     with pytest.raises(RuntimeError, match="CUDA GPU"):
         profile.step_kernels(lambda: None)
+
+
+def test_fusion_accounts_count_the_glue_each_fusion_removes():
+    from course_utils import gpt
+    cfg, batch, params = gpt.GPU, 8, 1000
+    acc = profile.fusion_accounts(cfg, batch, params)
+    assert tuple(acc) == profile.FUSIONS
+    M, d, L, V = batch * cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.vocab
+    adam = acc["+ AdamW(fused=True)"]
+    assert adam.unfused.total_bytes == 18 * params * 4 and adam.fused.total_bytes == 7 * params * 4
+    assert (adam.unfused.launches, adam.fused.launches) == (7, 1)
+    qkv = acc["+ attention reads q, k, v by strides"]
+    assert qkv.saved_bytes == L * (3 * 2 * M * d * 2 + 2 * 3 * M * d * 2) and qkv.unfused.launches == 4 * L
+    ln = acc["+ residual add + LayerNorm in one kernel"]
+    assert (ln.unfused.launches, ln.fused.launches) == (3 * 2 * L, 2 * L)
+    # per site: the LayerNorm's re-read of s, the add of s's two gradients (reads 2, writes 1), less the
+    # fused backward's read of the outside gradient of s
+    assert ln.saved_bytes == 2 * L * (1 + 3 - 1) * M * d * 4
+    mlp = acc["+ bias + GELU in the GEMM epilogue"]
+    assert mlp.saved_bytes == L * 2 * M * 4 * d * 2 and (mlp.unfused.launches, mlp.fused.launches) == (2 * L, L)
+    loss = acc["+ fused cross-entropy (the course's step)"]
+    assert (loss.unfused.launches, loss.fused.launches) == (6, 3)
+    assert loss.unfused.total_bytes - loss.fused.total_bytes == loss.saved_bytes > 30 * M * V
