@@ -3,7 +3,7 @@ The compile matrix: every kernel of the course, configured as its launcher would
 T4 (sm_75), an A100 (sm_80) or an H100 (sm_90), compiled ahead of time to PTX and cubin on a
 machine with no GPU.
 
-    python -m course_utils.aot [--arch 75 80 90] [--module gemm] [--quick] [--json matrix.json]
+    python -m course_utils.aot [--arch 75 80 90] [--module gemm] [--quick | --smoke] [--json matrix.json]
 
 How (:func:`main` starts a fresh process that imports Triton with ``TRITON_INTERPRET`` unset, so
 that ``@triton.jit`` makes real ``JITFunction`` objects):
@@ -221,7 +221,7 @@ def launched_kernels(modules) -> dict[str, object]:
 
 
 def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
-               progress: Callable[[str], None] | None = None, quick: bool = False) -> dict:
+               progress: Callable[[str], None] | None = None, quick: bool = False, smoke: bool = False) -> dict:
     """Trace and compile every case for each arch. Needs real JITFunctions (TRITON_INTERPRET unset)."""
     JITFunction, _ = _jit_classes()
     modules = [m for m in kernel_modules() if not module_filter or module_filter in m.__name__]
@@ -260,7 +260,7 @@ def run_matrix(archs: Iterable[int] = ARCHS, module_filter: str | None = None,
             launches += recorded
         if progress:
             progress(f"sm_{arch}: {len(launches)} launches recorded, compiling")
-        results = compile_launches(launches, info, quick=quick)
+        results = compile_launches(launches, info, quick=quick, smoke=smoke)
         out["results"] += [asdict(r) for r in results]
         reached = {r.kernel for r in results}
         out["uncovered"][str(arch)] = sorted(set(kernels) - reached)
@@ -323,15 +323,15 @@ def main(argv: list[str] | None = None, _booted: bool = False) -> int:
     ap.add_argument("--module", help="only kernel modules whose name contains this")
     ap.add_argument("--json", help="write the whole matrix here")
     ap.add_argument("--quiet", action="store_true", help="no table, only problems")
-    ap.add_argument("--quick", action="store_true",
-                    help="one compilation per kernel and tile/warps/stages choice (dtypes folded together)")
+    ap.add_argument("--quick", action="store_true", help="one compilation per kernel and tile/warps/stages choice")
+    ap.add_argument("--smoke", action="store_true", help="per kernel, its smallest and largest tile choice only")
     args = ap.parse_args(argv)
     if not _booted:
         return _run_per_arch(args, argv)
     os.environ.pop("TRITON_INTERPRET", None)  # import course_utils set it (no GPU): kernels must be real
     t0 = time.perf_counter()
     matrix = run_matrix(args.arch, args.module, progress=lambda s: print(s, file=sys.stderr, flush=True),
-                        quick=args.quick)
+                        quick=args.quick, smoke=args.smoke)
     matrix["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         with open(args.json, "w") as f:

@@ -82,14 +82,46 @@ def describe(e: BaseException, limit: int = 800) -> str:
     return " ".join(p for p in parts if p)[:limit]
 
 
-def compile_launches(launches: list[Launch], info: hardware.DeviceInfo, quick: bool = False) -> list[Result]:
+def tile_volume(launch: Launch, src, options) -> int:
+    """How much on-chip memory a launch's choice asks for, roughly: the product of its ``BLOCK*``
+    constexprs times its stages (what decides whether it fits a T4's 64 KiB)."""
+    volume = max(options.num_stages, 1)
+    for (pos, *_), v in src.constants.items():
+        if "BLOCK" in launch.kernel.arg_names[pos].upper() and isinstance(v, int) and not isinstance(v, bool):
+            volume *= max(v, 1)
+    return volume
+
+
+def smoke_subset(launches: list[Launch], target) -> list[Launch]:
+    """Per kernel, its smallest and its largest tile choice (``tile_volume``): every kernel compiles
+    for the target, and the choice most likely to overflow shared memory is built (``--smoke``)."""
+    by_kernel: dict[str, list[tuple[int, int, Launch]]] = {}
+    for i, launch in enumerate(launches):
+        try:
+            src, options = bind_launch(launch, target)
+            volume = tile_volume(launch, src, options)
+        except Exception:  # noqa: BLE001 - kept: compile_launches reports the binding error
+            volume = 0
+        by_kernel.setdefault(kernel_name(launch.kernel), []).append((volume, i, launch))
+    keep = set()
+    for choices in by_kernel.values():
+        keep.add(min(choices, key=lambda c: (c[0], c[1]))[1])
+        keep.add(max(choices, key=lambda c: (c[0], -c[1]))[1])
+    return [launch for i, launch in enumerate(launches) if i in keep]
+
+
+def compile_launches(launches: list[Launch], info: hardware.DeviceInfo, quick: bool = False,
+                     smoke: bool = False) -> list[Result]:
     """Compile each distinct launch for ``info.arch``; one Result per distinct compilation.
 
     ``quick``: launches that differ only in their arguments' dtypes and specializations (int64
     offsets, divisibility) count as one, so every kernel is still built with every tile, warps and
-    stages choice its launchers make, once (what the second Triton's check in ``make test`` runs).
+    stages choice its launchers make, once. ``smoke``: per kernel, only its smallest and largest
+    tile choice (``smoke_subset``; what ``make test`` compiles; ``make compile-matrix`` builds all).
     """
     target = internals.gpu_target(info.arch)
+    if smoke:
+        launches, quick = smoke_subset(launches, target), True
     results: dict[str, Result] = {}
     for launch in launches:
         name = kernel_name(launch.kernel)
