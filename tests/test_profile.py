@@ -149,4 +149,4 @@ def test_fusion_accounts_count_the_glue_each_fusion_removes():
     assert mlp.saved_bytes == L * 2 * M * 4 * d * 2 and (mlp.unfused.launches, mlp.fused.launches) == (2 * L, L)
     loss = acc["+ fused cross-entropy (the course's step)"]
     assert (loss.unfused.launches, loss.fused.launches) == (6, 3)
-    assert loss.unfused.total_bytes - loss.fused.total_bytes == loss.saved_bytes > 30 * M * V
+    assert loss.saved_bytes == 30 * M * V - 8 * M   # 36 MV bytes of float32 round trips against 6 MV of bf16
