@@ -89,8 +89,8 @@ def test_reference_kernels_pass(capsys):
 @pytest.mark.parametrize("answer, says", [
     (lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
      "ran in torch"),                                      # issue 17: SDPA in chapter 7's launcher
-    (lambda q, k, v, causal=False: A.flash_attention(q, k, v, causal=causal), "course's own kernel"),
-    (lambda q, k, v, causal=False: A.flash_attention_teaching(q, k, v, causal=causal), "course's own kernel"),
+    (lambda q, k, v, causal=False: A.flash_attention(q, k, v, causal=causal), "the course's"),
+    (lambda q, k, v, causal=False: A.flash_attention_teaching(q, k, v, causal=causal), "the course's"),
 ])
 def test_the_answer_key_is_not_an_answer(answer, says):
     with pytest.raises(check.CheckFailure, match=says):
@@ -111,9 +111,15 @@ def test_wrong_kernels_fail(bug, causal, pattern):
         ca.check_attention(functools.partial(buggy, bug=bug), "buggy", causal=causal)
 
 
+def _eager(q, k, v, causal=False):
+    """The tests' own eager attention (not causal): the course's attention_ref is the answer key."""
+    p = torch.softmax(q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+    return (p @ v.double()).to(q.dtype)
+
+
 def test_out_of_bounds_write_is_caught():
     def writes_past_end(q, k, v, causal=False, out=None):
-        o = A.attention_ref(q, k, v, causal=causal)
+        o = _eager(q, k, v, causal=causal)
         out.copy_(o)
         flat = out.view(-1)
         torch.as_strided(flat, (1,), (1,), flat.storage_offset() + flat.numel()).fill_(0.5)
@@ -124,7 +130,7 @@ def test_out_of_bounds_write_is_caught():
 
 def test_changed_input_and_crash_and_unfinished():
     def mutates(q, k, v, causal=False):
-        o = A.attention_ref(q, k, v, causal=causal)
+        o = _eager(q, k, v, causal=causal)
         q.zero_()
         return o
     with pytest.raises(check.CheckFailure, match="changed its input q"):
@@ -159,3 +165,15 @@ def test_unfinished_kernel_under_interpreter_names_the_exercise():
         return o
     with pytest.raises(NotImplementedError, match="^Exercise 7.9: not written$"):
         ca.check_attention(fn, "unfinished kernel")
+
+
+def test_the_course_answer_is_refused():
+    from course_utils.tuned import attention as tuned
+    for answer in (A.flash_attention_teaching, A.attention_ref, tuned.flash_attention):
+        with pytest.raises(check.CheckFailure, match="course"):
+            ca.check_attention(answer)
+
+    def calls_the_reference(q, k, v, causal=False):
+        return A.attention_ref(q, k, v, causal=causal)
+    with pytest.raises(check.CheckFailure, match="attention_ref"):
+        ca.check_attention(calls_the_reference)

@@ -15,6 +15,13 @@ from course_utils.kernels import elementwise as ew
 BLOCK = 1024  # smaller than check.GUARD: an unmasked store lands in a guard zone, not in foreign memory
 
 
+@triton.jit
+def _gelu_tanh(x):
+    """The tests' own tanh-GELU (sigmoid form): a student's helper, not the course's gelu_math."""
+    a = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x / (1.0 + tl.exp(-2.0 * a))
+
+
 # --------------------------------------------------------------------------- vector add
 
 @triton.jit
@@ -69,7 +76,7 @@ def test_vector_add_checker_fails_a_missing_load_mask():
 
 @pytest.mark.parametrize("answer, words", [
     (lambda x, y, out=None: torch.add(x, y, out=out), "ran in torch .aten.add"),
-    (lambda x, y, out=None: ew.add(x, y), "course's own kernel"),
+    (lambda x, y, out=None: ew.add(x, y), "the course's"),
 ])
 def test_vector_add_checker_fails_the_answer_key(answer, words):
     with pytest.raises(CheckFailure, match=words):
@@ -176,7 +183,7 @@ def test_gelu_checker_fails_a_missing_load_mask():
 
 @pytest.mark.parametrize("answer, words", [
     (lambda x, out=None: torch.nn.functional.gelu(x, approximate="tanh"), "ran in torch .aten.gelu"),
-    (lambda x, out=None: ew.gelu(x), "course's own kernel"),
+    (lambda x, out=None: ew.gelu(x), "the course's"),
 ])
 def test_gelu_checker_fails_the_answer_key(answer, words):
     with pytest.raises(CheckFailure, match=words):
@@ -211,11 +218,11 @@ def _chain_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: t
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=mask).to(tl.float32)
     if MODE == 1:    # bias after the GELU
-        y = (ew.gelu_math(x, True) + b) * scale
+        y = (_gelu_tanh(x) + b) * scale
     elif MODE == 2:  # forgot the scale
-        y = ew.gelu_math(x + b, True)
+        y = _gelu_tanh(x + b)
     else:
-        y = ew.gelu_math(x + b, True) * scale
+        y = _gelu_tanh(x + b) * scale
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -256,7 +263,7 @@ def _dropout_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZ
     mask = offsets < n_elements
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
-    y = ew.gelu_math(x + b, True)
+    y = _gelu_tanh(x + b)
     if MODE == 3:    # one random number per program
         r = tl.rand(seed, pid + tl.zeros([BLOCK_SIZE], dtype=tl.int32))
     elif MODE == 4:  # ignores the seed
@@ -305,7 +312,7 @@ def test_dropout_checker_fails_torch_dropout():
 
 
 def test_course_kernels_are_the_answer_key_not_an_answer():
-    with pytest.raises(CheckFailure, match="course's own kernel"):
+    with pytest.raises(CheckFailure, match="the course's"):
         chk.check_bias_gelu_dropout(lambda x, b, p, seed, out=None: ew.bias_gelu_dropout(x, b, p, seed))
 
 
@@ -316,3 +323,37 @@ def test_the_interpreter_load_hook_is_as_assumed():
 
 def test_checkers_work_in_this_mode():
     assert cu.MODE in ("cuda", "interpreter")
+
+
+# --------------------------------------------------------------------------- the answer-key rule
+
+@triton.jit
+def _gelu_with_the_course_math(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offsets, ew.gelu_math(x, True).to(y_ptr.dtype.element_ty), mask=mask)  # the answer
+
+
+def _gelu_launcher_calling_gelu_math(x):
+    y = torch.empty_like(x)
+    _gelu_with_the_course_math[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK_SIZE=BLOCK)
+    return y
+
+
+@pytest.mark.parametrize("checker,answer", [
+    (chk.check_vector_add, ew.add_teaching), (chk.check_vector_add, ew.add_ref),
+    (chk.check_gelu, ew.gelu_teaching), (chk.check_gelu, ew.gelu_ref),
+    (chk.check_gelu, _gelu_launcher_calling_gelu_math),          # the course's gelu_math inside your kernel
+    (chk.check_bias_gelu_scale, ew.bias_gelu_scale_teaching),
+    (chk.check_bias_gelu_dropout, ew.bias_gelu_dropout_teaching),
+], ids=["add_teaching", "add_ref", "gelu_teaching", "gelu_ref", "gelu_math", "bias_gelu_scale", "dropout"])
+def test_the_course_answer_is_refused(checker, answer):
+    with pytest.raises(CheckFailure, match="course"):
+        checker(answer)
+
+
+def test_the_tuned_shelf_is_refused_too():
+    from course_utils.tuned import elementwise as tuned
+    with pytest.raises(CheckFailure, match="tuned.elementwise.gelu"):
+        chk.check_gelu(lambda x: tuned.gelu(x))

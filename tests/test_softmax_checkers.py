@@ -203,8 +203,8 @@ def _one_wide_tile(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE:
     tl.store(y_ptr + pid * y_row_stride + offsets, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def test_row_checker_passes_the_course_kernel(capsys):
-    checks.check_row_kernel(sm.softmax_row_kernel)
+def test_row_checker_passes_a_right_kernel(capsys):
+    checks.check_row_kernel(_two_pass)  # a right kernel of the tests' own (one tile: the loop runs once)
     assert capsys.readouterr().out.startswith("PASS fused softmax")
 
 
@@ -262,7 +262,7 @@ def test_launcher_checker(capsys):
     assert capsys.readouterr().out == "PASS fused_softmax: matches torch.softmax in one kernel launch\n"
     with pytest.raises(check.CheckFailure, match="ran in torch"):      # issue 17: torch.softmax in 5.1
         checks.check_launcher(lambda x: torch.softmax(x, -1))
-    with pytest.raises(check.CheckFailure, match="course's own kernel"):
+    with pytest.raises(check.CheckFailure, match="the course's"):
         checks.check_launcher(sm.softmax_teaching)
 
 
@@ -298,3 +298,25 @@ def test_update_checker_lets_not_implemented_through():
 
     with pytest.raises(NotImplementedError):
         checks.check_online_update(stub)
+
+
+# ------------------------------------------------------------------ the answer-key rule
+
+@pytest.mark.parametrize("checker,answer", [
+    (checks.check_row_kernel, sm.softmax_row_kernel),
+    (checks.check_long_row_kernel, sm.softmax_online_kernel),
+    (checks.check_launcher, sm.softmax_teaching),
+    (checks.check_launcher, sm.softmax_ref),
+], ids=["row kernel", "online kernel", "launcher", "reference"])
+def test_the_course_answer_is_refused(checker, answer):
+    with pytest.raises(check.CheckFailure, match="course"):
+        checker(answer)
+
+
+def test_the_long_row_answer_of_the_ptx_facts_is_refused():
+    from course_utils import ptx_facts
+    with pytest.raises(check.CheckFailure, match="long_row_forms_kernel"):
+        checks.check_long_row_kernel(ptx_facts.long_row_forms_kernel)
+    from course_utils.tuned import softmax as tuned_softmax
+    with pytest.raises(check.CheckFailure, match="tuned.softmax.softmax"):
+        checks.check_launcher(lambda x: tuned_softmax.softmax(x))

@@ -349,3 +349,13 @@ def test_verdicts_are_deterministic(capsys):
         outs.add(capsys.readouterr().out)
     assert len(outs) == 1
     assert not any(ch.isdigit() for ch in outs.pop().replace("3 pretend", ""))
+
+
+def test_make_graphed_by_the_course_helper_is_refused():
+    from course_utils import graphs
+
+    def make_graphed(fn, example_x):
+        replay = graphs.capture(lambda: fn(example_x))
+        return lambda x: replay()
+    with pytest.raises(CheckFailure, match="graphs.capture"):
+        check_graphed(make_graphed)

@@ -18,6 +18,16 @@ import torch
 
 from .. import check, env
 from ..kernels.attention import attention_ref
+from . import answer_keys
+
+
+def _refuse_course(what: str, fn) -> None:
+    """The course's attention kernels, launchers and reference are the answer (its tile choice,
+    ``attention_configs``, is not: the exercise uses it)."""
+    keys = answer_keys.course_answers("course_utils.kernels.attention")
+    keys.update(answer_keys.course_answers("course_utils.tuned.attention", only=(
+        "flash_attention", "attn_fwd_tuned_kernel", "attn_fwd_tuned_tiles", "load_tile", "_launch_tuned")))
+    answer_keys.refuse(what, fn, keys)
 
 # (atol, rtol) for attention outputs: P is rounded to the input dtype before P @ V, and on a GPU a
 # float32 tl.dot runs in tf32 unless told otherwise (so float32 is judged on the random cases only;
@@ -64,6 +74,7 @@ def _inputs(b, h, n, d, dtype, q_scale, q_offset):
 def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = False,
                     dtypes=None, hint: str = "") -> None:
     """Raise :class:`check.CheckFailure` unless ``fn`` computes attention; print the verdict."""
+    _refuse_course(name, fn)
     dtypes = tuple(dtypes or env.supported_dtypes())
     with_out = _accepts(fn, "out")
     for dtype in dtypes:

@@ -20,6 +20,13 @@ import torch
 from .. import check, env
 from ..check import CheckFailure, verdict
 from ..kernels import elementwise as ew
+from . import answer_keys
+
+
+def _refuse_course(what: str, fn: Callable) -> None:
+    """The course's elementwise kernels, launchers, references and ``gelu_math`` are the answer."""
+    answer_keys.refuse(what, fn, answer_keys.course_answers("course_utils.kernels.elementwise",
+                                                            "course_utils.tuned.elementwise"))
 
 
 def _rng() -> random.Random:
@@ -55,6 +62,7 @@ def _dname(dtype) -> str:
 
 def check_vector_add(add: Callable) -> None:
     """``add(x, y[, out])`` returns x + y for 1-D tensors of any length, in one kernel launch."""
+    _refuse_course("vector add", add)
     check.check_elementwise(
         "vector add", add, lambda a, b: a + b, n_inputs=2, launches=1,
         hint="offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE); mask = offsets < n_elements; "
@@ -95,6 +103,7 @@ def check_gelu(gelu: Callable) -> None:
     stays below ``atol`` (1e-5 in float32); the sigmoid form is accurate there too, and is what the
     course's kernel uses.
     """
+    _refuse_course("fused GELU", gelu)
     check.check_elementwise(
         "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0, launches=1,
         hint="load with the mask, compute in float32 (x.to(tl.float32)), store with the mask; either "
@@ -116,6 +125,7 @@ def _check_no_input_change(case, xs, befores):
 
 def check_bias_gelu_scale(fn: Callable) -> None:
     """``fn(x, bias, scale[, out])`` = gelu(x + bias) * scale, bias one value per column, one launch."""
+    _refuse_course("bias + GELU + scale", fn)
     rng = _rng()
     with_out = _takes_out(fn)
     for dtype in env.supported_dtypes():
@@ -190,6 +200,7 @@ def check_bias_gelu_dropout(fn: Callable) -> None:
     ``tl.rand(seed, offsets) >= p`` keeps (a mask that repeats every tile is named); the same seed
     gives the same output and another seed another mask; one launch of the student's kernel.
     """
+    _refuse_course("bias + GELU + dropout", fn)
     rng = _rng()
     with_out = _takes_out(fn)
     rows = env.pick(gpu=512, cpu=48)

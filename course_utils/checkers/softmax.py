@@ -19,6 +19,7 @@ import torch
 import triton
 
 from .. import check, env
+from . import answer_keys
 from .loads import reads_per_element
 
 OFFSET = 100.0      # exp(100) overflows fp16 and exp(100 + outliers) overflows fp32
@@ -27,6 +28,16 @@ OUTLIER = 1000.0
 
 def _dtypes():
     return env.supported_dtypes()
+
+
+def _refuse_course(what: str, answer) -> None:
+    """The course's softmax kernels, launchers and reference (both shelves), and the loop forms of
+    exercise 6.2 compiled in ``course_utils.ptx_facts``, are the answer."""
+    keys = answer_keys.course_answers("course_utils.kernels.softmax", "course_utils.ptx_facts")
+    keys.update(answer_keys.course_answers("course_utils.tuned.softmax", only=(
+        "softmax", "launch", "tile_rows", "softmax_persistent_kernel", "softmax_two_block_kernel",
+        "softmax_split_kernel")))
+    answer_keys.refuse(what, answer, keys)
 
 
 def _strided_input(n_rows: int, n_cols: int, dtype, gap: int, **randn_kw):
@@ -125,6 +136,7 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
 
 def check_row_kernel(kernel, name: str = "fused softmax, one row per program") -> None:
     """Judge a one-row-per-program softmax kernel launched with BLOCK_SIZE = next_power_of_2(n_cols)."""
+    _refuse_course(name, kernel)
     shapes = env.pick(gpu=((1, 1), (7, 13), (37, 1000), (5, 4097), (3, 12345)),
                       cpu=((1, 1), (7, 13), (37, 300), (5, 1000)))
     hint = ("load the row with mask=offsets < n_cols and other=-float('inf'), subtract the row's max "
@@ -136,6 +148,7 @@ def check_row_kernel(kernel, name: str = "fused softmax, one row per program") -
 
 def check_launcher(fused_softmax, name: str = "fused_softmax") -> None:
     """Judge a launcher ``fused_softmax(x)``: the softmax of rows, in one launch of the student's kernel."""
+    _refuse_course(name, fused_softmax)
     for shape in ((9, 777), (4, 1)):
         x = check.randn(shape, offset=50.0)
         try:
@@ -151,6 +164,7 @@ def check_launcher(fused_softmax, name: str = "fused_softmax") -> None:
 
 def check_long_row_kernel(kernel, name: str = "online softmax, long rows", block_size: int = 128) -> None:
     """Judge a long-row kernel launched with a fixed BLOCK_SIZE much shorter than the rows."""
+    _refuse_course(name, kernel)
     shapes = env.pick(gpu=((1, 1), (3, 127), (7, 1000), (5, 20000), (2, 100003)),
                       cpu=((1, 1), (3, 127), (7, 1000), (2, 3001), (1, 4500)))  # longer than one 4096 tile
     hint = ("keep a running max m and sum s over the tiles: when the max grows from m to m_new, rescale "
@@ -177,6 +191,7 @@ def _stats_ref(x64: torch.Tensor):
 def check_online_update(update, name: str = "online softmax update") -> None:
     """Fold ``update(m, s, tile) -> (m_new, s_new)`` over the tiles of random rows, from
     m = -inf and s = 0, and compare with (max, sum of exp(x - max)) in float64."""
+    _refuse_course(name, update)
     gen = check.generator(torch.device("cpu"))
     cases = [(4, 1, 1), (5, 37, 8), (3, 1000, 64), (6, 999, 100)]
     for rows, cols, tile in cases:

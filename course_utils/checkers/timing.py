@@ -168,6 +168,9 @@ def check_graphed(make_graphed) -> None:
     """
     if not callable(make_graphed):
         raise CheckFailure(f"make_graphed must be a function, got {type(make_graphed).__name__}")
+    from .. import graphs
+    check.refuse_answer_key("make_graphed", make_graphed, {"graph helper (course_utils.graphs.capture)":
+                                                           graphs.capture})
     rng = random.Random()
     rows, cols = rng.choice([3, 5, 7]), rng.choice([33, 65, 127])
     n_ops = rng.randint(3, 8)
