@@ -260,9 +260,11 @@ def test_exercise_9_1_answered_with_the_lectures_tile_matmul_is_refused():
     (lambda x, w, b: torch.addmm(b, x, w), "torch.addmm"),
     (lambda x, w, b: G.linear_gelu_teaching(x, w, b), "linear_gelu_teaching"),
     (lambda x, w, b: tuned_gemm.linear_gelu(x, w, b), "linear_gelu"),
+    (lambda x, w, b, r: G.linear_gelu_teaching(x, w, b) + r, "linear_gelu_teaching"),
+    (lambda x, w, b, r: torch._addmm_activation(b, x, w, use_gelu=True) + r, "_addmm_activation"),
 ])
 def test_torch_and_course_answers_are_refused_by_name(fn, name):
-    checker = cg.check_linear_gelu if fn.__code__.co_argcount == 3 else cg.check_matmul
+    checker = {2: cg.check_matmul, 3: cg.check_linear_gelu, 4: cg.check_linear_gelu_residual}[fn.__code__.co_argcount]
     with pytest.raises(check.CheckFailure, match=name):
         checker(fn, dtypes=FP)
 
