@@ -77,7 +77,7 @@ def test_right_forward_kernel_passes(capsys):
     assert capsys.readouterr().out.startswith("PASS LayerNorm forward")
 
 
-@pytest.mark.parametrize("kernel", [L.layer_norm_fwd_kernel, TK.norm_fwd_kernel, L.rms_norm_fwd_kernel],
+@pytest.mark.parametrize("kernel", [L.layer_norm_fwd_kernel, TK.norm_fwd_kernel, L.rms_norm_fwd_kernel, F.layer_norm],
                          ids=lambda k: k.__name__)
 def test_forward_check_refuses_the_answer_key(kernel):
     with pytest.raises(check.CheckFailure, match="answer key"):
@@ -297,8 +297,8 @@ def test_right_rms_backward_kernel_passes(capsys):
     assert capsys.readouterr().out.startswith("PASS RMSNorm backward dx")
 
 
-@pytest.mark.parametrize("kernel", [L.norm_bwd_dx_kernel, TK.norm_bwd_kernel, TK.norm_bwd_chunked_kernel],
-                         ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kernel", [L.norm_bwd_dx_kernel, TK.norm_bwd_kernel, TK.norm_bwd_chunked_kernel, F.rms_norm,
+                                    T.rms_norm_backward], ids=lambda k: k.__name__)
 def test_rms_backward_check_refuses_the_answer_key(kernel):
     with pytest.raises(check.CheckFailure, match="answer key"):
         checks.check_rms_backward_kernel(kernel)
