@@ -6,8 +6,8 @@ import torch
 import course_utils as cu
 from course_utils import check
 from course_utils.autograd import elementwise as AG
-from course_utils.kernels import elementwise as ew
 from course_utils.kernels import gelu_backward as gb
+from course_utils.tuned import elementwise as TE
 
 DTYPES = cu.env.supported_dtypes()
 SHAPES = [(1, 1), (7, 13), (37, 129), (3, 5, 70)]
@@ -39,8 +39,8 @@ def test_backward_kernel_matches_float64_autograd(shape, approximate, dtype):
 def test_dropout_mask_is_regenerated_not_stored(dtype):
     x, b, dy = check.randn((33, 257), dtype), check.randn((257,), dtype), check.randn((33, 257), dtype)
     p, seed = 0.3, 987654
-    keep = ew.dropout_keep_mask(x.shape, p, seed, device=x.device)
-    y = ew.bias_gelu_dropout(x, b, p, seed)
+    keep = TE.dropout_keep_mask(x.shape, p, seed, device=x.device)
+    y = TE.bias_gelu_dropout(x, b, p, seed)
     assert bool((y[~keep.bool()] == 0).all()), "the forward drops what the reference mask drops"
     dx, db = gb.bias_gelu_backward_teaching(dy, x, b, p=p, seed=seed)
     rx, rb = _ref(dy, x, b, "tanh", keep=keep, p=p)
@@ -64,7 +64,7 @@ def test_autograd_function_against_float64_autograd():
     dy = check.randn((19, 45))
     y = AG.bias_gelu_dropout(x, b, 0.25, 42)
     y.backward(dy)
-    keep = ew.dropout_keep_mask(x.shape, 0.25, 42, device=x.device)
+    keep = TE.dropout_keep_mask(x.shape, 0.25, 42, device=x.device)
     x64, b64 = x.detach().double().requires_grad_(True), b.detach().double().requires_grad_(True)
     y64 = torch.where(keep.bool(), torch.nn.functional.gelu(x64 + b64, approximate="tanh") / 0.75, 0.0)
     y64.backward(dy.double())
