@@ -10,7 +10,7 @@ backward through autograd (x, weight and bias get gradients) on 256 MiB inputs, 
 - ``both``: the timed choice among all of them;
 - ``liger`` (Liger-Kernel, if ``import liger_kernel`` works) and ``torch`` (``F.layer_norm``);
 - ``fwd`` and ``bwd``: the course's forward (statistics stored) and default backward alone, to show
-  where the fwd+bwd time goes.
+  where the fwd+bwd time goes; and, per case, the backward alone with every candidate plan.
 
 The last table gives each time ratio (theirs / ours: >= 1.0 is the issue's target) and the plan the
 default design picked. Run from the repository root on an H100 (under 3 minutes):
@@ -138,6 +138,10 @@ def main(argv) -> int:
                 for k, run in runs.items():
                     times[k].append(median_ms(run))
             med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+            plans = T.backward_candidates(m, n, dtype.itemsize, info, design="both")
+            each = {p: median_ms(lambda p=p: T.layer_norm_backward(dy, xd, wd, mean, rstd, plan=p)) for p in plans}
+            print("  backward alone, every candidate plan (ms): " + "; ".join(
+                f"{p.version} {p.ROWS}x{p.BLOCK_N} w={p.num_warps} grid={p.grid}: {t:.3f}" for p, t in each.items()))
             key = (m, n, dtype, dtype, False, False, str(x.device), "course")
             rows.append((str(dtype)[6:], n, med, T._BEST.get(key)))
             print(f"{str(dtype)[6:]:>8} N={n:>5}: " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
