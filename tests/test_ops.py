@@ -227,8 +227,8 @@ def test_plans_are_chosen_once_and_hot_calls_write_no_globals():
 
 def test_host_overhead_table_has_every_op():
     table = ops.host_overhead_table(n_calls=1, seq=4, d_model=8, vocab=8)
-    assert list(table["op"]) == list(ops.OPS)
-    assert (table[["course_us", "torch_ops_us", "aten_us"]] > 0).all().all()
+    assert list(table["op"])[:-1] == list(ops.OPS) and table["op"].iloc[-1].startswith("(one launch")
+    assert (table[["course_us", "aten_us"]] > 0).all().all() and (table["torch_ops_us"][:-1] > 0).all()
 
 
 @pytest.mark.parametrize("call,err,match", [

@@ -9,6 +9,7 @@ every first call of a (shape, dtype, device) chooses and caches its plan.
 wrapper (its ``autograd.Function`` fast path), the registered ``torch.ops.course`` op (the
 dispatcher's Python path, what ``torch.compile`` graphs call) and the aten counterpart, on tiny
 shapes whose GPU time is far below the host's, so the wall time of a loop of calls is host time.
+Its last row is the floor: one launch of a one-element Triton kernel against one aten ``add_``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from .. import env
+
+
+@triton.jit
+def touch_kernel(x_ptr):
+    """The smallest useful launch (one program adds 1 to one element): the floor of a Triton call."""
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
 
 
 def _device(device):
@@ -165,4 +174,9 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
         for name in course:
             c, d_, a = (_per_call_us(f[name], n_calls, sync) for f in (course, dispatched, aten))
             rows.append({"op": name, "course_us": c, "torch_ops_us": d_, "aten_us": a, "course_over_aten": c / a})
+        one = torch.zeros(1, device=device)
+        c = _per_call_us(lambda: touch_kernel[(1,)](one), n_calls, sync)
+        a = _per_call_us(lambda: one.add_(1.0), n_calls, sync)
+        rows.append({"op": "(one launch: touch_kernel / add_)", "course_us": c, "torch_ops_us": float("nan"),
+                     "aten_us": a, "course_over_aten": c / a})
     return pd.DataFrame(rows)
