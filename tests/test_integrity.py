@@ -264,15 +264,16 @@ def test_the_write_protection_refuses_every_write_into_the_checkout(tmp_path):
     (root / "solutions" / "a.ipynb").write_text("the instructor's")
     box.mkdir()
     spec = tmp_path / "jail.json"
-    spec.write_text(json.dumps({"protect": [str(root)], "allow": [str(box)], "status": str(box / "status")}))
+    spec.write_text(json.dumps({"protect": [str(root)], "allow": [str(box)]}))
     script = tmp_path / "writes.py"
     script.write_text(WRITES)
     out = subprocess.run([sys.executable, "-I", jail.__file__, str(spec), "--", sys.executable, str(script), str(root),
                           str(box)], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == ",".join(["refused"] * 7), out.stdout + out.stderr
+    assert out.stdout.split("\n")[:2] == ["GRADER-PROTECTION: protected", ",".join(["refused"] * 7)], \
+        out.stdout + out.stderr
     assert (root / "solutions" / "a.ipynb").read_text() == "the instructor's"
     assert sorted(p.name for p in root.rglob("*")) == ["a.ipynb", "results", "solutions"]
-    assert (box / "status").read_text() == "protected" and (box / "mine.txt").exists()
+    assert (box / "mine.txt").exists()
 
 
 def test_the_sandbox_copies_the_checkout_and_links_nothing(tmp_path):
@@ -306,3 +307,24 @@ def test_the_checkout_hashes_name_every_change(tmp_path):
     (root / "notebooks" / "new.ipynb").write_text("")
     assert checkout.differences(before, checkout.snapshot(root)) == [
         "notebooks/new.ipynb (created)", "results/x.csv (deleted)", "solutions/a.ipynb (changed)"]
+
+
+def test_a_notebook_cannot_signal_the_grader(tmp_path):
+    """From Landlock ABI 6 on, the protected processes cannot kill (or stop) anything outside them."""
+    import json
+    import subprocess
+
+    from course_utils.grade import jail
+    if jail.abi() < 6:
+        pytest.skip("Landlock's signal scoping needs ABI 6 (Linux 6.12)")
+    outside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        spec = tmp_path / "jail.json"
+        spec.write_text(json.dumps({"protect": [str(tmp_path / "checkout")], "allow": [str(tmp_path)]}))
+        kill = f"import os\ntry:\n    os.kill({outside.pid}, 9)\nexcept PermissionError:\n    print('refused')"
+        out = subprocess.run([sys.executable, "-I", jail.__file__, str(spec), "--", sys.executable, "-c", kill],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.split() == ["GRADER-PROTECTION:", "protected", "refused"], out.stdout + out.stderr
+        assert outside.poll() is None
+    finally:
+        outside.kill()

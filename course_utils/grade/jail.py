@@ -12,9 +12,11 @@ which forbids every kind of write (create, write, truncate, delete, rename, link
 protected trees (the checkout and the Python environment's site-packages) and leaves everything
 else as it was: the sandbox, the temporary folder, caches (Triton's, torch's) and the GPU's device
 files stay writable. Landlock can only allow, so "everything else" is spelled out: for each folder
-above a protected tree, every entry beside the path down to it. Where Landlock is missing (not
-Linux, an old kernel, a container that blocks it) the command runs unprotected and SPEC's status
-file says why; the grader then says so, and its hash comparison is the only guard.
+above a protected tree, every entry beside the path down to it. The first line the command prints
+is ``GRADER-PROTECTION: protected``, or why not: where Landlock is missing (not Linux, an old
+kernel, a container that blocks it) the command runs unprotected, the grader says so, and its hash
+comparison is the only guard. (That line comes first, before any student code runs, so a notebook
+cannot forge it.)
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import os
 import sys
 from pathlib import Path
 
+STATUS = "GRADER-PROTECTION: "
 _CREATE, _ADD, _RESTRICT = 444, 445, 446  # the same syscall numbers on x86_64 and aarch64
 _PATH_BENEATH, _VERSION, _NO_NEW_PRIVS = 1, 1, 38
-_WRITE_FILE, _TRUNCATE, _REFER = 1 << 1, 1 << 14, 1 << 13
+_WRITE_FILE, _TRUNCATE, _REFER, _SCOPE_SIGNAL = 1 << 1, 1 << 14, 1 << 13, 1 << 1
 # remove dir/file, make char/dir/reg/sock/fifo/block/sym
 _DIR_WRITES = (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10) | (1 << 11) | (1 << 12)
 
@@ -78,8 +81,9 @@ def protect(protected: list[str], allowed: list[str]) -> str:
         return "Landlock is not available on this machine"
     handled = _WRITE_FILE | _DIR_WRITES | (_REFER if version >= 2 else 0) | (_TRUNCATE if version >= 3 else 0)
     libc = ctypes.CDLL(None, use_errno=True)
-    attr = ctypes.c_uint64(handled)
-    ruleset = libc.syscall(_CREATE, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    # from ABI 6 on, also no signals to processes outside: the grader itself cannot be killed from a notebook
+    attr = (ctypes.c_uint64 * 3)(handled, 0, _SCOPE_SIGNAL if version >= 6 else 0)
+    ruleset = libc.syscall(_CREATE, attr, ctypes.c_size_t(24 if version >= 6 else 8), ctypes.c_uint32(0))
     if ruleset < 0:
         return f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}"
     try:
@@ -126,8 +130,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m course_utils.grade.jail SPEC.json -- command ...")
     spec = json.loads(Path(spec_path).read_text())
     why_not = protect(spec["protect"], spec["allow"])
-    Path(spec["status"]).write_text(why_not or "protected")
-    sys.stdout.flush()
+    print(f"{STATUS}{why_not or 'protected'}", flush=True)
     os.execvpe(cmd[0], cmd, os.environ)
 
 
