@@ -8,7 +8,9 @@ kernel without epilogue), ``mm`` (cuBLAS alone), ``addmm+gelu`` (cuBLAS, then a 
 and the two kernels of ``addmm+gelu`` alone: ``addmm`` (cuBLASLt with the bias in its epilogue, a
 different kernel from ``mm``'s) and ``gelu`` (the tanh GELU kernel on a product computed beforehand;
 its ``gbps`` counts its own read and write of the M x N product, not the GEMM's bytes), so that the
-GELU kernel's cost is measured, not inferred as ``addmm+gelu - mm``.
+GELU kernel's cost is measured, not inferred as ``addmm+gelu - mm``. At the decode shapes,
+``fused_splitk2`` and ``fused_splitk4``: the chosen tiles with split-K (``TileConfig.split_k``, two
+launches), a plan the default never picks, timed beside it so that a measurement can decide.
 The judged ones are timed in interleaved rounds (``bench.time_rounds``), the median round kept.
 Decode shapes are timed as CUDA graphs of 20 calls (``time_ms(cuda_graph=True)``): a 40 us kernel
 is otherwise timed together with the host's launch work.
@@ -40,6 +42,7 @@ MLP_SHAPES = ((4096, 4096, 16384), (8192, 2048, 8192), (16384, 4096, 16384))   #
 DECODE_SHAPES = ((1, 4096, 16384), (16, 4096, 16384), (64, 4096, 16384))
 DTYPES = (torch.bfloat16, torch.float16)
 ROUNDS = 3
+SPLITS = (2, 4)   # split-K columns at the decode shapes
 
 
 def _name(dtype) -> str:
@@ -93,15 +96,24 @@ def sweep(quick: bool = False):
             impls = implementations(x, w, b, compiled, with_max)
             for fn in impls.values():   # compile, autotune and choose tiles outside the timing
                 fn()
+            impls["fused"]()
+            cfg = T.last_config   # the fused kernel's tiles (matmul, without epilogue, may choose others)
+            configs = {"fused": cfg}
+            if kind == "decode":
+                from dataclasses import replace
+                plain = replace(cfg, tma=False, ws=False, subtile=False, per_sm=1)
+                for s in SPLITS:
+                    configs[f"fused_splitk{s}"] = c = replace(plain, split_k=s)
+                    impls[f"fused_splitk{s}"] = lambda x=x, w=w, b=b, c=c: T.linear_gelu(x, w, b, config=c)
+                    impls[f"fused_splitk{s}"]()
             torch.cuda.synchronize()
-            cfg = T.last_config
             graph = kind == "decode"
             errors: dict = {}
             times = bench.time_rounds(impls, ROUNDS, errors=errors, warmup=5, rep=20 if graph else 10,
                                       cuda_graph=graph)
             if kind == "mlp" and m == 8192:   # the grouped launch order, on and off
                 from dataclasses import replace
-                off = replace(cfg, group_m=1)
+                off = configs["fused_group1"] = replace(cfg, group_m=1)
                 more = {"fused_group1": lambda x=x, w=w, b=b: T.linear_gelu(x, w, b, config=off),
                         f"fused_group{cfg.group_m}": lambda x=x, w=w, b=b: T.linear_gelu(x, w, b, config=cfg)}
                 times.update(bench.time_rounds(more, ROUNDS, errors=errors, warmup=5, rep=10))
@@ -111,7 +123,8 @@ def sweep(quick: bool = False):
                 moved = 2 * m * n * dtype.itemsize if impl == "gelu" else base["bytes"]   # GELU: its own bytes
                 rows.append({**base, "impl": impl, "ms": t.median, "ms_p20": t.p20, "ms_p80": t.p80,
                              "tflops": bench.tflops(base["flops"], t) if impl != "gelu" else float("nan"),
-                             "gbps": bench.gbps(moved, t), "config": str(cfg) if impl.startswith("fused") else "",
+                             "gbps": bench.gbps(moved, t), "config": str(configs.get(impl, cfg))
+                             if impl.startswith("fused") else "",
                              "note": "GELU kernel alone on the M x N product" if impl == "gelu" else ""})
             for impl, err in errors.items():
                 rows.append({**base, "impl": impl, "ms": float("nan"), "tflops": float("nan"), "note": err[:120]})

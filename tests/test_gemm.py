@@ -194,3 +194,37 @@ def test_bench_targets_from_the_recorded_run():
     from course_utils import bench
     targets = gemm_bench.targets(bench.recorded("gemm"))
     assert len(targets) == 6 and all(t.issue == 14 and math.isfinite(t.measured) for t in targets)
+
+
+# ---- split-K (a plan asked for by config only; the default never proposes it) ----
+SPLIT_TILES = (16, 16, 16, 1, 1) if not cu.on_gpu() else (16, 64, 128, 4, 3)
+
+
+@pytest.mark.parametrize("m, n, k, split", [(1, 37, 100, 4), (19, 33, 70, 3), (5, 40, 20, 8), (3, 24, 16, 2)]
+                         if not cu.on_gpu() else [(1, 16384, 4096, 4), (16, 4000, 4099, 3), (64, 1000, 100, 8)])
+@pytest.mark.parametrize("dtype", cu.env.supported_dtypes())
+def test_split_k_matches_the_reference(m, n, k, split, dtype):
+    """Slices that end past K, more slices asked for than K has tiles (5 x 40 x 20, split 8), one slice."""
+    x, w, b = _ops(m, n, k, dtype, w_t=split == 3)
+    cfg = T.TileConfig(*SPLIT_TILES, split_k=split)
+    _close(T.linear_gelu(x, w, b, config=cfg), _ref(x, w, b), dtype)
+    _close(T.matmul(x, w, config=cfg), _ref(x, w, None, gelu=False), dtype)
+
+
+def test_split_k_with_dropout_is_the_one_kernel_mask_and_deterministic():
+    from course_utils import profile
+    x, w, b = _ops(21, 40, 64, torch.float16)
+    cfg = T.TileConfig(*SPLIT_TILES, split_k=4)
+    y = T.linear_gelu(x, w, b, p=0.3, seed=11, config=cfg)
+    one = T.linear_gelu(x, w, b, p=0.3, seed=11, config=T.INTERPRETER_TILES if not cu.on_gpu() else None)
+    assert torch.equal(y == 0, one == 0)            # the same Philox mask as the one-kernel path
+    _close(y, _ref(x, w, b, p=0.3, seed=11), torch.float16)
+    assert torch.equal(y, T.linear_gelu(x, w, b, p=0.3, seed=11, config=cfg))   # partials added in a fixed order
+    assert profile.count_launches(T.linear_gelu, x, w, b, config=cfg).total == 2
+
+
+def test_no_default_plan_is_split_k():
+    for arch in (75, 80, 90):
+        info = hardware.DeviceInfo.for_arch(arch)
+        for m in (1, 16, 64, 4096):
+            assert all(c.split_k == 1 for c in T.gemm_configs(info, m, 16384, 4096, torch.float16))

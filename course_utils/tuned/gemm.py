@@ -7,6 +7,11 @@
   loads can be issued before this tile's epilogue, but the epilogue's arithmetic and store still run
   after the K loop, on the same warps: measured, it costs 6-14% over the matmul alone at the MLP shapes).
 - everything else (sm_80, sm_75, float32, odd strides): the teaching kernel with tiles per device.
+- ``TileConfig(split_k=S)``, a plan chosen only when asked for (no default proposes it): split-K in two
+  deterministic launches, ``_splitk_partial_kernel`` (program (tile, s) sums K slice s into a float32
+  workspace) then ``_splitk_epilogue_kernel`` (adds the S partial tiles, applies the epilogue, stores).
+  For decode shapes, where a few hundred tiles are too few programs to keep every SM's loads in flight;
+  the extra bytes are S x M x N x 4, written once and read once.
 
 Tiles are a pure function of a :class:`~course_utils.hardware.DeviceInfo` and the shape
 (:func:`gemm_configs`); where several remain, the fastest is timed once per shape on the GPU.
@@ -21,8 +26,50 @@ import triton
 import triton.language as tl
 
 from .. import env, hardware
-from ..kernels.gemm import check_operands, dot_precision, epilogue, grouped_tile, linear_gelu_ref, matmul_kernel
+from ..kernels.gemm import (
+    check_operands,
+    dot_precision,
+    epilogue,
+    grouped_tile,
+    linear_gelu_ref,
+    matmul_kernel,
+    tile_matmul,
+)
 from . import choice
+
+
+@triton.jit
+def _splitk_partial_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, K_PER_SPLIT,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Split-K, stage 1: program (tile, s) sums its tile over K slice s (K_PER_SPLIT long, a multiple of
+    BLOCK_K) and stores the float32 partial tile in ws[s] (contiguous M x N)."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    split = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = split * K_PER_SPLIT
+    k_len = tl.minimum(K - k_start, K_PER_SPLIT)     # the last slice may be shorter: tile_matmul masks it
+    acc = tile_matmul(x_ptr + k_start * stride_xk, w_ptr + k_start * stride_wk, offs_m, offs_n, M, N, k_len,
+                      stride_xm, stride_xk, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+    tl.store(ws_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :], acc,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _splitk_epilogue_kernel(ws_ptr, c_ptr, bias_ptr, M, N, p, keep_scale, seed, SPLITS: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            GELU: tl.constexpr, DROPOUT: tl.constexpr):
+    """Split-K, stage 2: the SPLITS partial tiles added in a fixed order (deterministic), then the epilogue."""
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    idx = offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(ws_ptr + s * M * N + idx, mask=mask, other=0.0)
+    acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed, HAS_BIAS, GELU, DROPOUT)
+    tl.store(c_ptr + idx, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -93,6 +140,7 @@ class TileConfig:
     ws: bool = False        # warp specialization (producer/consumer warps)
     subtile: bool = False   # epilogue and store in two halves of the tile (tma only)
     per_sm: int = 1         # persistent programs per SM (tma only)
+    split_k: int = 1        # > 1: split-K in two launches (pointer loads; tma, ws, subtile, per_sm unused)
 
     def smem_bytes(self, itemsize: int) -> int:
         stage = (self.block_m + self.block_n) * self.block_k * itemsize
@@ -158,10 +206,27 @@ def _alloc(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device=env.DEVICE)
 
 
+def _launch_split_k(cfg: TileConfig, x, w, c, bias, M, N, K, scalars, flags):
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
+    splits = triton.cdiv(K, k_per_split)   # at most split_k: no slice is empty
+    ws = torch.empty((splits, M, N), dtype=torch.float32, device=c.device)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    _splitk_partial_kernel[(tiles, splits)](
+        x, w, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), k_per_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        DOT_PRECISION=dot_precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n))
+    _splitk_epilogue_kernel[grid](ws, c, bias, M, N, *scalars, SPLITS=splits, BLOCK_M=cfg.block_m,
+                                  BLOCK_N=cfg.block_n, **flags, num_warps=4)
+
+
 def _launch(cfg: TileConfig, x, w, c, bias, M, N, K, p, seed, gelu):
     scalars = (float(p), 1.0 / (1.0 - float(p)), seed)
     flags = dict(HAS_BIAS=bias is not None, GELU=bool(gelu), DROPOUT=float(p) > 0.0)
     bias = bias if bias is not None else c
+    if cfg.split_k > 1:
+        _launch_split_k(cfg, x, w, c, bias, M, N, K, scalars, flags)
+        return
     lx, lw = _tma_layout(x), _tma_layout(w)
     if cfg.tma and lx is not None and lw is not None and (N * c.element_size()) % 16 == 0:
         triton.set_allocator(_alloc)   # scratch for the descriptors the kernel builds on the device
@@ -254,6 +319,10 @@ def compile_cases(info):
                lambda dt=dt, cfg=cfg: matmul(empty(256, 512, dtype=dt), empty(512, 512, dtype=dt), config=cfg))
     cfg = gemm_configs(info, 2**20, 2048, 2048, torch.float16)[0]
     yield "linear_gelu 2^31+", case(2**20 + 1, 2048, 64, torch.float16, cfg)
+    for m, split in ((16, 4), (64, 2)):   # the split-K plan the benchmark times at decode shapes
+        cfg = replace(gemm_configs(info, m, 16384, 4096, torch.float16)[0], tma=False, ws=False, subtile=False,
+                      per_sm=1, split_k=split)
+        yield f"linear_gelu float16 split-K {m}x4096x16384 {cfg}", case(m, 4096, 16384, torch.float16, cfg)
     if info.arch < 90:   # the descriptor kernel, forced: the launcher picks it on sm_90 only, but it compiles
         cfg = TileConfig(64, 64, 32, 4, 2, tma=True)   # here too (Triton lowers descriptors to plain loads)
         yield f"linear_gelu float16 descriptor kernel (forced) {cfg}", case(256, 512, 512, torch.float16, cfg)

@@ -11,7 +11,9 @@
    ``addmm_act`` (``torch._addmm_activation``). The table gives the ratios the chapter reads: fused vs
    addmm+gelu and vs addmm_act, the epilogue's cost in each kernel (fused / matmul - 1, addmm_act / mm - 1),
    and the GELU kernel alone against ``addmm+gelu - addmm`` (what the old "GELU kernel's cost" inferred),
-   with the GB/s of its own 2 x M x N bytes.
+   with the GB/s of its own 2 x M x N bytes. At the decode shapes, the split-K plan (``TileConfig.split_k``
+   2 and 4 on the fused kernel's own tiles; not a default) as speed ratios to ``fused`` (> 1: split-K is
+   faster), and its accuracy in part 2.
 
 Run from the repository root on an H100 (under 3 minutes):
 
@@ -77,19 +79,34 @@ def accuracy() -> list[str]:
         for dtype in DTYPES:
             x, w, b = _inputs(m, k, n, dtype)
             ref = F.gelu(x.double() @ w.double() + b.double(), approximate="tanh")
-            errs = []
-            for got, want in ((TG.linear_gelu(x, w, b), ref), (TG.matmul(x, w), x.double() @ w.double())):
-                errs.append(float((got.double() - want).abs().max() / want.abs().max()))
-            ok = all(e < 1e-2 for e in errs)
-            lines.append(f"{m}x{k}x{n} {str(dtype)[6:]}: linear_gelu {errs[0]:.1e}, matmul {errs[1]:.1e} "
-                         f"{'ok' if ok else 'TOO LARGE'}")
+            runs = {"linear_gelu": (TG.linear_gelu(x, w, b), ref), "matmul": (TG.matmul(x, w), x.double() @ w.double())}
+            if m <= 64:   # decode: the split-K plan too
+                for key, cfg in _split_configs(x, w, b).items():
+                    runs[key] = (TG.linear_gelu(x, w, b, config=cfg), ref)
+            errs = {key: float((got.double() - want).abs().max() / want.abs().max())
+                    for key, (got, want) in runs.items()}
+            ok = all(e < 1e-2 for e in errs.values())
+            lines.append(f"{m}x{k}x{n} {str(dtype)[6:]}: " + ", ".join(f"{key} {e:.1e}" for key, e in errs.items())
+                         + (" ok" if ok else " TOO LARGE"))
     return lines
 
 
-def _impls(x, w, b):
+def _split_configs(x, w, b):
+    """The fused kernel's own tiles with split-K 2 and 4 (pointer loads), as benchmarks/gemm.py times them."""
+    from dataclasses import replace
+
+    from course_utils.tuned import gemm as TG
+    TG.linear_gelu(x, w, b)
+    plain = replace(TG.last_config, tma=False, ws=False, subtile=False, per_sm=1)
+    return {f"fused_splitk{s}": replace(plain, split_k=s) for s in (2, 4)}
+
+
+def _impls(x, w, b, split=False):
     from course_utils.tuned import gemm as TG
     y = torch.addmm(b, x, w)   # the product the GELU kernel alone reads
-    return {"fused": lambda: TG.linear_gelu(x, w, b), "matmul": lambda: TG.matmul(x, w),
+    extra = {key: (lambda c=c: TG.linear_gelu(x, w, b, config=c)) for key, c in _split_configs(x, w, b).items()} \
+        if split else {}
+    return extra | {"fused": lambda: TG.linear_gelu(x, w, b), "matmul": lambda: TG.matmul(x, w),
             "mm": lambda: torch.mm(x, w), "addmm": lambda: torch.addmm(b, x, w),
             "gelu": lambda: F.gelu(y, approximate="tanh"),
             "addmm+gelu": lambda: F.gelu(torch.addmm(b, x, w), approximate="tanh"),
@@ -112,7 +129,7 @@ def timing():
     for kind, shapes in (("mlp", MLP), ("decode", DECODE)):
         for m, k, n in shapes:
             for dtype in DTYPES:
-                impls = _impls(*_inputs(m, k, n, dtype))
+                impls = _impls(*_inputs(m, k, n, dtype), split=kind == "decode")
                 for fn in impls.values():   # compile, choose tiles outside the timing
                     fn()
                 impls["fused"]()
@@ -126,6 +143,7 @@ def timing():
                              "fused/addmm_act": ms["addmm_act"] / ms["fused"],
                              "epi fused": ms["fused"] / ms["matmul"] - 1,
                              "epi addmm_act": ms["addmm_act"] / ms["mm"] - 1,
+                             **{f"{key}/fused": ms["fused"] / ms[key] for key in ms if "splitk" in key},
                              "gelu ms": ms["gelu"], "addmm+gelu-addmm ms": ms["addmm+gelu"] - ms["addmm"],
                              "addmm+gelu-mm ms": ms["addmm+gelu"] - ms["mm"],
                              "gelu GB/s": 2 * m * n * dtype.itemsize / (ms["gelu"] * 1e-3) / 1e9,
