@@ -185,3 +185,24 @@ def add_layer_norm_ref(x, residual, weight, bias, eps: float = 1e-5):
     """v1: (y, s) in eager ops (two kernels, s through HBM twice)."""
     s = x + residual
     return F.layer_norm(s, (s.shape[-1],), weight, bias, eps), s
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py)."""
+    from ..aot import dtype_name, dtypes_for, empty
+    for dt in dtypes_for(info):
+        name = dtype_name(dt)
+        for m, n, rows in ((7, 1000, None), (8192, 768, 4), (64, 8192, 1)):   # odd, GPT-2 small, long rows
+            x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
+            r = empty(m, n)                                                # a float32 residual stream
+            yield (f"add_layer_norm {name} {m}x{n}", lambda x=x, r=r, w=w, rows=rows:
+                   add_layer_norm_teaching(x, r, w, w, rows=rows))
+            for s in (x, r):
+                for ds in (s, None):
+                    yield (f"add_layer_norm backward {name} s={dtype_name(s.dtype)} {m}x{n} ds={ds is not None}",
+                           lambda s=s, w=w, st=st, ds=ds, rows=rows: add_layer_norm_backward_teaching(
+                               s, ds, s, w, st, st, rows=rows))
+    big = empty(2**21 + 1, 1024, dtype=torch.float16)   # past 2^31 elements: int64 row offsets
+    w, st = empty(1024, dtype=torch.float16), empty(2**21 + 1)
+    yield "add_layer_norm 2^31+", lambda: add_layer_norm_teaching(big, big, w, w)
+    yield "add_layer_norm backward 2^31+", lambda: add_layer_norm_backward_teaching(big, big, big, w, st, st)

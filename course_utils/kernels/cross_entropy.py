@@ -134,3 +134,18 @@ def cross_entropy_ref(logits, targets):
     """v1: the eager loss in float32 (float64 logits stay float64)."""
     x = logits if logits.dtype == torch.float64 else logits.float()
     return F.cross_entropy(x, targets.long())
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py): GPT's byte vocabulary,
+    GPT-2's 50257 (13 tiles), both dtypes of targets."""
+    from ..aot import dtype_name, dtypes_for, empty
+    for dt in dtypes_for(info):
+        for rows, vocab in ((8192, 256), (64, 50257)):
+            logits, lse, dloss = empty(rows, vocab, dtype=dt), empty(rows), empty(())
+            for tdt in (torch.int64, torch.int32):
+                targets = empty(rows, dtype=tdt)
+                label = f"{dtype_name(dt)} {rows}x{vocab} targets {dtype_name(tdt)}"
+                yield f"cross_entropy {label}", lambda lg=logits, t=targets: cross_entropy_teaching(lg, t)
+                yield (f"cross_entropy backward {label}", lambda lg=logits, t=targets, lse=lse, d=dloss:
+                       cross_entropy_backward_teaching(d, lg, t, lse))

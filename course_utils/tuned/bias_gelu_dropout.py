@@ -108,3 +108,16 @@ def bias_gelu_dropout_backward(dy, x, bias, p: float, seed: torch.Tensor, *, blo
                                               1.0 / (1.0 - float(p)), BLOCK_M=block_m, BLOCK_N=block_n,
                                               DROPOUT=p > 0)
     return dx, partial.sum(dim=0).to(bias.dtype)
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py), with and without dropout."""
+    from ..aot import dtype_name, dtypes_for, empty
+    seed = empty(1, dtype=torch.int64)
+    for dt in dtypes_for(info):
+        x, b = empty(1000, 3000, dtype=dt), empty(3000, dtype=dt)
+        for p in (0.0, 0.1):
+            yield (f"bias_gelu_dropout seeded {dtype_name(dt)} p={p}",
+                   lambda x=x, b=b, p=p: bias_gelu_dropout(x, b, p, seed))
+            yield (f"bias_gelu_dropout seeded backward {dtype_name(dt)} p={p}",
+                   lambda x=x, b=b, p=p: bias_gelu_dropout_backward(x, x, b, p, seed))
