@@ -264,3 +264,20 @@ def test_attention_bottom_right_causal_against_a_cache(n_q, n_kv, kv_heads):
     for name, g, e in zip("qkv", torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(want, (q64, k64, v64),
                                                                                          do.double())):
         check.compare(f"d{name}", g, e, atol=TOL["atol"] * 20, rtol=TOL["rtol"] * 10)
+
+
+def test_add_layer_norm_mixed_dtypes_give_each_input_its_own_gradient_dtype():
+    """Under autocast a projection's output is 16-bit and the residual stream float32: s and y are float32,
+    and each input's gradient comes back in its own dtype."""
+    x, r = _leaf((3, 7, 24), dtype=torch.float16), _leaf((3, 7, 24))
+    w, b = _leaf((24,)), _leaf((24,))
+    y, s = ops.add_layer_norm(x, r, w, b)
+    assert y.dtype == s.dtype == torch.float32
+    dy, ds = check.randn(y.shape), check.randn(s.shape)
+    dx, dr = torch.autograd.grad((y, s), (x, r), (dy, ds))
+    assert dx.dtype == torch.float16 and dr.dtype == torch.float32
+    x64, r64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (x, r, w, b))
+    s64 = x64 + r64
+    want = torch.autograd.grad((F.layer_norm(s64, (24,), w64, b64, 1e-5), s64), x64, (dy.double(), ds.double()))[0]
+    check.compare("dresidual", dr, want, atol=1e-3, rtol=1e-3)
+    check.compare("dx", dx, want)
