@@ -212,16 +212,18 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
         ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
     dq = dq * _grad_scale(sm_scale, FAULT)
+    if FAULT == "rows with no key not written":
+        mask = mask & (rows[:, None] + causal_offset >= 0)
     tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=mask)
 
 
 def make_flash_backward(fault: str):
     """A student's launcher: 11.1's delta kernel, then the dK/dV and the dQ pass, with ``fault`` baked in."""
-    def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    def flash_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, dq=None, dk=None, dv=None):
         B, H, N, D = q.shape
         H_kv, N_kv = k.shape[1], k.shape[2]
         scale = D ** -0.5 if sm_scale is None else sm_scale
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = (torch.empty_like(t) if out is None else out for t, out in ((q, dq), (k, dk), (v, dv)))
         delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
         block_d = max(16, triton.next_power_of_2(D))
         _delta[(B * H * N,)](o, do, delta, D, D, D, BLOCK_D=block_d, FAULT="none")
@@ -248,6 +250,7 @@ def test_flash_backward_checker_passes_the_right_kernels(capsys):
     # right when n_kv >= n_q, top-left when n_q > n_kv: caught on the case with more queries than keys
     ("offset clamped at 0", f"x {checks.ATTN_CASES[3][4]} keys(.|\n)*top-left causal mask"),
     ("offset clamped, lse -inf kept", "see no key"),
+    ("rows with no key not written", "never stored"),  # their dQ is 0, and must be stored: the outputs start as NaN
     ("exp2 of a natural lse", "wrong base"),
     ("lse of the k/v head", "wrong row"),
 ])

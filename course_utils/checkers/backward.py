@@ -219,13 +219,16 @@ def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
         return attention_grads64(q, k, v, do, causal, scale, **kw)
 
     right = grads()
+    unwritten = ("The outputs start as NaN: an element your kernel never stored stays NaN (a row with no "
+                 "visible key has dQ = 0, which must be stored too). ")
     if not all(torch.isfinite(t).all() for t in got):
         if causal and N > N_kv:
-            return (f"NaN or inf in your gradients, with {N - N_kv} query rows that see no key (n_q > n_kv, causal): "
+            return (unwritten + f"NaN or inf in your gradients, with {N - N_kv} query rows that see no key "
+                    "(n_q > n_kv, causal): "
                     "their lse is -inf and their P must be 0. Align the mask bottom-right, key j visible from "
                     "query i when j <= i + causal_offset (causal_offset = n_kv - n_q < 0 here), and keep P = 0 "
                     "where masked.")
-        return "NaN or inf in your gradients: mask every load and keep P = 0 on masked and padded lanes."
+        return unwritten + "NaN or inf in your gradients: mask every load and keep P = 0 on masked and padded lanes."
     if _rel(dv, right[4]) > tol:
         if g > 1 and any(_rel(dv, right[6][:, i::g]) < tol for i in (0, g - 1)):
             return (f"dV holds one q head's share: with {H} q heads on {H_kv} k/v heads, every q head of the "
@@ -283,13 +286,15 @@ def _attention_forbidden() -> dict[str, object]:
 
 
 def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
-    """``fn(q, k, v, o, lse, do, causal, sm_scale) -> (dq, dk, dv)`` on contiguous inputs, against float64."""
+    """``fn(q, k, v, o, lse, do, causal, sm_scale[, dq, dk, dv]) -> (dq, dk, dv)`` on contiguous inputs, against
+    float64; output buffers, when ``fn`` takes them, are NaN-poisoned inside guard zones."""
     forbidden = _attention_forbidden()
     check.refuse_answer_key(name, fn, forbidden)
     for _ref_name, obj in check._referenced(fn):  # the student's kernels too: their bodies, not only the launcher
         body = getattr(obj, "fn", None)
         if inspect.isfunction(body) and not body.__module__.startswith("course_utils"):
             check.refuse_answer_key(name, body, forbidden)
+    with_out = {"dq", "dk", "dv"} <= set(inspect.signature(fn).parameters)  # then outputs start as NaN
     dtypes = env.supported_dtypes()
     for dtype in dtypes:
         # float32 everywhere; the 16-bit dtypes on the causal grouped-query cases
@@ -301,14 +306,19 @@ def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
             scale = d ** -0.5 if sm_scale is None else sm_scale
             o, lse, *right = attention_grads64(q, k, v, do, causal, scale)[:5]
             ins = [check.guarded_copy(t) for t in (q, k, v, o.to(dtype), lse.float(), do)]
+            outs = {w: check.Guarded(like.shape, dtype) for w, like in (("dq", q), ("dk", k), ("dv", v))}
             try:
-                got = fn(*(g.tensor for g in ins), causal=causal, sm_scale=sm_scale)
+                got = fn(*(g.tensor for g in ins), causal=causal, sm_scale=sm_scale,
+                         **({w: g.tensor for w, g in outs.items()} if with_out else {}))
             except (NotImplementedError, check.CheckFailure):
                 raise
             except Exception as e:  # a crash in the student's code: say where
                 raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {str(e)[:400]}") from e
             for g_, what in zip(ins, ("q", "k", "v", "o", "lse", "do")):
                 g_.check(f"{case}, the {what} buffer")
+            if with_out:
+                for what, g_ in outs.items():
+                    g_.check(f"{case}, the {what} buffer", "mask every tl.store: rows >= n and columns >= head_dim")
             check.require(isinstance(got, (tuple, list)) and len(got) == 3,
                           f"{case}: return (dq, dk, dv), got {type(got).__name__}")
             for t, like, what in zip(got, (q, k, v), ("dq", "dk", "dv")):
