@@ -22,7 +22,8 @@ _NO_KERNEL = {
     "lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "is_same_size", "resize_", "set_",
     "_unsafe_view", "view", "reshape", "unsqueeze", "squeeze", "t", "transpose", "permute", "expand",
     "select", "slice", "as_strided", "unbind", "split", "chunk", "narrow", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "stride", "size", "dim", "numel", "_reshape_alias",
+    "sym_numel", "sym_storage_offset", "stride", "size", "dim", "numel", "_reshape_alias", "promote_types",
+    "result_type",
 }
 
 

@@ -2,6 +2,7 @@
 fails each usual wrong one with a message naming the fault."""
 
 import pytest
+import torch
 import triton
 import triton.language as tl
 
@@ -106,3 +107,38 @@ def test_an_untouched_stub_fails():
             return launch
     with pytest.raises(NotImplementedError):
         checks.check_ce_backward_kernel(Stub())
+
+
+def _launcher(fault: str = "none", inv=None, dtype=None):
+    def ce_backward(dloss, logits, targets, lse):
+        n_rows, n_cols = logits.shape
+        dlogits = torch.empty(logits.shape, dtype=dtype or logits.dtype, device=logits.device)
+        _ce_bwd[(n_rows,)](dlogits, logits, targets, lse, dloss, n_cols, logits.stride(0), dlogits.stride(0),
+                           1.0 / n_rows if inv is None else inv, BLOCK_SIZE=triton.next_power_of_2(n_cols),
+                           FAULT=fault)
+        return dlogits
+    return ce_backward
+
+
+def test_right_launcher_passes(capsys):
+    checks.check_ce_backward_launcher(_launcher())
+    assert capsys.readouterr().out.startswith("PASS cross-entropy backward launcher")
+
+
+def test_launcher_faults_are_named():
+    with pytest.raises(check.CheckFailure, match="differ"):
+        checks.check_ce_backward_launcher(_launcher(inv=1.0))            # the mean's 1 / n_rows forgotten
+    with pytest.raises(check.CheckFailure, match="the logits' dtype"):
+        checks.check_ce_backward_launcher(_launcher(dtype=torch.float64))
+
+    def in_torch(dloss, logits, targets, lse):
+        p = torch.softmax(logits.float(), -1)
+        p[torch.arange(len(targets)), targets] -= 1
+        return (p * dloss / len(targets)).to(logits.dtype)
+    with pytest.raises(check.CheckFailure, match="ran in torch"):
+        checks.check_ce_backward_launcher(in_torch)
+
+    def the_courses(dloss, logits, targets, lse):
+        return K.cross_entropy_backward_teaching(dloss, logits, targets, lse)
+    with pytest.raises(check.CheckFailure, match="course's cross-entropy backward launcher"):
+        checks.check_ce_backward_launcher(the_courses)

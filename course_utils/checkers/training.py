@@ -171,3 +171,33 @@ def check_ce_backward_kernel(kernel, name: str = "cross-entropy backward kernel"
     check.verdict(name, f"matches float64 (softmax - onehot) * dloss / n_rows on every dtype tried, rows of "
                         f"several {block}-wide tiles, targets in every tile, strided rows in and out, no reads "
                         "or writes outside the tensors")
+
+
+def check_ce_backward_launcher(fn, name: str = "cross-entropy backward launcher") -> None:
+    """Judge ``fn(dloss, logits, targets, lse) -> dlogits``: a new (rows, vocab) tensor of the logits'
+    dtype holding the gradient of the mean loss, in one launch of the student's own kernel."""
+    from ..kernels import cross_entropy as K
+    check.refuse_answer_key(name, fn, {"cross-entropy backward launcher": K.cross_entropy_backward_teaching,
+                                       "cross-entropy backward kernel": K.cross_entropy_bwd_kernel})
+    for dtype in env.supported_dtypes():
+        for n_rows, n_cols in env.pick(gpu=((3, 50257), (64, 1000)), cpu=((3, 300), (5, 17))):
+            case = f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols)"
+            _, logits, targets, lse, dloss = _inputs(n_rows, n_cols, dtype, False)
+            try:
+                got = fn(dloss, logits, targets, lse)
+            except (NotImplementedError, check.CheckFailure):
+                raise
+            except Exception as e:
+                raise check.CheckFailure(f"{case}: your launcher raised {type(e).__name__}: {str(e)[:300]}") from e
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(logits.shape) or got.dtype != dtype:
+                raise check.CheckFailure(f"{case}: expected a {tuple(logits.shape)} tensor of {dtype} (the logits' "
+                                         f"dtype), got {getattr(got, 'dtype', type(got).__name__)} of shape "
+                                         f"{tuple(getattr(got, 'shape', ()))}")
+            x = logits.detach().double().requires_grad_(True)
+            ref, = torch.autograd.grad(torch.nn.functional.cross_entropy(x, targets) * float(dloss), x)
+            check.compare(case, got, ref, dtype=dtype, atol=check.tolerance(dtype)[0] * float(dloss) / n_rows,
+                          hint="launch one program per row with a BLOCK_SIZE that tiles the vocabulary "
+                               "(triton.next_power_of_2(n_cols), at most a few thousand), pass 1.0 / n_rows")
+    _, logits, targets, lse, dloss = _inputs(4, 300, torch.float32, False)
+    check.check_kernel_launches(name, fn, dloss, logits, targets, lse, expected=1)
+    check.verdict(name, "the gradient of the mean cross-entropy on every dtype tried, in one launch of your kernel")
