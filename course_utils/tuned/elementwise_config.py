@@ -143,9 +143,10 @@ def _same(name: str, t, x: torch.Tensor, shape, what: str, any_layout: bool = Fa
 def _output(x: torch.Tensor, out) -> torch.Tensor:
     if out is None:  # x's strides when x is dense in memory (a transpose), else contiguous
         return torch.empty_like(x)
-    _same("out", out, x, x.shape, "match the input (same shape, dtype and device)", not x.is_contiguous())
-    want = [st for st, n in zip(torch.empty_like(x, device="meta").stride(), x.shape) if n != 1]
-    if not x.is_contiguous() and [st for st, n in zip(out.stride(), out.shape) if n != 1] != want:
+    strided = not x.is_contiguous()
+    _same("out", out, x, x.shape, "match the input (same shape, dtype and device)", strided)
+    if strided and [st for st, n in zip(out.stride(), out.shape) if n != 1] != \
+            [st for st, n in zip(torch.empty_like(x, device="meta").stride(), x.shape) if n != 1]:
         raise ValueError(f"out must have the strides the kernel writes ({torch.empty_like(x, device='meta').stride()}"
                          f": x's, for an x dense in memory, else contiguous), got {out.stride()}")
     return out
