@@ -13,7 +13,8 @@ eps)``                                 way (:mod:`course_utils.kernels.add_layer
 seed_tensor)``                         tensor (a CUDA graph draws a new mask when the seed is bumped)
 =====================================  ==========================================================
 
-Each is registered with ``torch.library`` (custom ops with fake implementations and
+Importing :mod:`course_utils.ops` registers them (and compiles nothing). Each is registered with
+``torch.library`` (custom ops with fake implementations and
 ``register_autograd``), so ``torch.compile(fullgraph=True)`` traces a model built on them and
 ``torch.library.opcheck`` passes. The functions of this module with the same names are the calls to
 use: from eager Python they run an ``autograd.Function`` over the very same forward and backward

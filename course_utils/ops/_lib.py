@@ -11,6 +11,12 @@ The same forward, ``setup_context`` and backward functions also make a ``torch.a
 compiled, which skips the dispatcher's Python path (tens of microseconds a call, measured by
 :func:`course_utils.ops.host_overhead_table`). The backward reaches the backward kernels through
 ``ctx.bwd``: the registered op when autograd runs the op, the plain function on the fast path.
+
+Why ``custom_op`` and not ``triton_op`` + ``wrap_triton`` (which would let Inductor see inside the
+kernels): the course's CI runs every kernel under Triton's interpreter on CPU tensors, and there a
+``triton_op`` fails ``opcheck``'s fake-tensor test and ``torch.compile`` (the interpreter asks the fake
+tensors for data pointers; tried with torch 2.13 and Triton 3.6). A custom op is opaque to Inductor,
+which still fuses the code around it.
 """
 
 from __future__ import annotations
