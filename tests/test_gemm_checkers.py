@@ -126,7 +126,7 @@ FP = (torch.float32,)
 
 def test_correct_kernels_pass(capsys):
     cg.check_matmul(_launcher(OK, False))
-    cg.check_linear_gelu(_launcher(OK, True), dtypes=FP)   # float16: the solution notebook (test_grading)
+    cg.check_linear_gelu(_launcher(OK, True), dtypes=FP)   # float16: the residual check of the solution notebook
     cg.check_linear_gelu_residual(_launcher(OK, True, residual=True), dtypes=FP)
     out = capsys.readouterr().out
     assert out.count("PASS") == 3
