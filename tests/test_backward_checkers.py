@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+import course_utils as cu
 from course_utils import check
 from course_utils.checkers import backward as checks
 from course_utils.kernels import attention_backward as AB
@@ -38,7 +39,8 @@ def test_delta_checker_passes_the_right_kernel(capsys):
     assert capsys.readouterr().out.startswith("PASS ")
 
 
-@pytest.mark.parametrize("fault, words", [("one stride", "differ"), ("no mask", "outside its inputs")])
+@pytest.mark.parametrize("fault, words", [("one stride", "differ"),
+                                          ("no mask", "differ" if cu.on_gpu() else "outside its inputs")])
 def test_delta_checker_fails_wrong_kernels(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_delta_kernel(bound(_delta, fault))
@@ -97,6 +99,7 @@ def test_gelu_backward_checker_names_each_fault(fault, words):
         checks.check_gelu_backward_kernel(make_gelu_backward(fault))
 
 
+@pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")
 def test_delta_checker_fails_an_unmasked_load():
     # the row's padded lanes read past the last row (into the guard zone) and are summed with weight 0:
     # right numbers, a load outside the inputs
@@ -314,6 +317,7 @@ def _gelu_backward_unmasked_loads(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)  # masked store only
 
 
+@pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")
 def test_gelu_backward_checker_fails_unmasked_loads():
     with pytest.raises(check.CheckFailure, match="outside its inputs"):
         checks.check_gelu_backward_kernel(_gelu_backward_unmasked_loads)
