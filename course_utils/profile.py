@@ -178,7 +178,9 @@ def step_kernels(fn, steps: int = 2):
             fn()
         torch.cuda.synchronize()
     events = list(prof.events())
-    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    # the operators (their ids are the correlation ids a kernel links to); runtime calls such as
+    # cudaLaunchKernel link to an operator themselves and number their ids from another counter
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU and not e.linked_correlation_id}
     rows = []
     for e in events:
         if e.device_type != DeviceType.CUDA or e.time_range.elapsed_us() <= 0:
