@@ -22,6 +22,8 @@ Budget (about 90 s of ``make bench`` on an H100; 101 s in the recorded run): com
 (torch.compile's max-autotune about 6 s per shape, default about 13 s for the first call, and the
 tile candidates of ``linear_gelu`` timed once per shape), so ``compile_max`` runs only on the bf16 MLP
 shapes; fp16 is judged against default ``torch.compile`` (the issue's max-autotune target is bf16 only).
+The columns added since that run (``addmm``, ``gelu``, ``fused_subtile``, ``fused_splitk2/4``) compile
+three more kernel variants and add a few timed calls per shape: not yet measured.
 
     python -m benchmarks.gemm sweep   [--out DIR]   # what make bench runs
     python -m benchmarks.gemm explore [--out DIR]   # the tile sweep behind tuned/gemm.py's candidates
