@@ -61,7 +61,7 @@ def _sdpa(backend):
     return run
 
 
-FORWARD = {"triton": lambda q, k, v, c: A.flash_attention(q, k, v, causal=c),
+FORWARD = {"triton": lambda q, k, v, c: TA.flash_attention(q, k, v, causal=c),
            "sdpa_flash": _sdpa("flash"), "sdpa_cudnn": _sdpa("cudnn")}
 TRAINING = {"triton": lambda q, k, v, c: TB.flash_attention_autograd(q, k, v, causal=c),
             "sdpa_flash": _sdpa("flash"), "sdpa_cudnn": _sdpa("cudnn")}
@@ -210,8 +210,8 @@ def bwd_tile_sweep(budget_s: float = 170.0, ns=(4096, 16384)):
                 cud = _fwd_bwd(_sdpa("cudnn"), q, k, v, do, causal)()
                 impls = {f"sdpa_{x}": _fwd_bwd(_sdpa(x), q, k, v, do, causal) for x in ("flash", "cudnn")}
                 qd, kd, vd = (t.detach() for t in (q, k, v))
-                o, lse = A.flash_attention(qd, kd, vd, causal=causal, return_lse=True)
-                impls["triton_fwd"] = lambda: A.flash_attention(qd, kd, vd, causal=causal, return_lse=True)
+                o, lse = TA.flash_attention(qd, kd, vd, causal=causal, return_lse=True)
+                impls["triton_fwd"] = lambda: TA.flash_attention(qd, kd, vd, causal=causal, return_lse=True)
                 errs = {"sdpa_cudnn": max(_rel(g, r) for g, r in zip(cud, ref))}
                 for c in TUNE_BWD:
                     if time.time() - t0 > budget_s:

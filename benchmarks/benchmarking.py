@@ -37,6 +37,9 @@ import triton.language as tl
 
 import course_utils as cu
 from course_utils import bench
+from course_utils.tuned import attention as TA
+from course_utils.tuned import elementwise as TE
+from course_utils.tuned import softmax as TS
 
 TITLE = "Benchmarking done right: the protocol measured (chapter 8)"
 MIB = 2**20
@@ -259,7 +262,7 @@ def demo_profiler(rows_n: int = 4096, cols_n: int = 4096) -> list[dict]:
     from course_utils.kernels import softmax as sm
     x = torch.randn(rows_n, cols_n, device="cuda")
     return (_kernel_rows(lambda: sm.softmax_ref(x), "naive softmax (5 eager ops)")
-            + _kernel_rows(lambda: sm.softmax(x), "fused Triton softmax")
+            + _kernel_rows(lambda: TS.softmax(x), "fused Triton softmax")
             + _kernel_rows(lambda: torch.softmax(x, -1), "torch.softmax"))
 
 
@@ -283,7 +286,7 @@ def demo_roofline(quick: bool = False) -> list[dict]:
     point("F.gelu tanh (bf16, 256 MiB)", lambda: F.gelu(xb, approximate="tanh"), gelu_flops, 4 * n, "bfloat16")
     try:
         from course_utils.kernels import elementwise as ew
-        point("course gelu, Triton (bf16, 256 MiB)", lambda: ew.gelu(xb), gelu_flops, 4 * n, "bfloat16")
+        point("course gelu, Triton (bf16, 256 MiB)", lambda: TE.gelu(xb), gelu_flops, 4 * n, "bfloat16")
         point("gelu_ref, eager ops (bf16, 256 MiB)", lambda: ew.gelu_ref(xb), gelu_flops, 4 * n, "bfloat16")
     except ImportError as e:
         rows.append(dict(demo="roofline", case="course gelu", method="error", error=str(e)))
@@ -294,7 +297,7 @@ def demo_roofline(quick: bool = False) -> list[dict]:
     point("torch.softmax (fp32, 4096x16384)", lambda: torch.softmax(xs, -1), sm_flops, sm_bytes, "float32")
     try:
         from course_utils.kernels import softmax as sm
-        point("course softmax, Triton (fp32, 4096x16384)", lambda: sm.softmax(xs), sm_flops, sm_bytes, "float32")
+        point("course softmax, Triton (fp32, 4096x16384)", lambda: TS.softmax(xs), sm_flops, sm_bytes, "float32")
         point("softmax_ref, 5 eager ops (fp32, 4096x16384)", lambda: sm.softmax_ref(xs), sm_flops, sm_bytes,
               "float32")
     except ImportError as e:
@@ -311,7 +314,7 @@ def demo_roofline(quick: bool = False) -> list[dict]:
           att_flops, att_bytes, "bfloat16")
     try:
         from course_utils.kernels import attention as A
-        point(f"course flash_attention, Triton (bf16, N={N} d={D})", lambda: A.flash_attention(q, k_, v),
+        point(f"course flash_attention, Triton (bf16, N={N} d={D})", lambda: TA.flash_attention(q, k_, v),
               att_flops, att_bytes, "bfloat16")
         q1, k1, v1 = q[:1], k_[:1], v[:1]
         point(f"attention_ref, eager (bf16, B=1 H={H} N={N} d={D})", lambda: A.attention_ref(q1, k1, v1),

@@ -29,6 +29,8 @@ import time
 
 import course_utils as cu
 from course_utils import bench
+from course_utils.cuda import gelu as cuda_cpp
+from course_utils.tuned import elementwise as TE
 
 TITLE = "Elementwise: fused GELU and bias + GELU + scale (chapters 3-4)"
 ISSUE = 4
@@ -89,10 +91,10 @@ def _gelu_impls(n, dtype, size, cuda_gelu):
     y = torch.empty_like(x)
     impls = {"copy_": lambda: y.copy_(x),
              "F.gelu": lambda: F.gelu(x, approximate="tanh"),
-             "triton": lambda: ew.gelu(x, out=y)}
+             "triton": lambda: TE.gelu(x, out=y)}
     if size in (256, 1024):
         impls["triton_teaching"] = lambda: ew.gelu_teaching(x)
-        impls["triton_erf"] = lambda: ew.gelu(x, approximate="none", out=y)
+        impls["triton_erf"] = lambda: TE.gelu(x, approximate="none", out=y)
         impls["F.gelu_erf"] = lambda: F.gelu(x)
         if cuda_gelu is not None:
             impls["cuda_cpp"] = lambda: cuda_gelu(x)
@@ -118,14 +120,14 @@ def _chain_impls(n, dtype, dropout: bool):
             return F.dropout(F.gelu(x + b, approximate="tanh"), 0.1, training=True)
         comp = _compiled(eager)
         impls = {"copy_": lambda: y.copy_(x), "eager": eager, "torch.compile": comp,
-                 "triton": lambda: ew.bias_gelu_dropout(x, b, 0.1, 1234, out=y)}
+                 "triton": lambda: TE.bias_gelu_dropout(x, b, 0.1, 1234, out=y)}
     else:
         comp = _compiled(ew.bias_gelu_scale_ref)
         impls = {"copy_": lambda: y.copy_(x),
                  "eager": lambda: ew.bias_gelu_scale_ref(x, b, SCALE),
                  "torch.compile": lambda: comp(x, b, SCALE),
-                 "triton": lambda: ew.bias_gelu_scale(x, b, SCALE),
-                 "triton_out": lambda: ew.bias_gelu_scale(x, b, SCALE, out=y)}
+                 "triton": lambda: TE.bias_gelu_scale(x, b, SCALE),
+                 "triton_out": lambda: TE.bias_gelu_scale(x, b, SCALE, out=y)}
     if n * x.element_size() >= 64 * MIB:
         impls["triton_teaching"] = (lambda: ew.bias_gelu_dropout_teaching(x, b, 0.1, 1234)) if dropout else \
             (lambda: ew.bias_gelu_scale_teaching(x, b, SCALE))
@@ -167,10 +169,10 @@ def sweep(quick: bool = False, with_cuda: bool = True):
     chain_sizes = (1, 1024) if quick else CHAIN_SIZES_MIB
     rows = []
     build = None
-    if with_cuda and ew.cuda_gelu_unavailable() is None:
+    if with_cuda and cuda_cpp.cuda_gelu_unavailable() is None:
         # nvcc takes about a minute: build in the background while the chain is measured
         import concurrent.futures
-        build = concurrent.futures.ThreadPoolExecutor(1).submit(ew.load_cuda_gelu)
+        build = concurrent.futures.ThreadPoolExecutor(1).submit(cuda_cpp.load_cuda_gelu)
     cuda_gelu = None
 
     plan = [("chain", d, s) for d in dtypes if d != "fp16" for s in chain_sizes] + \
@@ -275,18 +277,18 @@ def verify() -> str:
                 xb = check.randn((n + shift,), dtype, outliers=0.01)
                 x = xb[shift:]
                 for _ in range(2):
-                    check.compare(f"gelu {dtype} n={n}", ew.gelu(x), ew.gelu_ref(x.double()))
-                    check.compare(f"gelu erf {dtype} n={n}", ew.gelu(x, "none"),
+                    check.compare(f"gelu {dtype} n={n}", TE.gelu(x), ew.gelu_ref(x.double()))
+                    check.compare(f"gelu erf {dtype} n={n}", TE.gelu(x, "none"),
                                   ew.gelu_ref(x.double(), "none"))
-                    check.compare(f"add {dtype} n={n}", ew.add(x, x), x.double() * 2)
+                    check.compare(f"add {dtype} n={n}", TE.add(x, x), x.double() * 2)
                     check.compare(f"gelu_teaching {dtype} n={n}", ew.gelu_teaching(x), ew.gelu_ref(x.double()))
                     cases += 4
         x = check.randn((333, 1001), dtype, outliers=0.01)
         b = check.randn((1001,), dtype)
         for _ in range(2):
-            check.compare(f"chain {dtype}", ew.bias_gelu_scale(x, b, 0.7),
+            check.compare(f"chain {dtype}", TE.bias_gelu_scale(x, b, 0.7),
                           ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
-            check.compare(f"dropout {dtype}", ew.bias_gelu_dropout(x, b, 0.25, 7),
+            check.compare(f"dropout {dtype}", TE.bias_gelu_dropout(x, b, 0.25, 7),
                           ew.bias_gelu_dropout_ref(x.double(), b.double(), 0.25, 7))
             check.compare(f"chain teaching {dtype}", ew.bias_gelu_scale_teaching(x, b, 0.7),
                           ew.bias_gelu_scale_ref(x.double(), b.double(), 0.7))
@@ -371,9 +373,9 @@ def launch_overhead():
         tuned._output(x, y)
         tuned.config_for(x, x.dtype)
 
-    graphed = graphs.capture(lambda: [ew.bias_gelu_scale(x2, b, SCALE, out=y2) for _ in range(GRAPH_CALLS)])
+    graphed = graphs.capture(lambda: [TE.bias_gelu_scale(x2, b, SCALE, out=y2) for _ in range(GRAPH_CALLS)])
     cases = {"F.gelu": lambda: F.gelu(x, approximate="tanh"),
-             "triton gelu (kernel[grid])": lambda: ew.gelu(x, out=y),
+             "triton gelu (kernel[grid])": lambda: TE.gelu(x, out=y),
              "triton gelu: kernel[grid] alone (no checks)": lambda: tuned.gelu_tuned_kernel[cfg.grid](
                  x, y, n, BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=True, INT64=False, num_warps=cfg.num_warps),
              "triton gelu: Python checks alone (no launch)": checks_only,
@@ -381,8 +383,8 @@ def launch_overhead():
              "torch.empty_like (4096 fp32)": lambda: torch.empty_like(x),
              "eager chain (3 ops)": lambda: ew.bias_gelu_scale_ref(x2, b, SCALE),
              "torch.compile chain": lambda: comp(x2, b, SCALE),
-             "triton chain (kernel[grid])": lambda: ew.bias_gelu_scale(x2, b, SCALE, out=y2),
-             "triton chain (allocating)": lambda: ew.bias_gelu_scale(x2, b, SCALE),
+             "triton chain (kernel[grid])": lambda: TE.bias_gelu_scale(x2, b, SCALE, out=y2),
+             "triton chain (allocating)": lambda: TE.bias_gelu_scale(x2, b, SCALE),
              f"triton chain: CUDA graph replay / {GRAPH_CALLS}": graphed.replay}
     rows = []
     for name, fn in cases.items():

@@ -28,6 +28,7 @@ import course_utils as cu
 from course_utils import bench
 from course_utils.tuned import layernorm as T
 from course_utils.tuned import layernorm_autograd as TA
+from course_utils.tuned import softmax_backward as TSB
 
 TITLE = "LayerNorm and RMSNorm, forward and backward; softmax backward"
 INPUT_BYTES = 256 * 2**20
@@ -88,11 +89,10 @@ def _fwd_bwd(fn, inputs, dy):
 def implementations(op: str, x, w, b, dy, compiled: dict):
     """{impl: callable} for one op; ``compiled`` caches torch.compile'd functions per op."""
     from course_utils.kernels import layernorm as L
-    from course_utils.kernels import softmax_backward as S
     lg = liger()
     if op == "softmax_bwd":
         y = torch.softmax(x.float(), -1).to(x.dtype)
-        return {"ours": lambda: S.softmax_backward(y, dy),
+        return {"ours": lambda: TSB.softmax_backward(y, dy),
                 "torch": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, x.dtype)}
     rms = op.startswith("rms")
     # The torch functions read N from x: torch.compile'd once per op, they see every shape.
@@ -302,7 +302,6 @@ def tune(out_dir: Path):
     import pandas as pd
 
     from course_utils import hardware
-    from course_utils.kernels import softmax_backward as S
     from course_utils.tuned import softmax_backward as TS
     lg = liger()
     info = hardware.device_info()
@@ -359,7 +358,7 @@ def tune(out_dir: Path):
                 dy, ys, -1, dtype), 3)  # noqa: B023
             for tile, warps in sorted({(max(n, 4096), 8), (max(n, 4096), 16), (max(n, 8192), 16)}):
                 TS.TILE_ELEMENTS, TS.ELEMENTS_PER_THREAD = tile, tile // (32 * warps)
-                add("softmax_bwd", n, m, dtype, f"ours tile={tile} w={warps}", lambda: S.softmax_backward(ys, dy), 3,  # noqa: B023
+                add("softmax_bwd", n, m, dtype, f"ours tile={tile} w={warps}", lambda: TSB.softmax_backward(ys, dy), 3,  # noqa: B023
                     tile=tile, num_warps=warps)
             torch.cuda.empty_cache()
     df = pd.DataFrame(rows).assign(**bench.provenance())
@@ -445,7 +444,6 @@ def parts(out_dir: Path):
 def check() -> None:
     """Every op against float64 autograd on odd shapes, strided rows and offset rows (one line each)."""
     from course_utils.kernels import layernorm as L
-    from course_utils.kernels import softmax_backward as S
     tol = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
     for dtype in (torch.float32, torch.bfloat16):
         for m, n in ((7, 13), (1000, 1000), (33, 4097), (300, 16384), (5, 40000)):
@@ -458,7 +456,7 @@ def check() -> None:
                     ("layer_norm", TA.layer_norm_autograd, lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS),
                      (x, w, b), (xd, wd, bd)),
                     ("rms_norm", TA.rms_norm_autograd, lambda x, w: F.rms_norm(x, (n,), w, 1e-6), (x, w), (xd, wd)),
-                    ("softmax", S.softmax_autograd, lambda x: torch.softmax(x, -1), (x,), (xd,))):
+                    ("softmax", TSB.softmax_autograd, lambda x: torch.softmax(x, -1), (x,), (xd,))):
                 a = [t.detach().clone().requires_grad_() for t in args]
                 y = ours(*a)
                 got = [y, *torch.autograd.grad(y, a, dy)]

@@ -9,6 +9,7 @@ import course_utils as cu
 from course_utils import check
 from course_utils.kernels import attention as A
 from course_utils.kernels import attention_backward as AB
+from course_utils.tuned import attention as TA
 from course_utils.tuned import attention_backward as TB
 
 DEV = cu.DEVICE
@@ -45,7 +46,7 @@ def _teaching(q, k, v, do, causal):
 
 def _tuned(config):
     def run(q, k, v, do, causal):
-        o, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True)
+        o, lse = TA.flash_attention(q, k, v, causal=causal, return_lse=True)
         return TB.flash_attention_backward(q, k, v, o, lse, do, causal=causal, config=config)
     return run
 
@@ -110,10 +111,10 @@ def test_matches_torch_autograd_of_the_reference_through_a_loss():
 
 def test_empty_and_bad_inputs():
     q, k, v, do = _inputs(0, 2, 2, 5, 5, 16, torch.float32)
-    o, lse = A.flash_attention(q, k, v, return_lse=True)
+    o, lse = TA.flash_attention(q, k, v, return_lse=True)
     assert all(t.shape == s.shape for t, s in zip(TB.flash_attention_backward(q, k, v, o, lse, do), (q, k, v)))
     q, k, v, do = _inputs(1, 2, 2, 8, 8, 16, torch.float32)
-    o, lse = A.flash_attention(q, k, v, return_lse=True)
+    o, lse = TA.flash_attention(q, k, v, return_lse=True)
     for fn in (TB.flash_attention_backward, AB.flash_attention_backward_teaching):
         with pytest.raises(ValueError, match="do must be"):
             fn(q, k, v, o, lse, do.half())
@@ -187,7 +188,7 @@ def test_gpu_float32_gradients_at_float32_tolerance(case):
     ref = AB.attention_backward_ref(q.double(), k.double(), v.double(), do.double(), causal=causal)
     _close(_autograd(q, k, v, do, causal), ref, torch.float32, f"autograd {case}")
     # the teaching backward from the tuned forward's o and lse (the teaching forward's dots are Triton's default)
-    o, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True)
+    o, lse = TA.flash_attention(q, k, v, causal=causal, return_lse=True)
     got = AB.flash_attention_backward_teaching(q, k, v, o, lse, do, causal=causal)
     _close(got, ref, torch.float32, f"teaching {case}")
     for cfg in TB.backward_configs(cu.hardware.device_info(), case[5], torch.float32)[:1]:  # autograd: the timed one

@@ -13,6 +13,7 @@ import course_utils as cu
 from course_utils import check
 from course_utils.checkers import attention as ca
 from course_utils.kernels import attention as A
+from course_utils.tuned import attention as TA
 
 # tl.constexpr, so the compiled (GPU) kernel may read them as globals
 OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE = (
@@ -89,7 +90,7 @@ def test_reference_kernels_pass(capsys):
 @pytest.mark.parametrize("answer, says", [
     (lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
      "ran in torch"),                                      # issue 17: SDPA in chapter 7's launcher
-    (lambda q, k, v, causal=False: A.flash_attention(q, k, v, causal=causal), "the course's"),
+    (lambda q, k, v, causal=False: TA.flash_attention(q, k, v, causal=causal), "the course's"),
     (lambda q, k, v, causal=False: A.flash_attention_teaching(q, k, v, causal=causal), "the course's"),
 ])
 def test_the_answer_key_is_not_an_answer(answer, says):

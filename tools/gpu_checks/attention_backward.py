@@ -25,8 +25,8 @@ import torch
 
 import course_utils as cu
 from course_utils import bench, hardware
-from course_utils.kernels import attention as A
 from course_utils.kernels import attention_backward as AB
+from course_utils.tuned import attention as TA
 from course_utils.tuned import attention_backward as TB
 
 SMOKE = "--smoke" in sys.argv
@@ -58,7 +58,7 @@ def fp32_accuracy() -> list[dict]:
         q, do = (torch.randn(b, h, n, d, device=cu.DEVICE) for _ in range(2))
         k, v = (torch.randn(b, h_kv, n_kv, d, device=cu.DEVICE) for _ in range(2))
         ref = AB.attention_backward_ref(q.double(), k.double(), v.double(), do.double(), causal=causal)
-        o, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True)
+        o, lse = TA.flash_attention(q, k, v, causal=causal, return_lse=True)
         impls = {"teaching": lambda: AB.flash_attention_backward_teaching(q, k, v, o, lse, do, causal=causal)}
         for cfg in TB.backward_configs(hardware.device_info(), d, torch.float32)[:1]:  # compile time: the first
             for atomic in (False, True):
