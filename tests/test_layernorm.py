@@ -168,9 +168,11 @@ def test_plans_are_pure_functions_of_shape_and_device():
         for n in (100, 1024, 4096, 16384):
             p = T.plan_forward(4096, n, 2, info, interpreter=False)
             assert p.ROWS * p.BLOCK_N <= max(16384, p.BLOCK_N) and 4 <= p.num_warps <= 32
-            cands = T.backward_candidates(4096, n, 2, info, interpreter=False)
+            cands = T.backward_candidates(4096, n, 2, info, interpreter=False, design="course")
             assert cands and all(c.grid * c.rows_per_program >= 4096 for c in cands)
             assert (n > T.CHUNKED_FROM) == all(c.version == "chunked" for c in cands)
+            both = T.backward_candidates(4096, n, 2, info, interpreter=False)  # the default adds the per-SM plan
+            assert both == T.backward_candidates(4096, n, 2, info, interpreter=False, design="both")
 
 
 
@@ -194,9 +196,9 @@ def test_per_sm_plan_matches_float64(rms):
 
 def test_backward_design_selects_the_candidates_and_autograd_follows():
     info = hardware.DeviceInfo.for_arch(90)
-    course = T.backward_candidates(8192, 1024, 2, info, interpreter=False)
+    course = T.backward_candidates(8192, 1024, 2, info, interpreter=False, design="course")
     per_sm = T.per_sm_plan(8192, 1024, info)
-    assert per_sm not in course  # the default is unchanged until measured
+    assert per_sm not in course
     with T.backward_design("per-sm"):
         assert T.backward_candidates(8192, 1024, 2, info, interpreter=False) == [per_sm]
         assert all(c.version == "chunked" for c in T.backward_candidates(64, 40000, 2, info, interpreter=False))
@@ -208,7 +210,7 @@ def test_backward_design_selects_the_candidates_and_autograd_follows():
     with T.backward_design("both"):
         assert T.backward_candidates(8192, 1024, 2, info, interpreter=False) == course + [per_sm]
         assert T.per_sm_plan(4096, 4096, info) in T.backward_candidates(4096, 4096, 2, info, interpreter=False)
-    assert T.BACKWARD_DESIGN == "course"
+    assert T.BACKWARD_DESIGN == "both"  # restored after each block
     with pytest.raises(ValueError, match="backward design must be one of"), T.backward_design("fast"):
         pass
 
