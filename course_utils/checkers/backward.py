@@ -27,7 +27,7 @@ import torch
 import triton
 
 from .. import check, env
-from ..kernels import elementwise
+from ..tuned.elementwise import dropout_keep_mask
 
 
 def _name(dtype) -> str:
@@ -98,7 +98,7 @@ def _probe(kernel, block_size: int, p: float):
     x, b, dy = check.randn((n_rows, n_cols), scale=2.0), check.randn((n_cols,)), check.randn((n_rows, n_cols))
     dx = torch.full_like(x, float("nan"))
     kernel[(triton.cdiv(x.numel(), block_size),)](dy, x, b, dx, x.numel(), n_cols, p, seed, BLOCK_SIZE=block_size)
-    keep = elementwise.dropout_keep_mask(x.shape, p, seed, device=x.device)
+    keep = dropout_keep_mask(x.shape, p, seed, device=x.device)
     return dx.double(), dy.double(), x.double() + b.double(), keep
 
 
@@ -148,7 +148,7 @@ def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backwa
                             {"BLOCK_SIZE": block_size}, case, signature)
                 check.check_loads_inside(case, loads, [dy.tensor, x.tensor, b.tensor])
                 dx.check(case)
-                keep = elementwise.dropout_keep_mask((n_rows, n_cols), p, seed, device=x.tensor.device)
+                keep = dropout_keep_mask((n_rows, n_cols), p, seed, device=x.tensor.device)
                 z = x.tensor.double() + b.tensor.double()
                 expected = dy.tensor.double() * _gelu_grad64(z) * keep.double() / (1 - p)
                 try:

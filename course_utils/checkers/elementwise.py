@@ -20,6 +20,7 @@ import torch
 from .. import check, env
 from ..check import CheckFailure, verdict
 from ..kernels import elementwise as ew
+from ..tuned.elementwise import dropout_keep_mask
 from . import answer_keys
 
 
@@ -167,7 +168,7 @@ def _dropout_case(fn, case, x, b, p, seed, with_out):
 
 def _raise_if_periodic(case, zero, decisive, shape, p, seed) -> None:
     """Name a mask that is the reference's first tile over and over (tl.rand(seed, tl.arange(...)))."""
-    keep = ew.dropout_keep_mask(shape, p, seed).cpu().flatten()
+    keep = dropout_keep_mask(shape, p, seed).cpu().flatten()
     kept, d = (~zero).flatten(), decisive.flatten()
     idx = torch.arange(keep.numel())
     for period in (2 ** k for k in range(4, 17)):
@@ -179,7 +180,7 @@ def _raise_if_periodic(case, zero, decisive, shape, p, seed) -> None:
 
 def _same_mask_as_reference(case, zero, decisive, shape, p, seed) -> None:
     """The elements kept must be those of ``tl.rand(seed, offsets) >= p`` over the flat offsets."""
-    keep = ew.dropout_keep_mask(shape, p, seed).cpu().flatten()
+    keep = dropout_keep_mask(shape, p, seed).cpu().flatten()
     kept = (~zero).flatten()
     d = decisive.flatten()
     wrong = (kept != keep) & d

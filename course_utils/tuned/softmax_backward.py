@@ -93,7 +93,7 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dim=-1):
-        from ..kernels.softmax import softmax
+        from .softmax import softmax
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             raise ValueError("SoftmaxFunction: x must be a tensor with at least one dimension")
         dim = dim % x.dim()
