@@ -272,7 +272,9 @@ def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
     of :data:`FUSIONS` (forward and backward, every layer), as the course's traffic model counts them.
 
     M = batch x seq_len rows of width d; bf16 activations (2 bytes), a float32 residual stream and
-    float32 optimizer state (4 bytes), P parameters, vocabulary V. Modelled, not measured:
+    float32 optimizer state (4 bytes), P parameters, vocabulary V. A kernel's ``reuse_bytes`` are the
+    reads of what the kernel before it wrote (``traffic.estimate_time(..., l2_reuse=True)`` lets L2
+    serve them). Modelled, not measured:
 
     - AdamW: the foreach version's seven passes over the parameters (lerp m; v *= b2; v += g*g; sqrt;
       divide; add eps; p -= lr m / denom: 18 P floats) against one fused pass (reads p, g, m, v and
@@ -295,7 +297,7 @@ def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
         return T.Comparison(name, T.Traffic("unfused", tuple(T.Kernel(*k) for k in unfused)),
                             T.Traffic("fused", tuple(T.Kernel(*k) for k in fused)))
 
-    adam = [(n, r * n_params * 4, w * n_params * 4) for n, r, w in (
+    adam = [(n, r * n_params * 4, w * n_params * 4, 0, (n != "lerp m") * n_params * 4) for n, r, w in (
         ("lerp m", 2, 1), ("v *= b2", 1, 1), ("v += g*g", 2, 1), ("sqrt v", 1, 1), ("/ bias corr.", 1, 1),
         ("+ eps", 1, 1), ("p -= lr m / denom", 3, 1))]
     out = {FUSIONS[0]: pair(FUSIONS[0], adam, [("fused AdamW", 4 * n_params * 4, 3 * n_params * 4)])}
@@ -303,9 +305,9 @@ def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
     copies += [(f"dqkv copy L{i}", 3 * md16, 3 * md16) for i in range(L)]
     out[FUSIONS[1]] = pair(FUSIONS[1], copies, [])
     sites = 2 * L
-    add_ln = [(f"add site {i}", md32 + md16, md32) for i in range(sites)]
-    add_ln += [(f"LayerNorm site {i}", md32, md32) for i in range(sites)]
-    add_ln += [(f"grad accumulate site {i}", 2 * md32, md32) for i in range(sites)]
+    add_ln = [k for i in range(sites) for k in (   # the LayerNorm re-reads the s the add just wrote
+        (f"add site {i}", md32 + md16, md32), (f"LayerNorm site {i}", md32, md32, 0, md32),
+        (f"grad accumulate site {i}", 2 * md32, md32))]
     # one kernel forward; its backward reads the gradient of s from outside too (md32) instead of an add
     fused_ln = [(f"add + LayerNorm site {i}, + its backward's read of ds", 2 * md32 + md16, 2 * md32)
                 for i in range(sites)]
@@ -314,8 +316,9 @@ def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
     out[FUSIONS[3]] = T.Comparison(FUSIONS[3], T.Traffic("unfused", mlp.unfused.kernels * L),
                                    T.Traffic("fused", mlp.fused.kernels * L))
     mv = M * V
-    loss = [("logits.float()", 2 * mv, 4 * mv), ("log_softmax", 4 * mv, 4 * mv), ("nll_loss", 4 * M + 8 * M, 4),
-            ("nll backward", 8 * M, 4 * mv), ("log_softmax backward", 8 * mv, 4 * mv), ("cast back", 4 * mv, 2 * mv)]
+    loss = [("logits.float()", 2 * mv, 4 * mv), ("log_softmax", 4 * mv, 4 * mv, 0, 4 * mv),
+            ("nll_loss", 4 * M + 8 * M, 4, 0, 4 * M), ("nll backward", 8 * M, 4 * mv),
+            ("log_softmax backward", 8 * mv, 4 * mv, 0, 4 * mv), ("cast back", 4 * mv, 2 * mv, 0, 4 * mv)]
     out[FUSIONS[4]] = pair(FUSIONS[4], loss, [("loss, online softmax", 2 * mv + 8 * M, 8 * M), ("mean", 4 * M, 4),
                                               ("gradient", 2 * mv + 8 * M, 2 * mv)])
     return out
