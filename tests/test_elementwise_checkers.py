@@ -11,6 +11,7 @@ import course_utils as cu
 from course_utils.check import CheckFailure
 from course_utils.checkers import elementwise as chk
 from course_utils.kernels import elementwise as ew
+from course_utils.tuned import elementwise as TE
 
 BLOCK = 1024  # smaller than check.GUARD: an unmasked store lands in a guard zone, not in foreign memory
 
@@ -76,7 +77,7 @@ def test_vector_add_checker_fails_a_missing_load_mask():
 
 @pytest.mark.parametrize("answer, words", [
     (lambda x, y, out=None: torch.add(x, y, out=out), "ran in torch .aten.add"),
-    (lambda x, y, out=None: ew.add(x, y), "the course's"),
+    (lambda x, y, out=None: TE.add(x, y), "the course's"),
 ])
 def test_vector_add_checker_fails_the_answer_key(answer, words):
     with pytest.raises(CheckFailure, match=words):
@@ -183,7 +184,7 @@ def test_gelu_checker_fails_a_missing_load_mask():
 
 @pytest.mark.parametrize("answer, words", [
     (lambda x, out=None: torch.nn.functional.gelu(x, approximate="tanh"), "ran in torch .aten.gelu"),
-    (lambda x, out=None: ew.gelu(x), "the course's"),
+    (lambda x, out=None: TE.gelu(x), "the course's"),
 ])
 def test_gelu_checker_fails_the_answer_key(answer, words):
     with pytest.raises(CheckFailure, match=words):
@@ -313,7 +314,7 @@ def test_dropout_checker_fails_torch_dropout():
 
 def test_course_kernels_are_the_answer_key_not_an_answer():
     with pytest.raises(CheckFailure, match="the course's"):
-        chk.check_bias_gelu_dropout(lambda x, b, p, seed, out=None: ew.bias_gelu_dropout(x, b, p, seed))
+        chk.check_bias_gelu_dropout(lambda x, b, p, seed, out=None: TE.bias_gelu_dropout(x, b, p, seed))
 
 
 def test_the_interpreter_load_hook_is_as_assumed():

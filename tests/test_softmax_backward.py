@@ -34,7 +34,7 @@ def test_teaching_and_tuned_match_float64(dtype, shape):
     y = y64.to(dtype)
     dx64 = S.softmax_backward_ref(y.double(), dy.double())  # the formula on the rounded y (float64 autograd
     _close("teaching", S.softmax_backward_teaching(y, dy), dx64, dtype)  # agrees: test_softmax_function...)
-    _close("tuned", S.softmax_backward(y, dy), dx64, dtype)
+    _close("tuned", TS.softmax_backward(y, dy), dx64, dtype)
 
 
 def test_looped_long_rows(monkeypatch):
@@ -51,7 +51,7 @@ def test_softmax_function_matches_autograd(dim):
     x, dy = check.randn((4, 6, 33), scale=2.0), check.randn((4, 6, 33))
     y64, dx64 = _ref(x, dy, dim)
     xa = x.clone().requires_grad_()
-    y = S.softmax_autograd(xa, dim)
+    y = TS.softmax_autograd(xa, dim)
     _close("y", y, y64, torch.float32)
     (dx,) = torch.autograd.grad(y, xa, dy)
     _close("dx", dx, dx64, torch.float32)
@@ -59,15 +59,15 @@ def test_softmax_function_matches_autograd(dim):
 
 def test_one_launch_empty_and_errors():
     y, dy = torch.softmax(check.randn((9, 77)), -1), check.randn((9, 77))
-    S.softmax_backward(y, dy)
-    assert count_launches(S.softmax_backward, y, dy).total == 1
+    TS.softmax_backward(y, dy)
+    assert count_launches(TS.softmax_backward, y, dy).total == 1
     assert count_launches(S.softmax_backward_teaching, y, dy).total == 1
     e = torch.empty(0, 5, device=env.DEVICE)
-    assert S.softmax_backward(e, e).shape == (0, 5) and count_launches(S.softmax_backward, e, e).total == 0
+    assert TS.softmax_backward(e, e).shape == (0, 5) and count_launches(TS.softmax_backward, e, e).total == 0
     with pytest.raises(ValueError, match="dy must have the shape and dtype of y"):
-        S.softmax_backward(y, dy[:3])
+        TS.softmax_backward(y, dy[:3])
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
-        S.softmax_backward(y.double(), dy.double())
+        TS.softmax_backward(y.double(), dy.double())
     with pytest.raises(AttributeError):
         S.no_such_name  # noqa: B018
     assert S.SoftmaxFunction is TS.SoftmaxFunction
@@ -80,4 +80,4 @@ def test_one_launch_empty_and_errors():
 def test_gpu_rows_of_every_length(dtype, n):
     x, dy = check.randn((64, n), dtype, scale=3.0), check.randn((64, n), dtype)
     y = torch.softmax(x.double(), -1).to(dtype)
-    _close("tuned", S.softmax_backward(y, dy), S.softmax_backward_ref(y.double(), dy.double()), dtype)
+    _close("tuned", TS.softmax_backward(y, dy), S.softmax_backward_ref(y.double(), dy.double()), dtype)
