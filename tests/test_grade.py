@@ -177,14 +177,6 @@ def _move(nb, cell_id, to):
     return nb
 
 
-def test_moved_check_cells_are_found_and_graded_in_the_exercise_order(course):
-    sol, sol_dir, student_dir = course
-    nb = _move(_move(toy_solution(), "check-square", -1), "check-cube", 1)  # one to the end, one to the top
-    r = grade.grade_notebook(_student(student_dir, nb), sol_dir)
-    assert r.ok and r.passed == 2, grade.table([r])
-    assert r.checks[1].moved_from == 2  # the alignment keeps order: the cell moved against it is found apart
-
-
 def test_a_kernel_that_dies_inside_a_check_is_said_to_have_died(course):
     sol, sol_dir, student_dir = course
     nb = _solve(toy_solution(), "ex-square", "def square(x):\n    import os\n    os._exit(3)")
@@ -197,14 +189,25 @@ def test_a_kernel_that_dies_inside_a_check_is_said_to_have_died(course):
 
 
 def test_a_segfault_in_a_students_cell_is_named(course):
-    sol, sol_dir, student_dir = course
+    """The reading of nbval's items (the real crash is test_a_kernel_that_dies_inside_a_check...)."""
+    from types import SimpleNamespace
+
+    from course_utils.grade import kernel_watch, match
+    sol, _, student_dir = course
     nb = toy_solution()
     nb.cells.insert(3, new_code_cell("import ctypes\nctypes.string_at(0)", id="crash"))
-    r = grade.grade_notebook(_student(student_dir, nb), sol_dir, cell_timeout=120)
-    assert all(not c.passed for c in r.checks)
-    reason = r.checks[0].reason
-    assert "the kernel process died earlier, while your cell 4 (starts 'import ctypes') ran" in reason, reason
-    assert "SIGSEGV" in reason, reason
+    student = match.read_cells(_student(student_dir, nb))
+    merged, checks, integ = grade.merge(sol, student, "toy.ipynb")
+    report = grade.Report("toy.ipynb", checks, integrity=integ)
+    km = SimpleNamespace(provisioner=SimpleNamespace(process=SimpleNamespace(poll=lambda: -11)))
+    died = f"pytest plugin exception: the kernel process died while this cell ran: {kernel_watch.describe(km)}"
+    k = next(i for i, c in enumerate(c for c in merged.cells if c.cell_type == "code") if c.get("id") == "student-4")
+    cases = {i: (True, "") for i in range(k)} | {k: (False, died)} | {
+        i: (False, "pytest plugin exception: Kernel dead on test start") for i in range(k + 1, k + 4)}
+    grade._read_cells(report, merged, student, cases, 60, True)
+    said = ("this check did not run: the kernel process died earlier, while your cell 4 (starts 'import ctypes') ran: "
+            "killed by signal 11 (SIGSEGV)")
+    assert [c.reason for c in report.checks] == [said, said]
 
 
 def _toy_checkout(tmp_path):
