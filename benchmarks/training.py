@@ -6,23 +6,20 @@ batch 8, bf16 autocast with float32 master weights, fused AdamW for every versio
 the same step (:data:`IMPLS`), timed in interleaved rounds; for each one the host's time to issue a
 step, the GPU-busy time (sum of its kernels' durations, torch.profiler), its kernels by category
 and its own peak memory; MFU. Also written (``_quick`` appended to the names under ``--quick``, so a
-quick run never overwrites a full one's side files):
-
-- ``training_categories.csv``: launches and GPU milliseconds per step by category, per version;
-- ``training_kernels.csv``: the largest kernels of each version;
-- ``training_host.csv``: the host's time of one step split by who spends it (cProfile), eager and course;
-- ``training_overhead.csv``: host microseconds per call of each course op against aten's;
-- ``training_ladder.csv``: the fusion ladder, one fusion added at a time (:data:`LADDER`): launches,
-  GPU-busy and host time per step, by category;
-- ``training_sample.csv``: text sampled from the trained course model (KV-cache decoding);
-- ``training_loss.csv``: the loss of every step of both versions (same weights, same batches), and
-  ``training_divergence.csv`` when a step differs by more than :data:`LOSS_TOLERANCE`: that batch
-  replayed through both versions, each layer against float32.
+quick run never overwrites a full one's side files): ``training_categories.csv`` (launches and GPU
+ms per step by category, per version), ``training_kernels.csv`` (the largest kernels of each),
+``training_host.csv`` (one step's host time by who spends it, cProfile, eager and course),
+``training_overhead.csv`` (host us per call of each course op against aten's),
+``training_ladder.csv`` (the fusions added one at a time, :data:`LADDER`), ``training_loss.csv``
+(every step's loss of both versions: same weights, same batches), ``training_divergence.csv`` (when
+a step differs by more than :data:`LOSS_TOLERANCE`: that batch replayed through both versions, each
+layer against float32) and ``training_sample.csv`` (text from the trained course model).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import sys
 import time
@@ -56,6 +53,15 @@ def _log(msg: str, t0: float) -> None:  # what took how long, on stderr (make be
     print(f"[training {time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
+@functools.lru_cache(maxsize=2)
+def _weights(cfg) -> gpt.GPT:
+    return gpt.GPT(cfg)  # initialized once on the CPU (43M normal draws); every version copies it
+
+
+def _model(cfg, ops):
+    return copy.deepcopy(_weights(cfg)).cuda().use(ops)
+
+
 def _batch(cfg, data, seed: int = 7):
     x, y = next(gpt.batches(data, BATCH, cfg.seq_len, 1, seed=seed))
     return x.cuda(), y.cuda()
@@ -64,17 +70,14 @@ def _batch(cfg, data, seed: int = 7):
 def build(name: str, cfg, data, warmup: int = 3):
     """The zero-argument step of version ``name``, warmed up (compiled, tiles chosen, graph captured)."""
     ops, how = IMPLS[name]
-    model = gpt.GPT(cfg).cuda().use(ops)
+    model = _model(cfg, ops)
     x, y = _batch(cfg, data)
     if how == "graph":
         replay, _ = gpt.graphed_step(model, x, y, warmup=warmup)
         return replay
     opt = gpt.optimizer(model)
-    run = model
-    if how == "compile":
-        run = torch.compile(model, fullgraph=True)
-    elif how == "reduce-overhead":
-        run = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    mode = {"compile": "default", "reduce-overhead": "reduce-overhead"}.get(how)
+    run = model if mode is None else torch.compile(model, fullgraph=True, mode=mode)
 
     def step():
         return gpt.train_step(run, opt, x, y)
@@ -104,7 +107,7 @@ def ladder(cfg, data) -> pd.DataFrame:
     rows = []
     for i, (what, library, fused) in enumerate(LADDER):
         ops = "torch" if library is None else registry.course_ops(library=library)
-        model = gpt.GPT(cfg).cuda().use(ops)
+        model = _model(cfg, ops)
         opt = gpt.optimizer(model, fused=fused)
         x, y = _batch(cfg, data)
 
@@ -292,19 +295,14 @@ def sweep(quick: bool = False) -> pd.DataFrame:
     if not report.empty:
         bench.save(report, f"training_divergence{suffix}")
     _log("losses", t0)
-    df = pd.DataFrame(rows)
-    df["loss_steps"] = len(curve)
-    df["loss_max_rel_diff"] = curve["rel_diff"].max()
-    df["loss_steps_over_tolerance"] = int((curve["rel_diff"] > LOSS_TOLERANCE).sum())
-    df["peak_tflops_datasheet"] = peak_tflops
-    return df
+    return pd.DataFrame(rows).assign(loss_steps=len(curve), loss_max_rel_diff=curve["rel_diff"].max(),
+                                     loss_steps_over_tolerance=int((curve["rel_diff"] > LOSS_TOLERANCE).sum()),
+                                     peak_tflops_datasheet=peak_tflops)
 
 
 def _col(df, impl, col="ms") -> float:
-    sel = df[df["impl"] == impl] if "impl" in df else df.iloc[0:0]
-    if not len(sel) or col not in sel or sel[col].isna().all():
-        return float("nan")
-    return float(sel[col].iloc[0])
+    sel = df[df["impl"] == impl] if "impl" in df and col in df else df.iloc[0:0]
+    return float(sel[col].iloc[0]) if len(sel) and sel[col].notna().all() else float("nan")
 
 
 #: (claim, numerator impl, denominator impl, column, required): a ratio ours / theirs >= required
@@ -343,7 +341,7 @@ def plot(df):
         ax.legend()
     ax.invert_yaxis()
     ax.set_xlabel("ms per training step (median round)")
-    gpu = df["gpu"].iloc[0] if "gpu" in df else ""
-    ax.set_title(f"GPT {df['config'].iloc[0] if 'config' in df else ''}, bf16 autocast ({gpu})")
+    ax.set_title(f"GPT {df['config'].iloc[0] if 'config' in df else ''}, bf16 autocast "
+                 f"({df['gpu'].iloc[0] if 'gpu' in df else ''})")
     fig.tight_layout()
     return [fig]
