@@ -12,6 +12,7 @@ import triton.language as tl
 import course_utils as cu
 from course_utils import check, hardware, profile
 from course_utils.kernels import attention as A
+from course_utils.tuned import attention as TA
 
 DEV = cu.DEVICE
 # a float32 tl.dot runs in tf32 on a GPU (the teaching kernel keeps that default)
@@ -19,11 +20,11 @@ TOL = {torch.float32: 5e-3 if cu.on_gpu() else 1e-4, torch.float16: 4e-3, torch.
 LSE_TOL = 2e-2 if cu.on_gpu() else 1e-3
 DTYPES = list(cu.env.supported_dtypes())
 
-KERNELS = {"teaching": A.flash_attention_teaching, "tuned": A.flash_attention}
-_FORCED = {"tuned-64x32": A.TileConfig(64, 32, 4, 1), "tuned-tma-device": A.TileConfig(32, 16, 4, 1, 1),
-           "tuned-tma-host": A.TileConfig(32, 16, 4, 1, 2)}
+KERNELS = {"teaching": A.flash_attention_teaching, "tuned": TA.flash_attention}
+_FORCED = {"tuned-64x32": TA.TileConfig(64, 32, 4, 1), "tuned-tma-device": TA.TileConfig(32, 16, 4, 1, 1),
+           "tuned-tma-host": TA.TileConfig(32, 16, 4, 1, 2)}
 for _name, _cfg in _FORCED.items():  # every code path of the tuned kernel, on CPU and GPU
-    KERNELS[_name] = lambda *a, _cfg=_cfg, **kw: A.flash_attention(*a, config=_cfg, **kw)
+    KERNELS[_name] = lambda *a, _cfg=_cfg, **kw: TA.flash_attention(*a, config=_cfg, **kw)
 
 
 def _qkv(b, h, n, d, dtype, scale=1.0, n_kv=None):
@@ -106,8 +107,8 @@ def test_versions_agree_and_rows_sum():
     q, k, v = _qkv(1, 1, 50, 32, torch.float32)
     ones = torch.ones_like(v)
     # with v = 1 every output row is the sum of the softmax weights: exactly 1 up to rounding
-    assert torch.allclose(A.flash_attention(q, k, ones, causal=True), ones, atol=1e-5)
-    assert torch.allclose(A.flash_attention(q, k, v), A.flash_attention_teaching(q, k, v), atol=TOL[torch.float32])
+    assert torch.allclose(TA.flash_attention(q, k, ones, causal=True), ones, atol=1e-5)
+    assert torch.allclose(TA.flash_attention(q, k, v), A.flash_attention_teaching(q, k, v), atol=TOL[torch.float32])
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -151,8 +152,8 @@ def test_bad_inputs(kernel):
 
 def test_default_scale_is_inverse_sqrt_head_dim():
     q, k, v = _qkv(1, 1, 12, 32, torch.float32)
-    a = A.flash_attention(q, k, v)
-    b = A.flash_attention(q, k, v, sm_scale=1 / math.sqrt(32))
+    a = TA.flash_attention(q, k, v)
+    b = TA.flash_attention(q, k, v, sm_scale=1 / math.sqrt(32))
     assert torch.equal(a, b)
 
 
@@ -163,7 +164,7 @@ def test_default_scale_is_inverse_sqrt_head_dim():
 @pytest.mark.parametrize("causal", [False, True])
 def test_configs_fit_every_device(arch, d, dtype, causal):
     info = hardware.DeviceInfo.for_arch(arch)
-    cfgs = A.attention_configs(info, d, dtype, causal)
+    cfgs = TA.attention_configs(info, d, dtype, causal)
     assert 1 <= len(cfgs) <= 4
     for c in cfgs:
         assert c.smem_bytes(d, dtype.itemsize) <= info.smem_per_block_bytes
@@ -172,14 +173,14 @@ def test_configs_fit_every_device(arch, d, dtype, causal):
 
 
 def test_configs_per_architecture():
-    t4 = A.attention_configs(hardware.DeviceInfo.for_arch(75), 128, torch.float16)
-    h100 = A.attention_configs(hardware.DeviceInfo.for_arch(90), 128, torch.float16)
-    a100 = A.attention_configs(hardware.DeviceInfo.for_arch(80), 128, torch.float16)
+    t4 = TA.attention_configs(hardware.DeviceInfo.for_arch(75), 128, torch.float16)
+    h100 = TA.attention_configs(hardware.DeviceInfo.for_arch(90), 128, torch.float16)
+    a100 = TA.attention_configs(hardware.DeviceInfo.for_arch(80), 128, torch.float16)
     assert max(c.smem_bytes(128, 2) for c in t4) <= 64 * 1024
     assert any(c.use_tma for c in h100) and not any(c.use_tma for c in a100)
-    assert A.attention_configs(hardware.INTERPRETER_DEVICE, 64, torch.float16) == [A.INTERPRETER_TILES]
+    assert TA.attention_configs(hardware.INTERPRETER_DEVICE, 64, torch.float16) == [TA.INTERPRETER_TILES]
     with pytest.raises(ValueError, match="head_dim"):
-        A.attention_configs(hardware.DeviceInfo.for_arch(90), 320, torch.float16)
+        TA.attention_configs(hardware.DeviceInfo.for_arch(90), 320, torch.float16)
 
 
 def test_reference_is_three_steps_and_causal():
@@ -270,7 +271,7 @@ def test_gpu_more_than_2_31_elements():
     heads, n, d = 2**17 + 64, 64, 256
     q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
     assert q.numel() > 2**31
-    for fn in (A.flash_attention, A.flash_attention_teaching):
+    for fn in (TA.flash_attention, A.flash_attention_teaching):
         o = fn(q, k, v, causal=True)
         for hh in (0, heads // 2, heads - 1):  # the last heads live past 2^31
             sl = slice(hh, hh + 1)
@@ -282,10 +283,10 @@ def test_gpu_more_than_2_31_elements():
 def test_peak_bytes_linear_vs_quadratic():
     q, k, v = _qkv(1, 2, 96, 16, torch.float32)
     out_bytes = q.numel() * 4
-    A.flash_attention(q, k, v)  # tiles chosen (timed on a GPU) before measuring
+    TA.flash_attention(q, k, v)  # tiles chosen (timed on a GPU) before measuring
     slack = 64 * 1024 if cu.on_gpu() else 0  # allocator rounding, descriptor scratch
     # the output only: S and P never exist
-    assert out_bytes <= A.peak_bytes(A.flash_attention, q, k, v) <= out_bytes + slack
+    assert out_bytes <= A.peak_bytes(TA.flash_attention, q, k, v) <= out_bytes + slack
     s_bytes = 2 * 96 * 96 * 4
     assert A.peak_bytes(A.attention_ref, q, k, v) >= 2 * s_bytes  # scores and probabilities at once
     q2, k2, v2 = _qkv(1, 2, 192, 16, torch.float32)
