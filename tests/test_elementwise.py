@@ -72,7 +72,7 @@ def test_gelu_matches_float64_reference(shelf, dtype, approximate):
 def test_gelu_on_the_checkers_odd_sizes():
     for n in check.odd_sizes():
         x = check.randn((n,), outliers=0.01)
-        check.compare(f"gelu n={n}", ew.gelu(x), ew.gelu_ref(x.double()))
+        check.compare(f"gelu n={n}", tuned.gelu(x), ew.gelu_ref(x.double()))
         check.compare(f"gelu_teaching n={n}", ew.gelu_teaching(x), ew.gelu_ref(x.double()))
 
 
@@ -81,11 +81,11 @@ def test_gelu_agrees_with_torch_gelu(dtype):
     x = check.randn((3, 5, 17), dtype, scale=3.0)
     for approximate in ("tanh", "none"):
         expected = torch.nn.functional.gelu(x.double(), approximate=approximate)
-        check.compare("gelu vs F.gelu", ew.gelu(x, approximate=approximate), expected)
+        check.compare("gelu vs F.gelu", tuned.gelu(x, approximate=approximate), expected)
         check.compare("gelu_teaching vs F.gelu", ew.gelu_teaching(x, approximate), expected)
 
 
-@pytest.mark.parametrize("fn", [ew.gelu, ew.gelu_teaching], ids=["tuned", "teaching"])
+@pytest.mark.parametrize("fn", [tuned.gelu, ew.gelu_teaching], ids=["tuned", "teaching"])
 def test_stable_tanh_form_gives_no_nan_and_handles_inf(fn):
     x = torch.tensor([-1e4, -300.0, -60.0, -20.0, -1e-6, 0.0, 1e-6, 20.0, 60.0, 300.0, 1e4], device=cu.DEVICE)
     y = fn(x)
@@ -130,18 +130,18 @@ def test_bias_gelu_dropout_matches_the_reference_with_its_mask(shelf, dtype):
     b = check.randn((129,), dtype)
     y = _run(shelf, "bias_gelu_dropout", x, b, p, seed, "tanh", shape=x.shape, dtype=dtype)
     check.compare(f"{shelf} bias_gelu_dropout", y, ew.bias_gelu_dropout_ref(x.double(), b.double(), p, seed))
-    assert (y[~ew.dropout_keep_mask(x.shape, p, seed)] == 0).all()
+    assert (y[~tuned.dropout_keep_mask(x.shape, p, seed)] == 0).all()
 
 
 def test_teaching_launchers_agree_with_the_tuned_path():
     """Same math, same mask: the two shelves differ in speed only."""
     x, b = check.randn((37, 300), outliers=0.05), check.randn((300,))
-    check.compare("add", ew.add_teaching(x, x), ew.add(x, x).double())
+    check.compare("add", ew.add_teaching(x, x), tuned.add(x, x).double())
     for a in ("tanh", "none"):
-        check.compare(f"gelu {a}", ew.gelu_teaching(x, a), ew.gelu(x, a).double())
+        check.compare(f"gelu {a}", ew.gelu_teaching(x, a), tuned.gelu(x, a).double())
         check.compare(f"chain {a}", ew.bias_gelu_scale_teaching(x, b, 0.7, a),
-                      ew.bias_gelu_scale(x, b, 0.7, a).double())
-    teach, tune = ew.bias_gelu_dropout_teaching(x, b, 0.4, 99), ew.bias_gelu_dropout(x, b, 0.4, 99)
+                      tuned.bias_gelu_scale(x, b, 0.7, a).double())
+    teach, tune = ew.bias_gelu_dropout_teaching(x, b, 0.4, 99), tuned.bias_gelu_dropout(x, b, 0.4, 99)
     assert torch.equal(teach == 0, tune == 0), "the teaching and tuned kernels draw different masks"
     check.compare("dropout", teach, tune.double())
 
@@ -171,12 +171,12 @@ def test_dropout_rate_and_reproducibility(dtype):
     p = 0.3
     x, b = check.randn((61, 129), dtype, scale=2.0), check.randn((129,), dtype)
     seed = int(torch.randint(0, 2**40, ()).item())
-    keep = ew.dropout_keep_mask(x.shape, p, seed)
+    keep = tuned.dropout_keep_mask(x.shape, p, seed)
     assert abs(keep.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / keep.numel())
-    y = ew.bias_gelu_dropout(x, b, p, seed)
-    assert torch.equal(ew.bias_gelu_dropout(x, b, p, seed), y)            # same seed, same output
-    assert not torch.equal(ew.dropout_keep_mask(x.shape, p, seed + 1), keep)  # another seed, another mask
-    check.compare("p=0", ew.bias_gelu_dropout(x, b, 0.0, 3), ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
+    y = tuned.bias_gelu_dropout(x, b, p, seed)
+    assert torch.equal(tuned.bias_gelu_dropout(x, b, p, seed), y)            # same seed, same output
+    assert not torch.equal(tuned.dropout_keep_mask(x.shape, p, seed + 1), keep)  # another seed, another mask
+    check.compare("p=0", tuned.bias_gelu_dropout(x, b, 0.0, 3), ew.bias_gelu_scale_ref(x.double(), b.double(), 1.0))
 
 
 @pytest.mark.parametrize("fn", ["gelu", "add", "bias_gelu_scale", "bias_gelu_dropout"])
@@ -223,19 +223,19 @@ def test_bad_inputs_raise_clear_errors(shelf):
 def test_tuned_out_argument_is_checked_on_every_call():
     """The full check runs once per (dtype, device); what can change per call is checked every time."""
     x, b = check.randn((33, 64)), check.randn((64,))
-    first = ew.bias_gelu_scale(x, b, 0.5)
-    assert torch.equal(ew.bias_gelu_scale(x, b, 0.5, out=check.Guarded(x.shape).tensor), first)
+    first = tuned.bias_gelu_scale(x, b, 0.5)
+    assert torch.equal(tuned.bias_gelu_scale(x, b, 0.5, out=check.Guarded(x.shape).tensor), first)
     with pytest.raises(ValueError, match="out must"):
-        ew.gelu(x, out=torch.empty(5, device=cu.DEVICE))
+        tuned.gelu(x, out=torch.empty(5, device=cu.DEVICE))
     with pytest.raises(ValueError, match="out must"):
-        ew.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 64, device=cu.DEVICE, dtype=torch.float16))
+        tuned.bias_gelu_scale(x, b, 0.5, out=torch.empty(33, 64, device=cu.DEVICE, dtype=torch.float16))
     strided = check.randn((33, 128))[:, ::2]  # same shape and dtype, strided: copied once (issue 21 item 6)
-    check.compare("chain, strided x", ew.bias_gelu_scale(strided, b, 0.5),
+    check.compare("chain, strided x", tuned.bias_gelu_scale(strided, b, 0.5),
                   ew.bias_gelu_scale_ref(strided.double(), b.double(), 0.5))
     with pytest.raises(ValueError, match="contiguous"):
-        ew.bias_gelu_scale(x, b, 0.5, out=check.randn((33, 128))[:, ::2])  # out is written flat
+        tuned.bias_gelu_scale(x, b, 0.5, out=check.randn((33, 128))[:, ::2])  # out is written flat
     shifted = check.randn((33 * 64 + 1,))[1:].view(33, 64)         # not 16-byte aligned: another compilation
-    check.compare("chain, misaligned", ew.bias_gelu_scale(shifted, b, 0.5),
+    check.compare("chain, misaligned", tuned.bias_gelu_scale(shifted, b, 0.5),
                   ew.bias_gelu_scale_ref(shifted.double(), b.double(), 0.5))
 
 
@@ -277,28 +277,28 @@ def test_teaching_shelf_stays_short_and_free_of_triton_internals():
 @pytest.mark.parametrize("arch", [75, 80, 86, 89, 90])
 def test_launch_config_is_a_pure_function_of_the_device(arch):
     info = hardware.DeviceInfo.for_arch(arch)
-    for dtype in ew.input_dtypes(info):
+    for dtype in tuned.input_dtypes(info):
         itemsize = torch.empty((), dtype=dtype).element_size()
-        for n in (1, 1000, 2**20 + 3, 2**28, ew.INT64_THRESHOLD - 1, 2**31 + 7):
-            cfg = ew.launch_config(n, dtype, info)
-            assert cfg == ew.launch_config(n, dtype, info)
-            assert triton.next_power_of_2(cfg.BLOCK_SIZE) == cfg.BLOCK_SIZE <= ew.MAX_BLOCK_SIZE
+        for n in (1, 1000, 2**20 + 3, 2**28, tuned.INT64_THRESHOLD - 1, 2**31 + 7):
+            cfg = tuned.launch_config(n, dtype, info)
+            assert cfg == tuned.launch_config(n, dtype, info)
+            assert triton.next_power_of_2(cfg.BLOCK_SIZE) == cfg.BLOCK_SIZE <= tuned.MAX_BLOCK_SIZE
             assert cfg.grid[0] * cfg.BLOCK_SIZE >= n > (cfg.grid[0] - 1) * cfg.BLOCK_SIZE
             assert cfg.BLOCK_SIZE * itemsize // (32 * cfg.num_warps) >= 16, "each thread moves >= 16 bytes"
-            assert cfg.int64 == (n >= ew.INT64_THRESHOLD)
+            assert cfg.int64 == (n >= tuned.INT64_THRESHOLD)
             if not cfg.int64:  # the largest offset any lane computes must fit in int32
                 assert cfg.grid[0] * cfg.BLOCK_SIZE - 1 < 2**31
     if not info.has_bf16:
         with pytest.raises(TypeError, match="bfloat16|sm_75"):
-            ew.launch_config(100, torch.bfloat16, info)
+            tuned.launch_config(100, torch.bfloat16, info)
 
 
 def test_launch_config_fills_large_gpus_and_rejects_nonsense():
     h100 = hardware.DeviceInfo.for_arch(90)
-    assert ew.launch_config(2**28, torch.bfloat16, h100).grid[0] >= 8 * h100.sms
-    assert ew.launch_config(2**18, torch.float32, h100).grid[0] >= h100.sms
+    assert tuned.launch_config(2**28, torch.bfloat16, h100).grid[0] >= 8 * h100.sms
+    assert tuned.launch_config(2**18, torch.float32, h100).grid[0] >= h100.sms
     with pytest.raises(ValueError):
-        ew.launch_config(-1, torch.float32, hardware.INTERPRETER_DEVICE)
+        tuned.launch_config(-1, torch.float32, hardware.INTERPRETER_DEVICE)
 
 
 # ---------------------------------------------------------------- offsets past 2^31 elements
@@ -315,7 +315,7 @@ def _offset_probe(out_ptr, pid, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr, T
 def test_offset_arithmetic_past_2_31_elements():
     """The last tile of a 2^31 + x element tensor: int32 wraps, int64 (tuned INT64, teaching) does not."""
     n = 2**31 + 12345
-    cfg = ew.launch_config(n, torch.bfloat16, hardware.DeviceInfo.for_arch(90))
+    cfg = tuned.launch_config(n, torch.bfloat16, hardware.DeviceInfo.for_arch(90))
     assert cfg.int64
     out = torch.zeros(1, dtype=torch.int64, device=cu.DEVICE)
     for block, pid, int64, teaching in [(cfg.BLOCK_SIZE, cfg.grid[0] - 1, True, False),
@@ -377,7 +377,7 @@ def test_past_2_31_elements_on_the_gpu(op, shelf):
         _tail_and_head(y, lambda xs, sl: ew.bias_gelu_scale_ref(xs.double(), b.double()[cols(sl)], 0.5), [x])
     else:
         y = f(x, b, 0.2, 1234)
-        keep = ew.dropout_keep_mask(BIG, 0.2, 1234)
+        keep = tuned.dropout_keep_mask(BIG, 0.2, 1234)
         _tail_and_head(y, lambda xs, ks, sl: torch.nn.functional.gelu(xs.double() + b.double()[cols(sl)],
                                                                       approximate="tanh") * ks / 0.8, [x, keep])
         assert abs(keep.view(-1)[-(1 << 24):].float().mean().item() - 0.8) < 1e-3
@@ -386,15 +386,15 @@ def test_past_2_31_elements_on_the_gpu(op, shelf):
 
 def test_cuda_cpp_version_says_why_it_is_unavailable():
     from course_utils.cuda import gelu as cuda_gelu
-    assert cuda_gelu.SOURCE_PATH.is_file() and "__global__" in ew.CUDA_GELU_SOURCE
-    reason = ew.cuda_gelu_unavailable()
+    assert cuda_gelu.SOURCE_PATH.is_file() and "__global__" in cuda_gelu.CUDA_GELU_SOURCE
+    reason = cuda_gelu.cuda_gelu_unavailable()
     if not cu.on_gpu():
         assert "GPU" in reason
         with pytest.raises(RuntimeError, match="GPU"):
-            ew.gelu_cuda(check.randn((4,)))
+            cuda_gelu.gelu_cuda(check.randn((4,)))
     elif reason is None:  # pragma: no cover - GPU with nvcc
         x = check.randn((1001,))
-        check.compare("gelu_cuda", ew.gelu_cuda(x), ew.gelu_ref(x.double()))
+        check.compare("gelu_cuda", cuda_gelu.gelu_cuda(x), ew.gelu_ref(x.double()))
 
 
 _PTX_PROBE = """
