@@ -323,7 +323,7 @@ def targets(df) -> list:
     out = [bench.Target(ISSUE, claim, _col(df, num, col) / _col(df, den, col), req)
            for claim, num, den, col, req in TARGETS]
     rel = float(df["loss_max_rel_diff"].iloc[0]) if "loss_max_rel_diff" in df else float("nan")
-    n = int(df["loss_steps"].iloc[0]) if "loss_steps" in df else 0
+    n = f'{int(df["loss_steps"].iloc[0])}' if "loss_steps" in df else "the recorded"
     out.append(bench.Target(ISSUE, f"losses within {LOSS_TOLERANCE:.0%} at every one of {n} steps: "
                                    f"{LOSS_TOLERANCE:.0%} / largest relative difference",
                             LOSS_TOLERANCE / rel if rel > 0 else float("inf") if rel == 0 else float("nan"), 1.0))
