@@ -7,8 +7,9 @@ anything runs, :func:`course_utils.integrity.scan` reads the student's code for 
 "integrity" check); while it runs, each check cell verifies the course's code is what was imported.
 ``pytest --nbval-lax`` runs it in a fresh kernel; a check passes when its cell runs and prints
 exactly what the solution printed.
-Check cells always come from the solution (a student's edits to them are not graded), a check
-cell the student deleted fails, and the student's file is only ever read.
+Check cells always come from the solution (a student's edits to them are not graded; one they moved
+is found), a check cell the student deleted fails, and the student's file is only ever read. Each
+notebook runs in a private copy of the checkout that is write-protected (:mod:`.checkout`, :mod:`.jail`).
 
     python -m course_utils.grade exercises/                       # every notebook in a folder
     python -m course_utils.grade exercises/01_launch_overhead.ipynb --junit grades.xml
