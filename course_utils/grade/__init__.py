@@ -264,8 +264,8 @@ def grade_notebook(path: Path, solutions: Path = SOLUTIONS, cell_timeout: int = 
             "your notebook wrote into the course's files (" + ", ".join(changed[:5]) + ")", report.integrity.reason]))
     _read_cells(report, merged, student, cases, cell_timeout, run.finished)
     if run.finished and run.returncode < 0:
-        report.error = (f"the grading process was killed from inside the notebook (signal {-run.returncode}); "
-                        "its results cannot be trusted")
+        report.error = (f"the grading process was killed (signal {-run.returncode}: from inside the notebook, or "
+                        "the out-of-memory killer), so its results cannot be trusted")
     elif not cases and not run.finished:
         report.error = "grading timed out before any cell finished"
     elif not cases:
