@@ -202,3 +202,20 @@ def test_the_fusion_ladder_takes_each_op_from_the_library_or_chapter_11():
     assert one.add_layer_norm is ops.add_layer_norm and one.layer_norm is not ops.layer_norm
     with pytest.raises(ValueError, match="unknown op"):
         registry.course_ops(library=("softmax",))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="needs a CUDA GPU")
+def test_course_model_compiles_with_inductor_and_graphs_on_the_gpu():
+    torch._dynamo.reset()
+    x, y = (t.cuda() for t in next(gpt.batches(gpt.tokens(), 2, gpt.TINY.seq_len, 1)))
+    eager = gpt.GPT(gpt.TINY).cuda().use("course")
+    compiled = torch.compile(gpt.GPT(gpt.TINY).cuda().use("course"), fullgraph=True)
+    with gpt._autocast(x.device):
+        want, got = float(eager(x, y)[1]), float(compiled(x, y)[1])
+    assert abs(got - want) / want < 1e-2
+    replay, loss = gpt.graphed_step(gpt.GPT(gpt.TINY).cuda().use("course"), x, y)
+    replay()   # the capture ran nothing: the loss holds a value once the graph has been replayed
+    first = float(loss)
+    replay()
+    assert float(loss) < first  # the graph holds the optimizer: each replay trains one more step on the batch

@@ -150,3 +150,18 @@ def test_fusion_accounts_count_the_glue_each_fusion_removes():
     loss = acc["+ fused cross-entropy (the course's step)"]
     assert (loss.unfused.launches, loss.fused.launches) == (6, 3)
     assert loss.saved_bytes == 30 * M * V - 8 * M   # 36 MV bytes of float32 round trips against 6 MV of bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_step_kernels_sees_every_category_of_a_training_step_on_the_gpu():
+    from course_utils import gpt
+    model = gpt.GPT(gpt.TINY).cuda()
+    opt = gpt.optimizer(model)
+    x, y = (t.cuda() for t in next(gpt.batches(gpt.tokens(), 2, gpt.TINY.seq_len, 1)))
+    step = lambda: gpt.train_step(model, opt, x, y)  # noqa: E731
+    step()
+    k = profile.step_kernels(step, steps=1)
+    assert {"GEMM", "attention", "norm", "loss", "optimizer", "cast"} <= set(k["category"]), \
+        k.groupby("category")["kernel"].first()
+    assert len(k) > 20 and (k["us"] > 0).all() and k["ops"].str.len().gt(0).mean() > 0.9
