@@ -281,3 +281,16 @@ def test_add_layer_norm_mixed_dtypes_give_each_input_its_own_gradient_dtype():
     want = torch.autograd.grad((F.layer_norm(s64, (24,), w64, b64, 1e-5), s64), x64, (dy.double(), ds.double()))[0]
     check.compare("dresidual", dr, want, atol=1e-4, rtol=1e-4)
     check.compare("dx", dx, want)
+
+
+def test_decoding_with_a_growing_cache_chooses_tiles_once_per_doubling():
+    from course_utils.ops import attn
+    cache = check.randn((1, 2, 16, 2, 8))
+    q = check.randn((1, 2, 1, 8))
+    ops.attention(q, cache[:, :, :9, 0], cache[:, :, :9, 1], True)
+    plans = dict(attn.PLANS)
+    for n in range(10, 17):   # 10..16: one power-of-two bucket
+        o = ops.attention(q, cache[:, :, :n, 0], cache[:, :, :n, 1], True)
+        check.compare(f"decode n={n}", o, attention_ref(q.double(), cache[:, :, :n, 0].double(),
+                                                         cache[:, :, :n, 1].double(), True), **TOL)
+    assert attn.PLANS == plans

@@ -9,10 +9,12 @@ bottom-right (query i sees keys j <= i + N_kv - N), as everywhere in the course.
 contiguous (B, H, N, d) tensors (the backward kernels write them so); autograd maps them back
 through the views.
 
-Tile choices (forward and backward) are timed once per (shapes, dtypes, devices, causal) and kept in
-``PLANS``, and the inputs are validated on that first call only (the checks depend on nothing else):
-:func:`course_utils.ops.warmup` makes those first calls. A tile chosen with tensor descriptors still
-runs on inputs whose alignment rules them out (the launcher falls back to pointer loads).
+Tile choices (forward and backward) are timed once per (batch, heads, head dim, sequence lengths
+rounded up to a power of two, dtype, device, causal) and kept in ``PLANS``:
+:func:`course_utils.ops.warmup` makes those first calls, and decoding against a growing KV cache
+times them once per doubling of its length. The inputs are checked once per (shapes, dtypes,
+devices): the checks depend on nothing else. A tile chosen with tensor descriptors still runs on
+inputs whose alignment rules them out (the launcher falls back to pointer loads).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..tuned import attention_backward as B_
 from . import _lib
 
 PLANS: dict = {}
+VALID: set = set()   # the (shapes, dtypes, devices) whose inputs passed the checks
 
 
 def _scale(q, scale: float) -> float:
@@ -45,22 +48,32 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 
 def _meta(*ts):
-    """What the checks and the plan depend on: shapes, dtypes and devices (strides go to the kernel)."""
+    """What the checks depend on: shapes, dtypes and devices (strides go to the kernel)."""
     return tuple((t.shape, t.dtype, t.device) for t in ts)
+
+
+def _plan_key(what: str, causal: bool, q, k):
+    """The tile choice's key: sequence lengths rounded up to a power of two (decoding with a growing KV
+    cache times the candidates once per doubling, not once per token), the rest exact."""
+    B, H, N, D = q.shape
+    return (what, bool(causal), B, H, k.shape[1], D, triton.next_power_of_2(N), triton.next_power_of_2(k.shape[2]),
+            q.dtype, q.device)
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
     scale = _scale(q, scale)
-    key = ("fwd", bool(causal), *_meta(q, k, v))
-    cfg = PLANS.get(key)
-    if cfg is None:
-        validate(q, k, v, causal)   # once per key: the same shapes, dtypes and devices pass again
+    checked = ("fwd", bool(causal), *_meta(q, k, v))
+    if checked not in VALID:
+        validate(q, k, v, causal)   # once per shapes, dtypes and devices: the same pass again
     B, H, N, D = q.shape
     o = _empty_out(q)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         lse.fill_(float("-inf"))
         return o, lse
+    VALID.add(checked)
+    key = _plan_key("fwd", causal, q, k)
+    cfg = PLANS.get(key)
     if cfg is None:
         cands = F_.attention_configs(hardware.device_info(q), D, q.dtype, causal)
         cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
@@ -75,10 +88,10 @@ def _fake_fwd(q, k, v, causal, scale):
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool, scale: float):
-    key = ("bwd", bool(causal), *_meta(q, k, v, o, lse, do))
-    cfg = PLANS.get(key)
-    if cfg is None or not lse.is_contiguous():
+    checked = ("bwd", bool(causal), *_meta(q, k, v, o, lse, do))
+    if checked not in VALID or not lse.is_contiguous():
         B_.check_backward_inputs(q, k, v, o, lse, do, causal)
+        VALID.add(checked)
     B, H, N, D = q.shape
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
@@ -86,6 +99,8 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     attn_bwd_preprocess_kernel[(triton.cdiv(N, 64) * B * H,)](
         o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=64, BLOCK_D=block_d(D))
+    key = _plan_key("bwd", causal, q, k)
+    cfg = PLANS.get(key)
     if cfg is None:
         cands = B_.backward_configs(hardware.device_info(q), D, q.dtype)
         cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,
