@@ -15,8 +15,8 @@ from course_utils.kernels import attention as A
 from course_utils.tuned import attention as TA
 
 DEV = cu.DEVICE
-# a float32 tl.dot runs in tf32 on a GPU (the teaching kernel keeps that default)
-TOL = {torch.float32: 5e-3 if cu.on_gpu() else 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+# both kernels multiply float32 in IEEE precision (tl.dot's GPU default, TF32, would miss 1e-4)
+TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 LSE_TOL = 2e-2 if cu.on_gpu() else 1e-3
 DTYPES = list(cu.env.supported_dtypes())
 
@@ -279,6 +279,39 @@ def test_gpu_more_than_2_31_elements():
                                              causal=True), torch.float16)
         del o
 
+
+
+@pytest.mark.parametrize("dtype,expected", [(torch.float32, "ieee"), (torch.float16, None)], ids=str)
+def test_teaching_launch_asks_ieee_dots_for_float32(monkeypatch, dtype, expected):
+    """The launcher passes DOT_PRECISION: "ieee" for float32 (a GPU's default is TF32), the default for 16-bit."""
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+
+    monkeypatch.setattr(A, "attn_fwd_kernel", Recorder())
+    A.flash_attention_teaching(*_qkv(1, 1, 5, 16, dtype))
+    assert seen["DOT_PRECISION"] == expected
+    assert A.dot_precision(dtype) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="needs a CUDA GPU (TF32 exists only there)")
+@pytest.mark.parametrize("kernel", ["teaching", "tuned"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_float32_is_float32(monkeypatch, kernel, causal):
+    """float32 in, float32 precision out: against float64 at a float32 tolerance; and the test can
+    fail: the teaching kernel launched with tl.dot's TF32 default misses that tolerance (sm_80+)."""
+    q, k, v = _qkv(2, 3, 197, 64, torch.float32, n_kv=213)
+    o, lse = KERNELS[kernel](q, k, v, causal=causal, return_lse=True)
+    ref, lse_ref = A.attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    check.compare("float32 attention", o, ref, atol=1e-4, rtol=1e-4)
+    check.compare("float32 lse", lse, lse_ref, atol=1e-4, rtol=1e-4)
+    if kernel == "teaching" and torch.cuda.get_device_capability() >= (8, 0):
+        monkeypatch.setattr(A, "dot_precision", lambda dtype: "tf32")
+        with pytest.raises(check.CheckFailure):
+            check.compare("tf32", A.flash_attention_teaching(q, k, v, causal=causal), ref, atol=1e-4, rtol=1e-4)
 
 def test_peak_bytes_linear_vs_quadratic():
     q, k, v = _qkv(1, 2, 96, 16, torch.float32)

@@ -3,11 +3,13 @@
 Version ladder (chapter 7):
   v0 ``attention_ref``: three launches (S = Q K^T, P = softmax(S), O = P V); S and P go to HBM.
   v1 ``attn_fwd_kernel`` / ``flash_attention_teaching``: one program per (query tile, batch*head),
-     online softmax over key tiles, masks on every tile.
+     online softmax over key tiles, masks on every tile; its plain loop over ``tl.dot`` is
+     software-pipelined by Triton's default stages (results/ptx/pipelining_ptx.csv).
   v2 ``course_utils.tuned.attention.flash_attention``: v1 in base 2, masks only on ragged or
-     diagonal tiles, causal tiles above the diagonal never visited, software pipelining, tiles
-     chosen per device, tensor-descriptor (TMA) loads on sm_90. The backward is in
-     ``attention_backward``.
+     diagonal tiles, stages set per tile (``tl.range(..., num_stages=...)``), tiles chosen per
+     device, tensor-descriptor (TMA) loads on sm_90. The backward is in ``attention_backward``.
+
+Every ``tl.dot`` of float32 inputs runs in IEEE precision (``dot_precision``), not a GPU's TF32 default.
 
 Every version takes q (batch, heads, n_q, d) and k, v (batch, kv_heads, n_kv, d): any d up to 256
 (padded inside the kernel to a power of two, with masks), grouped-query attention (heads a multiple
@@ -52,7 +54,7 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                     stride_ob, stride_oh, stride_on, stride_od,
                     n_heads, group, n_q, n_kv, head_dim, causal_offset, sm_scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+                    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Which query tile and which (batch, head) this program owns: a 1-D grid, query tiles fastest.
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
@@ -92,7 +94,7 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
         k = tl.load(k_ptr + tile_offsets(cols, offs_d, stride_kn, stride_kd), mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + tile_offsets(cols, offs_d, stride_vn, stride_vd), mask=kv_mask, other=0.0)
 
-        s = tl.dot(q, tl.trans(k)) * sm_scale                  # scores, BLOCK_M x BLOCK_N, fp32
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale  # scores, BLOCK_M x BLOCK_N, fp32
         keep = mask_n[None, :]                                 # padding keys past the end count for nothing
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
@@ -103,7 +105,7 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
         alpha = tl.exp(m_i - m_use)                            # rescales what was summed so far
         p = tl.exp(s - m_use[:, None])                         # <= 1: no overflow, however large s is
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # a row that saw no key: 0
@@ -163,6 +165,12 @@ def prepare(q, k, v, causal, sm_scale, return_lse):
     return scale, o, lse
 
 
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """``tl.dot``'s ``input_precision`` for ``dtype``: "ieee" for float32, whose default on a GPU is TF32
+    (each input rounded to a 10-bit mantissa); None (Triton's default) for 16-bit inputs."""
+    return "ieee" if dtype == torch.float32 else None
+
+
 def block_d(head_dim: int) -> int:
     """The head dim a kernel works with: the next power of two, at least 16 (``tl.dot``'s minimum)."""
     return max(16, triton.next_power_of_2(head_dim))
@@ -181,7 +189,7 @@ def flash_attention_teaching(q, k, v, causal=False, sm_scale=None, return_lse=Fa
                           *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                           H, H // k.shape[1], N, n_kv, D, n_kv - N, scale,
                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(D), CAUSAL=bool(causal),
-                          STORE_LSE=bool(return_lse))
+                          STORE_LSE=bool(return_lse), DOT_PRECISION=dot_precision(q.dtype))
     return (o, lse) if return_lse else o
 
 
