@@ -56,6 +56,54 @@ def test_discarding_the_first_repetitions_is_a_valid_warm_up(capsys):
     assert capsys.readouterr().out.startswith("PASS time_kernel")
 
 
+
+def _pairs(gpu, fn, rep):
+    starts, ends = [gpu.Event() for _ in range(rep)], [gpu.Event() for _ in range(rep)]
+    for s, e in zip(starts, ends):
+        gpu.flush_l2()
+        s.record()
+        fn()
+        e.record()
+    gpu.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def test_a_warm_up_sized_from_the_first_call_is_valid(capsys):
+    """Its calls depend on the first call's time (the twins' noise differs), its number does not."""
+    def sized(gpu, fn):
+        s, e = gpu.Event(), gpu.Event()
+        s.record()
+        fn()
+        e.record()
+        gpu.synchronize()
+        for _ in range(max(1, min(1000, int(5 / s.elapsed_time(e))))):
+            fn()
+        gpu.synchronize()
+        return statistics.median(_pairs(gpu, fn, 30))
+    checks.check_timer(sized)
+    assert capsys.readouterr().out.startswith("PASS time_kernel")
+
+
+def test_the_first_call_inside_a_trimmed_mean_fails():
+    def trimmed(gpu, fn):   # the slowest tenth dropped, the first call kept (it is not always the slowest)
+        return statistics.mean(sorted(_pairs(gpu, fn, 60))[:54])
+    with pytest.raises(CheckFailure, match="no warm-up"):
+        checks.check_timer(trimmed)
+
+
+def test_the_first_call_in_a_mean_of_sized_repetitions_fails():
+    def sized_mean(gpu, fn):   # repetitions sized from the first call, which stays in the mean
+        s, e = gpu.Event(), gpu.Event()
+        s.record()
+        fn()
+        e.record()
+        gpu.synchronize()
+        first = s.elapsed_time(e)
+        rest = _pairs(gpu, fn, max(2, min(100, int(5 / first))))
+        return statistics.mean([first, *rest])
+    with pytest.raises(CheckFailure, match="you reported"):
+        checks.check_timer(sized_mean)
+
 def test_no_warm_up_with_a_mean_fails():
     def mean_of_all(gpu, fn, rep=50):
         starts, ends = [gpu.Event() for _ in range(rep)], [gpu.Event() for _ in range(rep)]
