@@ -71,8 +71,8 @@ def test_forward_and_gradients_agree_with_torch_ops():
 def test_losses_agree_over_training_steps():
     a, b = gpt.twins(gpt.TINY, cu.DEVICE)
     data = gpt.tokens()
-    la = gpt.train(a, data, steps=4, batch=2, progress=False, lr=1e-3)
-    lb = gpt.train(b, data, steps=4, batch=2, progress=False, lr=1e-3)
+    la = gpt.train(a, data, steps=3, batch=2, progress=False, lr=1e-3)
+    lb = gpt.train(b, data, steps=3, batch=2, progress=False, lr=1e-3)
     assert la[-1] < la[0]
     assert max(abs(p - q) / p for p, q in zip(la, lb)) < 1e-4
 
@@ -142,7 +142,7 @@ def test_course_model_traces_whole_under_torch_compile():
     model = gpt.GPT(gpt.TINY).to(cu.DEVICE).use("course")
     x, y = (t.to(cu.DEVICE) for t in next(gpt.batches(gpt.tokens(), 1, 16, 1)))
     eager = model(x, y)[1]
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x, y)[1]  # raises on a graph break
+    compiled = torch.compile(model, fullgraph=True, backend="eager")(x, y)[1]  # Dynamo raises on a graph break
     check.compare("compiled loss", compiled, eager.detach().double(), atol=1e-5, rtol=1e-5)
 
 
