@@ -119,8 +119,9 @@ def _delta_unmasked(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_str
 
 # ---- exercise 11.3: the FlashAttention backward, one right pair of kernels with a FAULT each ---------------
 @triton.jit
-def _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: tl.constexpr, FAULT: tl.constexpr):
-    s = tl.dot(q, tl.trans(k), input_precision="ieee")
+def _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: tl.constexpr, FAULT: tl.constexpr,
+            PREC: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if FAULT != "S unscaled":
         s = s * sm_scale
     keep = (rows[:, None] < n_q) & (cols[None, :] < n_kv)
@@ -152,7 +153,7 @@ def _grad_scale(sm_scale, FAULT: tl.constexpr):
 @triton.jit
 def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group, n_q, n_kv, head_dim,
           causal_offset, sm_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-          CAUSAL: tl.constexpr, FAULT: tl.constexpr):
+          CAUSAL: tl.constexpr, FAULT: tl.constexpr, PREC: tl.constexpr):
     pid_n, pid_bkv = tl.program_id(0), tl.program_id(1)
     n_kv_heads = n_heads // group
     b, h_kv = pid_bkv // n_kv_heads, pid_bkv % n_kv_heads
@@ -177,11 +178,13 @@ def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_hea
             do = tl.load(do_ptr + offs, mask=mask, other=0.0)
             lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
             delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
+            if FAULT == "16-bit P":  # P rounded through float16 on its way to the products
+                p = p.to(tl.float16).to(tl.float32)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     dk = dk * _grad_scale(sm_scale, FAULT)
     tl.store(dk_ptr + kv_offs, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
@@ -190,7 +193,7 @@ def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_hea
 @triton.jit
 def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group, n_q, n_kv, head_dim,
         causal_offset, sm_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        CAUSAL: tl.constexpr, FAULT: tl.constexpr):
+        CAUSAL: tl.constexpr, FAULT: tl.constexpr, PREC: tl.constexpr):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // n_heads, pid_bh % n_heads
     h_kv = h // group
@@ -210,10 +213,10 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
         kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
         k = tl.load(k_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
-        p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT)
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     dq = dq * _grad_scale(sm_scale, FAULT)
     if FAULT == "rows with no key not written":
         mask = mask & (rows[:, None] + causal_offset >= 0)
@@ -231,7 +234,8 @@ def make_flash_backward(fault: str):
         block_d = max(16, triton.next_power_of_2(D))
         _delta[(B * H * N,)](o, do, delta, D, D, D, BLOCK_D=block_d, FAULT="none")
         args = (H, H // H_kv, N, N_kv, D, N_kv - N, scale)
-        meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, CAUSAL=causal, FAULT=fault)
+        meta = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, CAUSAL=causal, FAULT=fault,
+                    PREC="tf32" if fault == "TF32 dots" else "ieee")
         _dkdv[(triton.cdiv(N_kv, 16), B * H_kv)](q, k, v, do, lse, delta, dk, dv, *args, **meta)
         _dq[(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dq, *args, **meta)
         return dq, dk, dv
@@ -256,10 +260,19 @@ def test_flash_backward_checker_passes_the_right_kernels(capsys):
     ("rows with no key not written", "never stored"),  # their dQ is 0, and must be stored: the outputs start as NaN
     ("exp2 of a natural lse", "wrong base"),
     ("lse of the k/v head", "wrong row"),
+    ("16-bit P", "precision loss"),
 ])
 def test_flash_backward_checker_names_each_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_flash_backward(make_flash_backward(fault))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cu.on_gpu(), reason="TF32 exists on a GPU only")
+def test_flash_backward_checker_names_tf32_dots():
+    # float32 inputs through tl.dot's GPU default (TF32): close, not float32-accurate
+    with pytest.raises(check.CheckFailure, match="precision loss(.|\n)*input_precision=DOT_PRECISION"):
+        checks.check_flash_backward(make_flash_backward("TF32 dots"))
 
 
 @triton.jit
