@@ -1,7 +1,8 @@
 """Trailing vs fused epilogue, as two timelines side by side (chapter 9).
 
-Top: the GEMM writes its product to HBM, then the epilogue's kernels (bias, GELU) each read it back
-and write it again. Bottom: one kernel applies the epilogue to the accumulator before its single
+Top: the GEMM writes its product to HBM, then the epilogue's kernels each read it back and write it
+again (with PyTorch's ``addmm``, the default, the bias rides in the GEMM and GELU is the one trailing
+kernel). Bottom: one kernel applies the epilogue to the accumulator before its single
 store. A cursor moves along both at the same time scale; each side adds up the HBM bytes moved so
 far, kernel by kernel.
 
