@@ -319,6 +319,14 @@ def test_flash_backward_checker_refuses_answers_it_did_not_write(fn, words):
 
 
 @triton.jit
+def _own_gelu_grad(z):
+    z = tl.minimum(tl.maximum(z, -20.0), 20.0)
+    a = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
+    s = 1.0 / (1.0 + tl.exp(-2.0 * a))
+    return s + z * 2.0 * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
+
+
+@triton.jit
 def _gelu_backward_unmasked_loads(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
                                   BLOCK_SIZE: tl.constexpr):
     pid = tl.program_id(0)
@@ -326,8 +334,24 @@ def _gelu_backward_unmasked_loads(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n
     mask = offsets < n_elements
     z = tl.load(x_ptr + offsets).to(tl.float32) + tl.load(bias_ptr + offsets % n_cols).to(tl.float32)
     dy = tl.load(dy_ptr + offsets).to(tl.float32)
-    dx = tl.where(tl.rand(seed, offsets) >= p, dy * gelu_grad(z, True) / (1.0 - p), 0.0)
+    dx = tl.where(tl.rand(seed, offsets) >= p, dy * _own_gelu_grad(z) / (1.0 - p), 0.0)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)  # masked store only
+
+
+@triton.jit
+def _gelu_backward_borrowing(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    z = tl.load(x_ptr + offsets, mask=mask, other=0.0) + tl.load(bias_ptr + offsets % n_cols, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    dx = tl.where(tl.rand(seed, offsets) >= p, dy * gelu_grad(z.to(tl.float32), True) / (1.0 - p), 0.0)
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def test_gelu_backward_checker_refuses_the_course_derivative():
+    # exercise 11.2 is the derivative: a kernel that calls the course's gelu_grad did not write it
+    with pytest.raises(check.CheckFailure, match="calls gelu_grad, the course's GELU derivative"):
+        checks.check_gelu_backward_kernel(_gelu_backward_borrowing)
 
 
 @pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")

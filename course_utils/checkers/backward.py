@@ -10,13 +10,11 @@
 - :func:`check_flash_backward` calls a student's ``flash_backward(q, k, v, o, lse, do, causal, sm_scale)``
   (their 11.1 delta kernel, dK/dV pass and dQ pass) on contiguous inputs: one head, grouped-query 4/1 and
   4/2, causal with more keys than queries and more queries than keys, a random dO (so D != 0); a wrong
-  answer is compared with the float64 answer of each usual mistake to name it. The course's backward
-  kernels, its references and torch.autograd are refused as the answer; three launches of their kernels.
+  answer is compared with the float64 answer of each usual mistake to name it; three launches.
 
-Both kernel checkers also record the loads (under the interpreter) and fail a load outside the inputs.
-
-Fresh inputs every call: odd head dims and row lengths, rows read through strides wider than the
-row (the gap holds huge values), outputs poisoned with NaN inside guard zones, float64 references.
+The course's kernels (inside the student's too), references and torch.autograd are refused as the answer;
+the kernel checkers fail a load outside the inputs (interpreter). Fresh inputs every call: odd sizes, rows
+read through strides wider than the row (the gap holds huge values), NaN-poisoned guarded outputs.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import torch
 import triton
 
 from .. import check, env
+from ..kernels import gelu_backward as gb
 from ..tuned.elementwise import dropout_keep_mask
 
 
@@ -37,9 +36,7 @@ def _name(dtype) -> str:
 def _launch(kernel, grid, args, kwargs, case: str, signature: str) -> None:
     try:
         kernel[grid](*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except check.CheckFailure:
+    except (NotImplementedError, check.CheckFailure):
         raise
     except Exception as e:  # a crash in the student's kernel: say where
         raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n"
@@ -131,6 +128,9 @@ def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backwa
     sizes = env.pick(gpu=((1, 1), (7, 13), (333, 1000), (129, 4097)), cpu=((1, 1), (7, 13), (33, 300), (9, 1001)))
     p_values = (0.0, 0.2, 0.5)
     signature = "kernel[(triton.cdiv(n, BLOCK_SIZE),)](dy, x, bias, dx, n, n_cols, p, seed, BLOCK_SIZE=...)"
+    forbidden = {"GELU derivative": gb.gelu_grad, "bias + GELU backward kernel": gb.bias_gelu_backward_kernel}
+    for fn in (kernel, getattr(kernel, "fn", None)):  # the kernel, and the body of a @triton.jit one
+        check.refuse_answer_key(name, fn, forbidden)
     for dtype in env.supported_dtypes():
         for (n_rows, n_cols) in sizes:
             for p in p_values:
