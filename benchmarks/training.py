@@ -133,15 +133,14 @@ def _sync_gib() -> float:
     return torch.cuda.memory_allocated() / 2**30
 
 
-def peak_alone(name: str, cfg, data) -> float:
-    """Peak GiB allocated by one steady step of ``name`` (after its warm-up), nothing else resident:
-    weights, gradients, optimizer state and the step's activations, above what was allocated before
-    the model was built (cuBLAS's workspaces)."""
+def peak_alone(name: str, cfg, data) -> tuple[float, float]:
+    """``(peak, resident)``: the peak GiB allocated by one steady step of ``name`` (after its warm-up),
+    no other version resident: weights, gradients, optimizer state and the step's activations, above
+    the ``resident`` GiB allocated before the model was built (cuBLAS's workspaces; under ``make
+    bench``, whatever earlier topics keep)."""
     gc.collect()
     torch.cuda.empty_cache()
     before = _sync_gib()
-    if before > 0.25:
-        raise RuntimeError(f"peak_alone({name!r}): {before:.2f} GiB still resident before the measurement")
     step = build(name, cfg, data)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -151,7 +150,7 @@ def peak_alone(name: str, cfg, data) -> float:
     del step
     gc.collect()
     torch.cuda.empty_cache()
-    return peak
+    return peak, before
 
 
 def host_ms(fn, calls: int = 5) -> float:
@@ -233,7 +232,9 @@ def sweep(quick: bool = False) -> pd.DataFrame:
     flops = gpt.model_flops(cfg, BATCH)
     spec = hardware.current()
     peak_tflops = spec.peak_tflops("bfloat16") if spec is not None else float("nan")
-    alone = {name: peak_alone(name, cfg, data) for name in ("eager", "course")}
+    alone, resident = {}, {}
+    for name in ("eager", "course"):
+        alone[name], resident[name] = peak_alone(name, cfg, data)
     _log(f"peak memory alone: {alone}", t0)
     steps, own_peak, errors = {}, {}, {}
     for name in IMPLS:
@@ -260,7 +261,7 @@ def sweep(quick: bool = False) -> pd.DataFrame:
         row.update(times[name].columns())
         row.update(tokens_per_s=flops["tokens"] / (ms / 1e3), model_flops=flops["flops"],
                    tflops=flops["flops"] / (ms / 1e3) / 1e12, peak_own_gib=own_peak.get(name),
-                   peak_alone_gib=alone.get(name), host_ms=host_ms(steps[name]))
+                   peak_alone_gib=alone.get(name), resident_before_gib=resident.get(name), host_ms=host_ms(steps[name]))
         row["mfu_datasheet_pct"] = 100 * row["tflops"] / peak_tflops
         try:
             k = profile.step_kernels(steps[name], steps=2)
