@@ -319,7 +319,8 @@ def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
 
 # ----------------------------------------------------------------------------- forward in chunks (Welford)
 # MODE: 0 right (Welford's statistics per chunk, merged with Chan's formula; a second loop writes y),
-# 1 one-pass sums of x and x^2 over the chunks (E[x^2] - E[x]^2).
+# 1 one-pass sums of x and x^2 over the chunks (E[x^2] - E[x]^2), 2 the last, partial chunk counted as
+# BLOCK_SIZE lanes, 3 its padded lanes in the chunk's M2, 4 Chan's merge without the delta^2 term.
 
 
 @triton.jit
@@ -337,13 +338,22 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
             mean += tl.sum(x, axis=0)
             m2 += tl.sum(x * x, axis=0)
         else:
-            n_b = tl.sum(mask.to(tl.float32), axis=0)
+            if MODE == 2:
+                n_b = BLOCK_SIZE * 1.0
+            else:
+                n_b = tl.sum(mask.to(tl.float32), axis=0)
             mean_b = tl.sum(x, axis=0) / n_b
-            xc = tl.where(mask, x - mean_b, 0.0)
+            if MODE == 3:
+                xc = x - mean_b
+            else:
+                xc = tl.where(mask, x - mean_b, 0.0)
             delta = mean_b - mean
             total = count + n_b
             mean += delta * n_b / total
-            m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
+            if MODE == 4:
+                m2 += tl.sum(xc * xc, axis=0)
+            else:
+                m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
             count = total
     if MODE == 1:
         mean = mean / n_cols
@@ -370,6 +380,13 @@ def _chunked_mode(mode):
 def test_chunked_welford_kernel_passes_the_chunked_check(capsys):
     checks.check_forward_kernel(_chunked_mode(0), "chunked", chunk=64)
     assert capsys.readouterr().out.startswith("PASS chunked")
+
+
+@pytest.mark.parametrize("mode, words", [(2, "partial last chunk as full"), (3, "masked lanes add to the variance"),
+                                         (4, "Chan's merge lost its delta")])
+def test_wrong_chunked_kernels_fail_naming_the_fault(mode, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_forward_kernel(_chunked_mode(mode), chunk=64)
 
 
 def test_chunked_check_fails_one_pass_sums_and_a_whole_row_kernel():

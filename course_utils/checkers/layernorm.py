@@ -45,12 +45,10 @@ def refuse(what: str, fn) -> None:
 def _inputs(n_rows: int, n_cols: int, dtype, gap: int = 5):
     """x (n_rows, n_cols) in a guarded (n_rows, n_cols + gap) buffer; even rows around OFFSET, rows 3, 7... small."""
     full = check.randn((n_rows, n_cols + gap), dtype, scale=3.0, outliers=0.02, outlier_scale=50.0)
-    offset_rows = check.randn((n_rows, n_cols + gap), dtype, scale=1.0, offset=OFFSET)
-    full[::2] = offset_rows[::2]
+    full[::2] = check.randn((n_rows, n_cols + gap), dtype, scale=1.0, offset=OFFSET)[::2]
     full[3::4] = check.randn((n_rows, n_cols + gap), dtype, scale=SMALL)[3::4]
     if gap:
-        junk = torch.where(torch.rand(n_rows, gap, device=full.device) < 0.5, 3e4, -3e4)
-        full[:, n_cols:] = junk.to(dtype)
+        full[:, n_cols:] = torch.where(torch.rand(n_rows, gap, device=full.device) < 0.5, 3e4, -3e4).to(dtype)
     g = check.guarded_copy(full)
     return g, g.tensor[:, :n_cols]
 
@@ -92,7 +90,7 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
     n = x.shape[-1]
     block = block or triton.next_power_of_2(n)
     if n < block and bool((_rel(mean, mean64 * n / block) < 1e-4).all()):
-        return "the mean was divided by BLOCK_SIZE; divide by n_cols (masked lanes are not part of the row)."
+        return "the mean counts BLOCK_SIZE lanes (a whole block, or a partial last chunk as full): divide by n_cols."
     no_mean = 1.0 / torch.sqrt((x64 ** 2).mean(-1) + eps)
     if bool((_rel(rstd, no_mean) < 1e-3).all()):
         return ("rstd matches 1 / sqrt(mean(x^2) + eps): the variance was computed without subtracting the mean. "
@@ -106,10 +104,13 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
             bool((_rel(mean, mean64) < 1e-5).all()):
         return ("rstd is wrong only on the rows around 1000 (the even rows), where sum(x^2)/n - mean^2 keeps only "
                 "float32 noise: the one-pass variance. Subtract the mean first, then sum the squares.")
+    m2_chunks = sum(((c - c.mean(-1, keepdim=True)) ** 2).sum(-1) for c in x64.split(block, -1))  # Chan's delta^2 lost
+    if block < n and bool((_rel(rstd, (m2_chunks / n + eps) ** -0.5) < 1e-3).all()):
+        return "rstd is the chunks' own M2 summed: Chan's merge lost its delta^2 * n_a * n_b / n term."
     if bool((_rel(mean, mean64) < 1e-2).all()) and bool((_rel(rstd, rstd64) < 5e-2).all()):
         return ("the statistics are close but not float32-accurate: are they computed in 16 bits (float16/bfloat16 "
                 "statistics)? Accumulate the sums in float32.")
-    if n > 1 and bool(bad.any()):
+    if n % block and bool(bad.any()):
         return ("rstd is wrong: do masked lanes add to the variance? Lanes past n_cols hold 0, and 0 - mean is not 0: "
                 "use tl.where(mask, x - mean, 0.0).")
     return ""
