@@ -299,10 +299,14 @@ def _student_group_m(mistake=None):
     def choose(m, n, k, block_m, block_n, programs):
         best = None
         for g in (1, 2, 4, 8, 16, 32, 64):
-            order = G.tile_order(-(-m // block_m), -(-n // block_n), g)[:programs]
-            rows = len({pm for pm, _ in order}) * block_m
-            cols = len({pn for _, pn in order}) * block_n
-            nbytes = ((0 if mistake.get("only_b") else rows) + cols) * (1 if mistake.get("no_k") else k) * 2
+            order = G.tile_order(-(-m // block_m), -(-n // block_n), g)
+            nbytes = 0
+            step = len(order) if mistake.get("whole_grid") else programs
+            for start in range(0, programs if mistake.get("first_only") else len(order), step):
+                wave = order[start:start + step]
+                rows = len({pm for pm, _ in wave}) * block_m
+                cols = len({pn for _, pn in wave}) * block_n
+                nbytes += ((0 if mistake.get("only_b") else rows) + cols) * (1 if mistake.get("no_k") else k) * 2
             if best is None or nbytes < best[1] or (mistake.get("largest") and nbytes == best[1]):
                 best = (g, nbytes)
         return best
@@ -328,6 +332,7 @@ def test_prediction_mistakes_are_named(mistake, words):
 
 @pytest.mark.parametrize("mistake, words", [
     ({"only_b": True}, "count both operands"), ({"no_k": True}, "multiply by K"), ({"largest": True}, "smallest"),
+    ({"first_only": True}, "count every wave"), ({"whole_grid": True}, "shared within a wave"),
 ])
 def test_group_m_mistakes_are_named(mistake, words):
     from course_utils.checkers import gemm_model as cm

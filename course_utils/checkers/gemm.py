@@ -179,7 +179,7 @@ def _diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed) -
             ("the bias is missing: add it to the accumulator before GELU", _gelu(acc) + r),
             ("GELU is missing: apply gelu_math(acc + bias, True) before the store", acc + bias + r),
             ("this is the exact (erf) GELU: the course's epilogue uses the tanh form, gelu_math(..., True). "
-             "They differ by up to 4.7e-4 near |x| = 2", F.gelu(acc + bias) + r),
+             "They differ by up to 4.7e-4 near |x| = 2.7", F.gelu(acc + bias) + r),
         ]
         if res is not None:
             faults += [

@@ -1,5 +1,5 @@
 """Checks for chapter 9's modelling exercises: a fused epilogue's saving predicted with the traffic model
-(:func:`check_residual_prediction`) and GROUP_M chosen from the operand bytes a wave touches
+(:func:`check_residual_prediction`) and GROUP_M chosen from the operand bytes the kernel's waves read
 (:func:`check_group_m`).
 
 Each check compares the student's function with the course's own computation on several shapes, and
@@ -18,7 +18,8 @@ MEASURED_GPU = "h100-80gb-hbm3"   # results/<slug>/ceilings.csv: the ceilings th
 GROUPS = (1, 2, 4, 8, 16, 32, 64)
 RESIDUAL_SHAPES = ((4096, 16384, 4096), (8192, 8192, 2048), (16, 16384, 4096), (333, 1000, 777))   # M, N, K
 GROUP_SHAPES = ((4096, 16384, 4096, 128, 256, 132), (8192, 8192, 2048, 128, 256, 132),
-                (1000, 3000, 512, 64, 128, 108), (200, 50000, 1024, 128, 128, 132), (4096, 4096, 4096, 128, 128, 16))
+                (1000, 3000, 512, 64, 128, 108), (200, 50000, 1024, 128, 128, 132), (4096, 4096, 4096, 128, 128, 16),
+                (2048, 8192, 1024, 128, 128, 132))   # the last: the first wave alone picks 8, every wave 16
 
 
 def _epilogue(residual: bool = True, residual_kind: str = "full"):
@@ -99,20 +100,26 @@ def check_residual_prediction(fn, name: str = "predicted saving of the residual 
 
 
 def wave_bytes(m, n, k, block_m, block_n, group_m, programs, itemsize=2, *, only=None, times_k=True,
-               whole_grid=False) -> int:
-    """Operand bytes the first wave of ``programs`` tiles (in grouped order) reads: its A row tiles
-    (block_m x K each) and B column tiles (K x block_n each); the keywords make the usual mistakes."""
+               whole_grid=False, first_only=False) -> int:
+    """Operand bytes the whole grid reads from HBM when it runs in waves of ``programs`` tiles (in grouped
+    order) and each wave reads every A row tile (block_m x K) and B column tile (K x block_n) it needs
+    once, nothing kept from one wave to the next; the keywords make the usual mistakes."""
     from ..kernels.gemm import tile_order
     order = tile_order(math.ceil(m / block_m), math.ceil(n / block_n), group_m)
-    first = order if whole_grid else order[:programs]
-    a = len({pm for pm, _ in first}) * block_m
-    b = len({pn for _, pn in first}) * block_n
-    rows = {"a": a, "b": b}.get(only, a + b)
-    return rows * (k if times_k else 1) * itemsize
+    if whole_grid:
+        waves = [order]
+    else:
+        waves = [order[i:i + programs] for i in range(0, programs if first_only else len(order), programs)]
+    total = 0
+    for wave in waves:
+        a = len({pm for pm, _ in wave}) * block_m
+        b = len({pn for _, pn in wave}) * block_n
+        total += {"a": a, "b": b}.get(only, a + b)
+    return total * (k if times_k else 1) * itemsize
 
 
 def group_choice(m, n, k, block_m, block_n, programs, itemsize=2, *, largest=False, **mistake):
-    """(GROUP_M, bytes): the GROUP_M of :data:`GROUPS` whose first wave reads the fewest operand bytes."""
+    """(GROUP_M, bytes): the GROUP_M of :data:`GROUPS` whose waves read the fewest operand bytes."""
     costs = [(wave_bytes(m, n, k, block_m, block_n, g, programs, itemsize, **mistake), g) for g in GROUPS]
     best = min(c for c, _ in costs)
     ties = [g for c, g in costs if c == best]
@@ -120,14 +127,17 @@ def group_choice(m, n, k, block_m, block_n, programs, itemsize=2, *, largest=Fal
 
 
 GROUP_FAULTS = (
-    ("count both operands: the wave's A row tiles (block_m x K each) and its B column tiles (K x block_n each)",
+    ("count both operands: each wave's A row tiles (block_m x K each) and its B column tiles (K x block_n each)",
      {"only": "a"}),
-    ("count both operands: the wave's A row tiles (block_m x K each) and its B column tiles (K x block_n each)",
+    ("count both operands: each wave's A row tiles (block_m x K each) and its B column tiles (K x block_n each)",
      {"only": "b"}),
     ("a tile of A is block_m x K elements and a tile of B is K x block_n: multiply by K (and by the itemsize)",
      {"times_k": False}),
-    ("only the first wave (the first `programs` tiles in grouped order) shares the L2; over the whole grid every "
-     "GROUP_M reads every tile", {"whole_grid": True}),
+    ("count every wave, not only the first: the grid runs in waves of `programs` tiles (the last one may be "
+     "short), and each wave reads the tiles it needs again", {"first_only": True}),
+    ("the tiles are shared within a wave, not across the whole grid: counting each tile once over the grid "
+     "gives the same bytes for every GROUP_M. Split the grouped order into waves of `programs` tiles and "
+     "count each wave's tiles", {"whole_grid": True}),
     ("among GROUP_M values that read the same bytes, take the smallest", {"largest": True}),
 )
 
@@ -145,7 +155,7 @@ def check_group_m(fn, name: str = "GROUP_M from the L2 arithmetic") -> None:
         if int(got[0]) == want[0] and _close(got[1], want[1]):
             continue
         hint = next((h for h, kw in GROUP_FAULTS if tuple(got) == group_choice(m, n, k, bm, bn, programs, **kw)), "")
-        raise check.CheckFailure(f"{case}: expected GROUP_M={want[0]} reading {want[1]} bytes in the first wave, "
+        raise check.CheckFailure(f"{case}: expected GROUP_M={want[0]} reading {want[1]} bytes over all its waves, "
                                  f"got GROUP_M={got[0]} and {got[1]} bytes." + (f"\nHint: {hint}" if hint else ""))
-    check.verdict(name, f"the first wave's operand bytes and the GROUP_M that minimizes them, "
+    check.verdict(name, f"the operand bytes of every wave and the GROUP_M that minimizes them, "
                         f"{len(GROUP_SHAPES)} shapes")
