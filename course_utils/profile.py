@@ -178,20 +178,36 @@ def step_kernels(fn, steps: int = 2):
             fn()
         torch.cuda.synchronize()
     events = list(prof.events())
-    # the operators (their ids are the correlation ids a kernel links to); runtime calls such as
-    # cudaLaunchKernel link to an operator themselves and number their ids from another counter
-    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU and not e.linked_correlation_id}
-    rows = []
-    for e in events:
-        if e.device_type != DeviceType.CUDA or e.time_range.elapsed_us() <= 0:
-            continue
-        ops, parent = [], cpu.get(e.linked_correlation_id)
-        while parent is not None:
-            ops.append(parent.name)
-            parent = parent.cpu_parent
-        rows.append({"kernel": e.name, "ops": " < ".join(ops[:6]), "category": categorize(e.name, ops),
-                     "us": e.time_range.elapsed_us()})
+    rows = [{"kernel": name, "ops": " < ".join(ops[:6]), "category": categorize(name, ops), "us": us}
+            for name, ops, us in _kernels_with_their_ops(events, DeviceType) if us > 0]
     return pd.DataFrame(rows, columns=["kernel", "ops", "category", "us"])
+
+
+def _op_chain(event) -> list[str]:
+    ops = []
+    while event is not None:
+        ops.append(event.name)
+        event = event.cpu_parent
+    return ops
+
+
+def _kernels_with_their_ops(events, DeviceType):
+    """``(kernel name, operators above it, microseconds)`` for every kernel the profiler saw.
+
+    torch >= 2.12 gives each kernel event the id of the operator that launched it
+    (``linked_correlation_id``: operator ids are the correlation ids, while runtime calls such as
+    cudaLaunchKernel link to an operator themselves); older releases list the kernels on the
+    operator instead (``FunctionEvent.kernels``)."""
+    if events and not hasattr(events[0], "linked_correlation_id"):
+        for e in events:
+            if e.device_type == DeviceType.CPU:
+                for k in getattr(e, "kernels", ()):
+                    yield k.name, _op_chain(e), float(k.duration)
+        return
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU and not e.linked_correlation_id}
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            yield e.name, _op_chain(cpu.get(e.linked_correlation_id)), e.time_range.elapsed_us()
 
 
 def by_category(kernels, steps: int):

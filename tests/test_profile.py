@@ -165,3 +165,23 @@ def test_step_kernels_sees_every_category_of_a_training_step_on_the_gpu():
     assert {"GEMM", "attention", "norm", "loss", "optimizer", "cast"} <= set(k["category"]), \
         k.groupby("category")["kernel"].first()
     assert len(k) > 20 and (k["us"] > 0).all() and k["ops"].str.len().gt(0).mean() > 0.9
+
+
+def test_kernels_are_tied_to_their_operators_on_either_profiler_api():
+    """torch >= 2.12 links each kernel event to its operator's id; older releases list the kernels on
+    the operator (``FunctionEvent.kernels``). Both give the same rows."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    linear = NS(name="aten::linear", cpu_parent=None, device_type=DeviceType.CPU, id=1, linked_correlation_id=0)
+    mm = NS(name="aten::mm", cpu_parent=linear, device_type=DeviceType.CPU, id=2, linked_correlation_id=0)
+    launch = NS(name="cudaLaunchKernel", cpu_parent=mm, device_type=DeviceType.CPU, id=90, linked_correlation_id=2)
+    gemm = NS(name="sm90_gemm", device_type=DeviceType.CUDA, id=3, linked_correlation_id=2,
+              time_range=NS(elapsed_us=lambda: 12.5))
+    new = list(profile._kernels_with_their_ops([linear, mm, launch, gemm], DeviceType))
+    old_linear = NS(name="aten::linear", cpu_parent=None, device_type=DeviceType.CPU, kernels=[])
+    old_mm = NS(name="aten::mm", cpu_parent=old_linear, device_type=DeviceType.CPU,
+                kernels=[NS(name="sm90_gemm", duration=12.5)])
+    old = list(profile._kernels_with_their_ops([old_linear, old_mm], DeviceType))
+    assert new == old == [("sm90_gemm", ["aten::mm", "aten::linear"], 12.5)]
