@@ -202,6 +202,7 @@ def test_layernorm():
     assert (c.unfused.read_bytes, c.unfused.write_bytes, c.unfused.launches) == (224, 152, 9)
     assert (c.fused.read_bytes, c.fused.write_bytes) == (48, 24)
     assert T.layernorm(2, 3, "fp32", save_stats=True).fused.write_bytes == 40
+    assert T.layernorm(2, 3, "bf16", save_stats=True).fused.write_bytes == 2 * 6 + 2 * 2 * 4  # float32 stats
 
 
 # ------------------------------------------------------------------------------------------

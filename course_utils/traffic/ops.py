@@ -113,14 +113,17 @@ def bias_gelu_dropout(rows, cols, dtype="float16", *, mask="generated", mask_dty
                       Traffic("unfused", kernels), Traffic("fused", (fused,)))
 
 
+STATS_BYTES = 4  # mean and rstd are float32 for every input dtype
+
+
 def layernorm(rows, cols, dtype="float32", *, save_stats=False) -> Comparison:
     """LayerNorm over rows of length ``cols`` with weight and bias: nine eager ops vs one kernel.
 
     Eager (the pattern torch.compile recognises): ``mean`` (read MN, write M), ``x - mean``
     (MN + M, MN), ``pow 2`` (MN, MN), ``mean`` (MN, M), ``+ eps`` (M, M), ``sqrt`` (M, M),
     ``/ std`` (MN + M, MN), ``* weight`` (MN + N, MN), ``+ bias`` (MN + N, MN): reads 7MN + 4M + 2N,
-    writes 5MN + 4M elements. Fused: reads MN + 2N, writes MN (+ 2M when it saves mean and rstd
-    for the backward pass, ``save_stats=True``).
+    writes 5MN + 4M elements. Fused: reads MN + 2N, writes MN (+ 2M float32 values, whatever the
+    input's dtype, when it saves mean and rstd for the backward pass, ``save_stats=True``).
     """
     m, n = _count("rows", rows), _count("cols", cols)
     b = dtype_bytes(dtype)
@@ -129,7 +132,8 @@ def layernorm(rows, cols, dtype="float32", *, save_stats=False) -> Comparison:
          ("+ eps", m, m, m), ("sqrt", m, m, m), ("/ std", mn + m, mn, m), ("* weight", mn + n, mn, mn),
          ("+ bias", mn + n, mn, mn)]
     kernels = tuple(Kernel(name, r * b, w * b, max(r, w), reuse * b) for name, r, w, reuse in k)
-    fused = Kernel("fused layernorm", (mn + 2 * n) * b, (mn + (2 * m if save_stats else 0)) * b, 8 * mn)
+    stats = 2 * m * STATS_BYTES if save_stats else 0
+    fused = Kernel("fused layernorm", (mn + 2 * n) * b, mn * b + stats, 8 * mn)
     return Comparison(f"LayerNorm of {m}x{n} {dtype_name(dtype)}", Traffic("unfused", kernels),
                       Traffic("fused", (fused,)))
 

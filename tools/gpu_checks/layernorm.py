@@ -4,7 +4,7 @@ Checks every implementation against float64 autograd first (odd and offset rows)
 backward through autograd (x, weight and bias get gradients) on 256 MiB inputs, bf16 and fp32, N from
 1024 to 16384: the median of ROUNDS interleaved rounds of ``triton.testing.do_bench`` medians. Columns:
 
-- ``course``: the default backward (``BACKWARD_DESIGN = "course"``: tiles of rows, 1-4 programs per SM,
+- ``course``: chapter 10's own candidates (``backward_design("course")``: tiles of rows, 1-4 programs per SM,
   the chunked kernel for N >= 8192; the fastest candidate timed at first use);
 - ``per-sm``: Liger-Kernel's layout on the course's kernel (one program per SM, one row at a time);
 - ``both``: the timed choice among all of them;
