@@ -346,3 +346,67 @@ def test_modelling_answer_keys_are_refused():
         cm.check_residual_prediction(lambda m, n, k: cm.residual_prediction(m, n, k))
     with pytest.raises(check.CheckFailure, match="group_choice"):
         cm.check_group_m(lambda m, n, k, bm, bn, p: cm.group_choice(m, n, k, bm, bn, p))
+
+
+# ---- exercise 9.1: the K loop of one split-K slice ----
+SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK = (tl.constexpr(i) for i in range(4))
+SPLITS = 2
+
+
+@triton.jit
+def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+                  BUG: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_per_split = tl.cdiv(K, SPLITS)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        k_start = s * k_per_split
+        k_stop = tl.minimum(k_start + k_per_split, K)
+        if BUG == SLICE_FROM_ZERO:
+            k_start = 0
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            k = k0 + offs_k
+            mask_k = k < k_stop
+            if BUG == SLICE_PAST_STOP:
+                mask_k = k < K
+            if BUG == SLICE_NO_K_MASK:
+                mask_k = k >= 0
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                        mask=(offs_m[:, None] < M) & mask_k[None, :], other=0.0)
+            b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                        mask=mask_k[:, None] & (offs_n[None, :] < N), other=0.0)
+            acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _slice_launcher(bug):
+    def run(a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        _slice_kernel[(triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))](
+            a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK, SPLITS=SPLITS, BUG=bug)
+        return c
+    return run
+
+
+def test_a_correct_slice_loop_passes(capsys):
+    cg.check_matmul(_slice_launcher(SLICE_OK), dtypes=FP, k_slices=SPLITS)
+    assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bug, words", [
+    (SLICE_FROM_ZERO, ["starts at k_start"]),
+    (SLICE_PAST_STOP, ["ends at k_stop", "counted twice"]),
+    (SLICE_NO_K_MASK, ["k < k_stop"]),
+])
+def test_slice_loop_faults_are_named(bug, words):
+    with pytest.raises(check.CheckFailure) as e:
+        cg.check_matmul(_slice_launcher(bug), dtypes=FP, k_slices=SPLITS)
+    for w in words:
+        assert w in str(e.value), str(e.value)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import check, env
+from .gemm_faults import EXACT, diagnose, gelu_tanh, slice_faults
 
 # (atol per sqrt(K), rtol): a K-long sum of products of N(0, 1) numbers is about sqrt(K) in size; the
 # output is rounded to its dtype once. On a GPU a float32 tl.dot runs in tf32 (10-bit mantissa) unless
@@ -53,7 +54,6 @@ def cases():
 
 #: float32 only: operands in {-0.5, 0, 0.5} make every product and partial sum exact in tf32, float16
 #: and float32, so the tolerance can be far below the 4.7e-4 between the tanh and erf forms of GELU
-EXACT = "an accumulator exact in every precision, acc + bias spread over [-4, 4]"
 EXACT_TOL = (2e-5, 2e-5)
 
 
@@ -158,64 +158,6 @@ def _close(got, expected, atol, rtol) -> bool:
     return bool(torch.isclose(g, expected.cpu(), atol=atol, rtol=rtol).all())
 
 
-def _gelu(x):
-    return F.gelu(x, approximate="tanh")
-
-
-def _diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed) -> str:
-    """The usual fault that explains ``got``, as a hint ('' when none fits)."""
-    g = got.detach().to("cpu", torch.float64)
-    acc = acc.cpu()
-    r = 0.0 if res is None else res
-    ref = acc if bias is None else _gelu(acc + bias) + r
-    if bias is not None:
-        m = acc.shape[0]
-        faults = [
-            ("the bias is added along the wrong axis: it has one value per output column (N of them), so "
-             "load it with the column offsets (offs_n) and broadcast it over the rows, bias[None, :]",
-             _gelu(acc + bias[:m, None]) + r if m <= bias.numel() else None),
-            ("GELU is applied before the bias: the epilogue is gelu(acc + bias), so add the bias first",
-             _gelu(acc) + bias + r),
-            ("the bias is missing: add it to the accumulator before GELU", _gelu(acc) + r),
-            ("GELU is missing: apply gelu_math(acc + bias, True) before the store", acc + bias + r),
-            ("this is the exact (erf) GELU: the course's epilogue uses the tanh form, gelu_math(..., True). "
-             "They differ by up to 4.7e-4 near |x| = 2.7", F.gelu(acc + bias) + r),
-        ]
-        if res is not None:
-            faults += [
-                ("the residual is added before GELU: it is added to GELU's output, gelu(acc + bias) + r",
-                 _gelu(acc + bias + r)),
-                ("the residual is missing: load the M x N tile of r and add it after GELU", _gelu(acc + bias)),
-                ("the residual's row stride is ignored: r is a view whose rows are stride_rm elements apart, "
-                 "not N; address it as r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]",
-                 _gelu(acc + bias) + res_flat),
-            ]
-        for hint, candidate in faults:
-            if candidate is not None and torch.isclose(g, candidate, atol=atol, rtol=rtol, equal_nan=True).all():
-                return hint
-    finite = torch.isfinite(g)
-    if not bool(finite.all()) and bool(torch.isfinite(ref).all()):
-        if "cancelling" in what:
-            return ("the sum overflowed: it climbs past float16's largest value (65504) in the middle of the K "
-                    "loop. Accumulate in float32 (tl.zeros(..., dtype=tl.float32)) and convert once, at the store")
-        if "ragged K" in what and earlier_passed:
-            return ("the K mask is missing: the last K tile read past column K of a or past row K of b (the NaN "
-                    "there poisons the sum, even times a masked zero). Mask both loads with k < K and other=0.0")
-    scale = float(ref.abs().max()) or 1.0
-    rel = float((g - ref).abs().nan_to_num(float("inf")).max()) / scale
-    if rel < 0.05 and EXACT not in what:
-        return ("close but not within tolerance: the sum lost precision. Accumulate in float32 "
-                "(tl.zeros(..., dtype=tl.float32), tl.dot(a, b, acc)) and round to the output dtype once, at the store")
-    if "ragged K" in what and earlier_passed:
-        return ("the K mask is missing: every case whose K is a multiple of the tile passes, this one does not. "
-                "The last K tile reads past K: mask both loads with k < K and other=0.0")
-    if "transposed" in what:
-        return "use the strides you are given (stride_am, stride_ak, ...): never assume a row-major operand"
-    if "ragged M and N" in what:
-        return "mask the rows (offs_m < M) and columns (offs_n < N) of the loads and of the store"
-    return ""
-
-
 def _answers(epilogue: str) -> dict:
     """The course's answers for a chapter 9 exercise: ``{description: object}``."""
     from ..kernels import gemm as G
@@ -261,7 +203,7 @@ def refuse_course_answers(name: str, fn, epilogue: str = "none") -> None:
         check.refuse_answer_key(name, f, forbidden)
 
 
-def _check(fn, name: str, epilogue: str, dtypes, hint: str) -> None:
+def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1) -> None:
     refuse_course_answers(name, fn, epilogue)
     with_bias, with_res = epilogue != "none", epilogue == "gelu_residual"
     dtypes = tuple(dtypes or env.supported_dtypes())
@@ -291,7 +233,10 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str) -> None:
                                          f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
             for o, t in zip(ops, originals):
                 o.unchanged(case, t)
-            _check_loads(case, loads, ops, what)
+            try:
+                _check_loads(case, loads, ops, what)
+            except check.CheckFailure as e:
+                raise check.CheckFailure(_k_stop(str(e), k_slices)) from None
             acc = a.double() @ b.double()
             bias = ops[2].view.double().cpu() if with_bias else None
             res = ops[3].view.double().cpu() if with_res else None
@@ -299,11 +244,12 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str) -> None:
             if with_res:   # what r_ptr + m * N + n reads (the row stride ignored)
                 inner = ops[3].buffer[ops[3].guard:]
                 res_flat = inner[: m * n].view(m, n).double().cpu()
-            expected = acc if bias is None else _gelu(acc.cpu() + bias) + (0.0 if res is None else res)
+            expected = acc if bias is None else gelu_tanh(acc.cpu() + bias) + (0.0 if res is None else res)
             atol = per_sqrt_k * (k ** 0.5) * (16 if "cancelling" in what else 1)
             atol, rtol = EXACT_TOL if what == EXACT else (atol, GEMM_TOLERANCES[dtype][1])
             if not _close(got, expected, atol, rtol):
-                fault = _diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0)
+                extra = slice_faults(a, b, k_slices) if k_slices > 1 else ()
+                fault = _k_stop(diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0, extra), k_slices)
                 check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=fault or hint)
             passed += 1
     # one Triton kernel: the product and its epilogue in a single launch (torch.empty for the output is fine)
@@ -322,9 +268,16 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str) -> None:
                         "every dtype tried, no load outside the operands, one Triton launch")
 
 
-def check_matmul(fn, name: str = "matmul tile loop", *, dtypes=None, hint: str = "") -> None:
-    """Raise :class:`check.CheckFailure` unless ``fn(a, b)`` computes ``a @ b``; print the verdict."""
-    _check(fn, name, "none", dtypes, hint)
+def _k_stop(message: str, k_slices: int) -> str:
+    """In a K slice the loop's end is k_stop, not K: say so in the K-mask hints."""
+    return message.replace("k < K", "k < k_stop") if k_slices > 1 else message
+
+
+def check_matmul(fn, name: str = "matmul tile loop", *, dtypes=None, hint: str = "", k_slices: int = 1) -> None:
+    """Raise :class:`check.CheckFailure` unless ``fn(a, b)`` computes ``a @ b``; print the verdict.
+    ``k_slices``: the kernel sums K in that many slices of ``cdiv(K, k_slices)`` (exercise 9.1), so a
+    slice summed from 0 or past its end is named."""
+    _check(fn, name, "none", dtypes, hint, k_slices)
 
 
 def check_linear_gelu(fn, name: str = "fused bias + GELU epilogue", *, dtypes=None, hint: str = "") -> None:

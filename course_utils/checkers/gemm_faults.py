@@ -1,0 +1,93 @@
+"""The usual faults of chapter 9's kernel exercises, recomputed in float64 and named (used by
+:mod:`course_utils.checkers.gemm`): the bias on the wrong axis, GELU before the bias, the erf form, the
+residual's row stride ignored, an accumulator in float16, a missing K mask and, for the split-K slice of
+exercise 9.1, a slice summed from 0 or past its end."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+EXACT = "an accumulator exact in every precision, acc + bias spread over [-4, 4]"
+
+
+def slice_bounds(k: int, slices: int) -> list[tuple[int, int]]:
+    """The K slices ``[k_start, k_stop)`` of the exercise's kernel: ``cdiv(K, slices)`` long, the last shorter."""
+    per = -(-k // slices)
+    return [(s * per, min((s + 1) * per, k)) for s in range(slices) if s * per < k]
+
+
+def slice_faults(a: torch.Tensor, b: torch.Tensor, slices: int) -> list[tuple[str, torch.Tensor]]:
+    """(hint, what the kernel computes) for the usual mistakes in the loop over one K slice."""
+    a, b = a.double().cpu(), b.double().cpu()
+    k = a.shape[1]
+    bounds = slice_bounds(k, slices)
+    out = [("each slice starts at k_start: a loop from 0 sums the first part of K again in every later slice",
+            sum(a[:, :stop] @ b[:stop] for _, stop in bounds))]
+    for block_k in (16, 32, 64, 128, 256):   # the last tile of a slice runs past k_stop, into the next slice
+        ends = [min(start + math.ceil((stop - start) / block_k) * block_k, k) for start, stop in bounds]
+        out.append(("a slice ends at k_stop: mask the K lanes of both loads with k < k_stop (other=0.0); the "
+                    "last tile of a slice otherwise runs into the next slice, and those terms are counted twice",
+                    sum(a[:, start:end] @ b[start:end] for (start, _), end in zip(bounds, ends))))
+    return out
+
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, extra=()) -> str:
+    """The usual fault that explains ``got``, as a hint ('' when none fits)."""
+    g = got.detach().to("cpu", torch.float64)
+    acc = acc.cpu()
+    r = 0.0 if res is None else res
+    ref = acc if bias is None else gelu_tanh(acc + bias) + r
+    faults = list(extra)
+    if bias is not None:
+        m = acc.shape[0]
+        faults += [
+            ("the bias is added along the wrong axis: it has one value per output column (N of them), so "
+             "load it with the column offsets (offs_n) and broadcast it over the rows, bias[None, :]",
+             gelu_tanh(acc + bias[:m, None]) + r if m <= bias.numel() else None),
+            ("GELU is applied before the bias: the epilogue is gelu(acc + bias), so add the bias first",
+             gelu_tanh(acc) + bias + r),
+            ("the bias is missing: add it to the accumulator before GELU", gelu_tanh(acc) + r),
+            ("GELU is missing: apply gelu_math(acc + bias, True) before the store", acc + bias + r),
+            ("this is the exact (erf) GELU: the course's epilogue uses the tanh form, gelu_math(..., True). "
+             "They differ by up to 4.7e-4 near |x| = 2.7", F.gelu(acc + bias) + r),
+        ]
+        if res is not None:
+            faults += [
+                ("the residual is added before GELU: it is added to GELU's output, gelu(acc + bias) + r",
+                 gelu_tanh(acc + bias + r)),
+                ("the residual is missing: load the M x N tile of r and add it after GELU", gelu_tanh(acc + bias)),
+                ("the residual's row stride is ignored: r is a view whose rows are stride_rm elements apart, "
+                 "not N; address it as r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]",
+                 gelu_tanh(acc + bias) + res_flat),
+            ]
+    for hint, candidate in faults:
+        if candidate is not None and torch.isclose(g, candidate, atol=atol, rtol=rtol, equal_nan=True).all():
+            return hint
+    finite = torch.isfinite(g)
+    if not bool(finite.all()) and bool(torch.isfinite(ref).all()):
+        if "cancelling" in what:
+            return ("the sum overflowed: it climbs past float16's largest value (65504) in the middle of the K "
+                    "loop. Accumulate in float32 (tl.zeros(..., dtype=tl.float32)) and convert once, at the store")
+        if "ragged K" in what and earlier_passed:
+            return ("the K mask is missing: the last K tile read past column K of a or past row K of b (the NaN "
+                    "there poisons the sum, even times a masked zero). Mask both loads with k < K and other=0.0")
+    scale = float(ref.abs().max()) or 1.0
+    rel = float((g - ref).abs().nan_to_num(float("inf")).max()) / scale
+    if rel < 0.05 and EXACT not in what:
+        return ("close but not within tolerance: the sum lost precision. Accumulate in float32 "
+                "(tl.zeros(..., dtype=tl.float32), tl.dot(a, b, acc)) and round to the output dtype once, at the store")
+    if "ragged K" in what and earlier_passed:
+        return ("the K mask is missing: every case whose K is a multiple of the tile passes, this one does not. "
+                "The last K tile reads past K: mask both loads with k < K and other=0.0")
+    if "transposed" in what:
+        return "use the strides you are given (stride_am, stride_ak, ...): never assume a row-major operand"
+    if "ragged M and N" in what:
+        return "mask the rows (offs_m < M) and columns (offs_n < N) of the loads and of the store"
+    return ""
