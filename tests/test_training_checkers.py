@@ -99,6 +99,18 @@ def test_the_courses_kernel_is_refused():
         checks.check_ce_backward_kernel(K.cross_entropy_bwd_kernel)
 
 
+@triton.jit
+def _calls_the_courses(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, row_stride, d_row_stride,
+                       inv_n_rows, BLOCK_SIZE: tl.constexpr):
+    K.cross_entropy_bwd_kernel(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, row_stride,
+                               d_row_stride, inv_n_rows, BLOCK_SIZE, 1)
+
+
+def test_a_kernel_that_calls_the_courses_inside_is_refused():
+    with pytest.raises(check.CheckFailure, match="K.cross_entropy_bwd_kernel, the course's cross-entropy backward"):
+        checks.check_ce_backward_kernel(_calls_the_courses)
+
+
 def test_an_untouched_stub_fails():
     class Stub:
         def __getitem__(self, grid):
@@ -126,8 +138,10 @@ def test_right_launcher_passes(capsys):
 
 
 def test_launcher_faults_are_named():
-    with pytest.raises(check.CheckFailure, match="differ"):
+    with pytest.raises(check.CheckFailure, match=r"n_rows\) times too large"):
         checks.check_ce_backward_launcher(_launcher(inv=1.0))            # the mean's 1 / n_rows forgotten
+    with pytest.raises(check.CheckFailure, match="differ"):
+        checks.check_ce_backward_launcher(_launcher(inv=0.5))            # some other wrong scale
     with pytest.raises(check.CheckFailure, match="the logits' dtype"):
         checks.check_ce_backward_launcher(_launcher(dtype=torch.float64))
 
@@ -142,3 +156,13 @@ def test_launcher_faults_are_named():
         return K.cross_entropy_backward_teaching(dloss, logits, targets, lse)
     with pytest.raises(check.CheckFailure, match="course's cross-entropy backward launcher"):
         checks.check_ce_backward_launcher(the_courses)
+
+
+def test_a_launcher_that_writes_into_the_logits_is_named():
+    def in_place(dloss, logits, targets, lse):
+        n_rows, n_cols = logits.shape
+        _ce_bwd[(n_rows,)](logits, logits, targets, lse, dloss, n_cols, logits.stride(0), logits.stride(0),
+                           1.0 / n_rows, BLOCK_SIZE=triton.next_power_of_2(n_cols), FAULT="none")
+        return logits
+    with pytest.raises(check.CheckFailure, match="wrote into the logits"):
+        checks.check_ce_backward_launcher(in_place)

@@ -117,8 +117,10 @@ def _launch(kernel, dlogits, logits, targets, lse, dloss, block, case):
 
 def _refuse(kernel, what):
     from ..kernels import cross_entropy as K
-    check.refuse_answer_key(what, kernel, {"cross-entropy backward kernel": K.cross_entropy_bwd_kernel,
-                                           "cross-entropy backward launcher": K.cross_entropy_backward_teaching})
+    forbidden = {"cross-entropy backward kernel": K.cross_entropy_bwd_kernel,
+                 "cross-entropy backward launcher": K.cross_entropy_backward_teaching}
+    for fn in (kernel, getattr(kernel, "fn", None)):  # the kernel, and the body of a @triton.jit one
+        check.refuse_answer_key(what, fn, forbidden)
     module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
     if module.startswith("course_utils"):
         raise check.CheckFailure(f"{what}: this is the course's own kernel ({module}): write yours.")
@@ -183,6 +185,7 @@ def check_ce_backward_launcher(fn, name: str = "cross-entropy backward launcher"
         for n_rows, n_cols in env.pick(gpu=((3, 50257), (64, 1000)), cpu=((3, 300), (5, 17))):
             case = f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols)"
             _, logits, targets, lse, dloss = _inputs(n_rows, n_cols, dtype, False)
+            before = logits.clone()
             try:
                 got = fn(dloss, logits, targets, lse)
             except (NotImplementedError, check.CheckFailure):
@@ -193,9 +196,18 @@ def check_ce_backward_launcher(fn, name: str = "cross-entropy backward launcher"
                 raise check.CheckFailure(f"{case}: expected a {tuple(logits.shape)} tensor of {dtype} (the logits' "
                                          f"dtype), got {getattr(got, 'dtype', type(got).__name__)} of shape "
                                          f"{tuple(getattr(got, 'shape', ()))}")
-            x = logits.detach().double().requires_grad_(True)
+            if got.data_ptr() == logits.data_ptr() or not torch.equal(logits, before):
+                raise check.CheckFailure(f"{case}: your launcher wrote into the logits: allocate dlogits as a new "
+                                         "tensor (torch.empty of the logits' shape and dtype); an operator must "
+                                         "not write into its input.")
+            x = before.double().requires_grad_(True)
             ref, = torch.autograd.grad(torch.nn.functional.cross_entropy(x, targets) * float(dloss), x)
-            check.compare(case, got, ref, dtype=dtype, atol=check.tolerance(dtype)[0] * float(dloss) / n_rows,
+            atol, rtol = check.tolerance(dtype)
+            too_large = torch.isclose(got.double(), ref * n_rows, atol=atol * float(dloss), rtol=rtol)
+            if n_rows > 1 and bool(too_large.all()):
+                raise check.CheckFailure(f"{case}: your gradient is {n_rows} (n_rows) times too large: the loss is "
+                                         "the mean over rows, pass inv_n_rows = 1.0 / n_rows.")
+            check.compare(case, got, ref, dtype=dtype, atol=atol * float(dloss) / n_rows,
                           hint="launch one program per row with a BLOCK_SIZE that tiles the vocabulary "
                                "(triton.next_power_of_2(n_cols), at most a few thousand), pass 1.0 / n_rows")
     _, logits, targets, lse, dloss = _inputs(4, 300, torch.float32, False)
