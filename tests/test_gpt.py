@@ -124,6 +124,14 @@ def test_model_flops_counts_every_parameter_but_the_position_embeddings():
     assert f["flops"] == (6 * f["params"] + 12 * cfg.n_layer * cfg.d_model * cfg.seq_len) * f["tokens"]
 
 
+def test_mfu_divides_by_the_datasheets_dense_bf16_peak():
+    from course_utils import hardware
+    h100 = hardware.lookup("NVIDIA H100 80GB HBM3")        # the name an H100 SXM reports
+    assert h100.peak_tflops("bfloat16") == 989              # dense (half the sparse figure), as llm.c divides by
+    f = gpt.model_flops(gpt.GPU, batch=8)
+    assert f["params"] == 42_725_376 and f["flops"] == (6 * 42_725_376 + 12 * 6 * 768 * 1024) * 8 * 1024
+
+
 def test_optimizer_is_adamw_fused_on_a_gpu_only():
     opt = gpt.optimizer(gpt.GPT(gpt.TINY))
     assert isinstance(opt, torch.optim.AdamW) and not opt.defaults["fused"]
@@ -189,7 +197,7 @@ def test_targets_are_the_issues_ratios(training_bench):
                         round(5 / 4, 4), 2.0]
     assert [t.required for t in training_bench.targets(df)] == [1.3, 1.0, 1.1, 1.0, 1.25, 1.0, 1.0]
     assert len(got) == 7
-    old = pd.DataFrame([{"impl": "eager", "ms": 14.5}])  # a recorded file of chapter 11: nothing is invented
+    old = pd.DataFrame([{"impl": "eager", "ms": 14.5}])  # the earlier capstone's file: nothing is invented
     assert all(t.measured != t.measured for t in training_bench.targets(old)[:6])
 
 
