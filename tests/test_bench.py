@@ -336,7 +336,7 @@ def test_check_timer_passes_the_protocol():
 
 
 @pytest.mark.parametrize("wrong, words", [(no_sync, "never synchronized"), (mean_not_median, "median"),
-                                          (no_flush, "flush"), (no_warmup_mean, "compilation"),
+                                          (no_flush, "flush"), (no_warmup_mean, "no warm-up"),
                                           (host_clock, "host clock"), (uses_harness, "yourself"),
                                           (lambda gpu, fn: None, "returned nothing"),
                                           (lambda gpu, fn: "fast", "expected a number")])
