@@ -229,6 +229,43 @@ def test_deterministic_mode_pins_the_first_plan_and_refuses_atomics(monkeypatch)
         torch.use_deterministic_algorithms(was)
 
 
+def test_the_choice_times_the_whole_backward_with_its_column_sum(monkeypatch):
+    """A plan with more programs leaves more partial rows to reduce: the timed launch must include it."""
+    x, w, b, dy = _inputs(21, 37, torch.float32)
+    _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
+    sums, seen = [], []
+    real_sum = T.column_sum
+    monkeypatch.setattr(T, "column_sum", lambda part, dt: sums.append(part.shape) or real_sum(part, dt))
+
+    def choose(cands, key, launch):
+        before = len(sums)
+        launch(cands[0])
+        seen.append(len(sums) - before)
+        return cands[0]
+    monkeypatch.setattr(T, "_choose", choose)
+    got = T.layer_norm_backward(dy, x, w, mean, rstd)
+    assert seen == [2], f"the timed launch reduced {seen} partial buffers, expected 2 (dw and db)"
+    for what, g, r in zip(("dx", "dw", "db"), got, _ref(x, w, b, dy)[1:]):
+        _close(what, g, r, torch.float32)
+
+
+def test_backward_plan_pins_a_plan_through_autograd(monkeypatch):
+    x, w, b, dy = _inputs(19, 45, torch.float32)
+    plan = T.Plan("tiles", 64, 2, 4, *T._grid(19, 2, 3))
+    launched = []
+    real = T._launch_backward
+    monkeypatch.setattr(T, "_launch_backward", lambda p, *a: launched.append(p) or real(p, *a))
+    monkeypatch.setattr(T, "_choose", lambda *a: pytest.fail("timed a choice under backward_plan"))
+    xa, wa, ba = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    with T.backward_plan(plan):
+        got = torch.autograd.grad(A.layer_norm_autograd(xa, wa, ba), (xa, wa, ba), dy)
+    assert launched == [plan] and T._PINNED is None  # pinned inside the block, restored after
+    for what, g, r in zip(("dx", "dw", "db"), got, _ref(x, w, b, dy)[1:]):
+        _close(what, g, r, torch.float32)
+    with pytest.raises(TypeError, match="needs a Plan"), T.backward_plan("tiles"):
+        pass
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_atomics_save_no_launch(dtype):
     """What chapter 10 says of atomics: the reduction kernels go, but zeroing the float32 sums (and, in 16-bit

@@ -22,10 +22,23 @@ def test_interleaved_rounds_keep_each_candidates_best_time(monkeypatch):
         fn()
         return next(clock)
     got = choice.fastest(["a", "b", "c"], "key", order.append, cache, timer=timer)
-    assert order == ["a", "b", "c"] * 3                 # interleaved: a, b, c, a, b, c, ...
+    assert order == ["a", "b", "c"] + ["a", "b", "c"] * 3  # a compile-only warm-up, then interleaved rounds
     assert got == "a" and cache == {"key": "a"}         # a: min(5, 1, 6) = 1 beats b (3) and c (2)
+    assert choice.TIMES["key"] == {"a": 1.0, "b": 3.0, "c": 2.0}  # what the choice saw, for a check to print
     assert choice.fastest(["a", "b", "c"], "key", order.append, cache, timer=timer) == "a"
-    assert len(order) == 9                              # timed once per key
+    assert len(order) == 12                             # timed once per key
+
+
+def test_every_candidate_is_compiled_before_the_first_timing(monkeypatch):
+    monkeypatch.setattr(env, "on_gpu", lambda: True)
+    events = []
+
+    def timer(fn):
+        events.append("timed")
+        fn()
+        return 1.0
+    choice.fastest(["a", "b"], "warm", lambda c: events.append(c), {}, timer=timer, rounds=1)
+    assert events[:2] == ["a", "b"] and events[2] == "timed"  # both compiled (launched untimed) first
 
 
 def test_a_candidate_out_of_resources_is_skipped_and_other_errors_raise(monkeypatch):

@@ -1,8 +1,11 @@
 """Choosing a tile configuration by timing the candidates on the GPU in hand: the tuned shelves' one way.
 
-Each candidate runs once per round, for ``CHOICE_ROUNDS`` rounds (interleaved, so that a drift of the
-clocks during the choice reaches every candidate alike), and keeps its fastest time; the fastest
-candidate is remembered per key (device, shape class, dtype...), so the timing happens once per key.
+Every candidate is first launched once untimed (its compile, and the idle GPU clocks that compiling
+leaves behind, come before any timing); then each runs once per round, for ``CHOICE_ROUNDS`` rounds
+(interleaved, so that a drift of the clocks during the choice reaches every candidate alike), and keeps
+its fastest time; the fastest candidate is remembered per key (device, shape class, dtype...), so the
+timing happens once per key. ``TIMES[key]`` keeps the times of that choice ({candidate: ms, or None
+for one this GPU cannot fit}) so that a check can print why a candidate won.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable, Hashable, Sequence
 from .. import env
 
 CHOICE_ROUNDS = 3  # close configurations are a few percent apart: the best of three timings each
+TIMES: dict = {}   # key -> {candidate: best ms or None}, for every choice timed in this process
 
 
 def out_of_resources(e: BaseException) -> bool:
@@ -36,6 +40,13 @@ def fastest(cands: Sequence, key: Hashable, launch: Callable, cache: dict,
         return cands[0]
     if key not in cache:
         times: dict = {}
+        for c in cands:  # compile-only warm-up: no timing includes a compile or the clocks' ramp after it
+            try:
+                launch(c)
+            except Exception as e:
+                if not out_of_resources(e):
+                    raise
+                times[c] = None
         for _ in range(rounds):
             for c in cands:
                 if c in times and times[c] is None:
@@ -48,6 +59,7 @@ def fastest(cands: Sequence, key: Hashable, launch: Callable, cache: dict,
                     times[c] = None
                     continue
                 times[c] = min(t, times.get(c) or t)
+        TIMES[key] = dict(times)
         ok = {c: t for c, t in times.items() if t is not None}
         if not ok:
             raise RuntimeError(f"no candidate of {list(cands)} compiled on this GPU")

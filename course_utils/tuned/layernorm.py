@@ -50,6 +50,7 @@ BACKWARD_DESIGNS = ("course", "per-sm", "both")
 BACKWARD_DESIGN = "both"  # the per-SM layout joins the timed choice: it can only win where it is faster
 PER_SM_MAX_BLOCK = 16384    # the per-SM layout keeps a whole row and two accumulator rows in registers
 _BEST: dict = {}
+_PINNED = None              # a Plan that backward_plan() forces instead of the timed choice
 
 
 @dataclass(frozen=True)
@@ -187,10 +188,35 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
     return (dw_out, None if rms else db_out) if atomic else (dw, None if rms else db)
 
 
+def _finish_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic: bool):
+    """The whole backward of plan ``p`` as autograd runs it: the launch, then the reduction of its ``p.grid``
+    partial rows (``column_sum``) or the conversion of the atomic sums; returns (dx, dw, db) in the weight's dtype."""
+    dw, db = _launch_backward(p, dx, dy2, x2, weight, mean, rstd, rms, atomic)
+    if atomic:
+        return dx, dw.to(weight.dtype), None if rms else db.to(weight.dtype)
+    return dx, column_sum(dw, weight.dtype), None if rms else column_sum(db, weight.dtype)
+
+
 def _choose(cands: list[Plan], key, launch) -> Plan:
-    """The fastest candidate plan for ``key`` (timed once, on a GPU only: :mod:`.choice`)."""
+    """The fastest candidate plan for ``key`` (timed once, on a GPU only: :mod:`.choice`); ``launch(plan)``
+    must run the whole backward (:func:`_finish_backward`): a plan with more programs leaves more partial
+    rows for ``column_sum``, a cost the choice must see."""
     return choice.fastest(cands, key, launch, _BEST,
                           timer=lambda f: choice.do_bench_median(f, warmup=3, rep=10))
+
+
+@contextlib.contextmanager
+def backward_plan(plan: Plan):
+    """Launch ``plan`` for every backward inside the block (autograd included), instead of the timed
+    choice: how a check times one candidate end to end. The plan must fit the shapes it meets."""
+    global _PINNED
+    if not isinstance(plan, Plan):
+        raise TypeError(f"backward_plan needs a Plan, got {type(plan).__name__}")
+    saved, _PINNED = _PINNED, plan
+    try:
+        yield
+    finally:
+        _PINNED = saved
 
 
 def _backward(dy, x, weight, mean, rstd, rms: bool, atomic: bool, what: str, plan: Plan | None = None):
@@ -207,15 +233,14 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, atomic: bool, what: str, pla
     if atomic and deterministic:
         raise RuntimeError(f"{what}: atomic=True adds in a different order on every run, and "
                            "torch.use_deterministic_algorithms(True) is on: use atomic=False")
+    plan = _PINNED if plan is None else plan
     if plan is None:
         cands = backward_candidates(n_rows, n_cols, x.element_size(), hardware.device_info())
         key = (n_rows, n_cols, x.dtype, weight.dtype, rms, atomic, str(x.device), BACKWARD_DESIGN)
         plan = cands[0] if deterministic else _choose(
-            cands, key, lambda p: _launch_backward(p, dx, dy2, x2, weight, mean, rstd, rms, atomic))
-    dw, db = _launch_backward(plan, dx, dy2, x2, weight, mean, rstd, rms, atomic)
-    if atomic:
-        return dx.view(x.shape), dw.to(weight.dtype), None if rms else db.to(weight.dtype)
-    return dx.view(x.shape), column_sum(dw, weight.dtype), None if rms else column_sum(db, weight.dtype)
+            cands, key, lambda p: _finish_backward(p, dx, dy2, x2, weight, mean, rstd, rms, atomic))
+    _, dw, db = _finish_backward(plan, dx, dy2, x2, weight, mean, rstd, rms, atomic)
+    return dx.view(x.shape), dw, db
 
 
 def layer_norm(x, weight, bias=None, eps: float = 1e-5):
