@@ -94,7 +94,8 @@ def test_layer_norm_without_bias_and_names_from_both_shelves():
         assert not hasattr(L, name), name   # the production names live on the tuned shelf only
 
 
-@pytest.mark.parametrize("plan", [T.Plan("chunked", 32, 1, 4, 0), T.Plan("tiles", 128, 4, 4, 0)])
+@pytest.mark.parametrize("plan", [T.Plan("chunked", 32, 1, 4, 0), T.Plan("tiles", 128, 4, 4, 0),
+                                  T.Plan("row", 128, 1, 4, 0)])
 @pytest.mark.parametrize("atomic", [False, True])
 @pytest.mark.parametrize("rms", [False, True])
 def test_tuned_backward_every_plan(plan, atomic, rms):
@@ -208,6 +209,10 @@ def test_backward_design_selects_the_candidates_and_autograd_follows():
     with T.backward_design("both"):
         assert T.backward_candidates(8192, 1024, 2, info, interpreter=False) == course + [per_sm]
         assert T.per_sm_plan(4096, 4096, info) in T.backward_candidates(4096, 4096, 2, info, interpreter=False)
+        rows = [c for c in T.backward_candidates(4096, 16384, 2, info, interpreter=False) if c.version == "row"]
+        assert [(c.num_warps, c.grid) for c in rows] == [(w, T._grid(4096, 1, info.sms)[0]) for w in T.ROW_WARPS]
+    assert not any(c.version == "row" for n in (1024, 16384, 40000)
+                   for c in T.backward_candidates(4096, n, 2, info, interpreter=False, design="course"))
     assert T.BACKWARD_DESIGN == "both"  # restored after each block
     with pytest.raises(ValueError, match="backward design must be one of"), T.backward_design("fast"):
         pass

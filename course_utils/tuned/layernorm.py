@@ -25,7 +25,7 @@ import triton
 from .. import env, hardware
 from ..kernels.layernorm import as_rows, column_sum
 from . import choice
-from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_fwd_kernel
+from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_bwd_row_kernel, norm_fwd_kernel
 
 # --------------------------------------------------------------------------- plans
 
@@ -49,14 +49,16 @@ CHUNKED = ((2048, 4, 1), (4096, 8, 1), (2048, 4, 2), (4096, 8, 2))
 BACKWARD_DESIGNS = ("course", "per-sm", "both")
 BACKWARD_DESIGN = "both"  # the per-SM layout joins the timed choice: it can only win where it is faster
 PER_SM_MAX_BLOCK = 16384    # the per-SM layout keeps a whole row and two accumulator rows in registers
+ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUNKED_FROM to PER_SM_MAX_BLOCK)
 _BEST: dict = {}
 _PINNED = None              # a Plan that backward_plan() forces instead of the timed choice
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A launch: the version ("tiles" or "chunked"), BLOCK_N columns (CHUNK for "chunked"), ROWS rows
-    per tile, num_warps, grid programs, and (backward) the rows each program sums."""
+    """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, or "chunked"), BLOCK_N
+    columns (CHUNK for "chunked"), ROWS rows per tile, num_warps, grid programs, and (backward) the rows
+    each program sums."""
 
     version: str
     BLOCK_N: int
@@ -141,6 +143,10 @@ def backward_candidates(n_rows: int, n_cols: int, itemsize: int, info: hardware.
             cands.append(Plan("chunked", min(chunk, block), 1, warps, *_grid(n_rows, 1, info.sms * per_sm)))
     if design == "both" and block <= PER_SM_MAX_BLOCK:  # (for some shapes the per-SM-1 candidate already is it)
         cands += [p for p in (per_sm_plan(n_rows, n_cols, info),) if p not in cands]
+    if design == "both" and CHUNKED_FROM <= block <= PER_SM_MAX_BLOCK:
+        # the per-SM layout as 1-D blocks: in layernorm.csv (H100) the 2-D tile kernel with Liger's layout takes
+        # 2.3-2.6 ms at N=16384 where Liger's 1-D kernel takes 0.7-0.77 (fwd+bwd); timed, kept only if faster
+        cands += [Plan("row", block, 1, w, *_grid(n_rows, 1, info.sms)) for w in ROW_WARPS]
     return cands
 
 
@@ -170,13 +176,16 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
     n_rows, n_cols = x2.shape
     dev = x2.device
     strides = (x2.stride(0), dy2.stride(0), dx.stride(0))
-    if p.version == "tiles":
+    if p.version in ("tiles", "row"):
         shape = (n_cols,) if atomic else (p.grid, n_cols)
         dw = (torch.zeros if atomic else torch.empty)(shape, dtype=torch.float32, device=dev)
         db = dw if rms else (torch.zeros_like(dw) if atomic else torch.empty_like(dw))
-        norm_bwd_kernel[(p.grid,)](dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols,
-                                    *strides, p.rows_per_program, BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms,
-                                    ATOMIC=atomic, num_warps=p.num_warps)
+        args = (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols, *strides, p.rows_per_program)
+        if p.version == "row":
+            norm_bwd_row_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps)
+        else:
+            norm_bwd_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic,
+                                        num_warps=p.num_warps)
         return dw, None if rms else db
     dw = torch.empty((p.grid, n_cols), dtype=torch.float32, device=dev)
     db = dw if rms else torch.empty_like(dw)

@@ -3,6 +3,7 @@
 ``norm_fwd_kernel``: a tile of ROWS rows x BLOCK_N columns per program (RMS and bias as constexprs,
 mean/rstd stored only when a backward pass needs them). ``norm_bwd_kernel``: dx for a contiguous run of
 rows in tiles of ROWS, plus that run's sums of dy * x_hat and dy (partial row, or atomics).
+``norm_bwd_row_kernel``: the same one row at a time as 1-D blocks (Liger-Kernel's layout, no ROWS axis).
 ``norm_bwd_chunked_kernel``: the same for rows too long for registers, one row at a time in chunks.
 """
 
@@ -83,6 +84,44 @@ def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db
         tl.store(dw_ptr + out, dw, mask=col_mask)
         if not RMS:
             tl.store(db_ptr + out, db, mask=col_mask)
+
+
+@triton.jit
+def norm_bwd_row_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
+                        x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
+                        RMS: tl.constexpr, ATOMIC: tl.constexpr):
+    """``norm_bwd_kernel`` with one row per step as 1-D blocks (no ROWS axis to reduce across, as
+    Liger-Kernel's kernel): dx of rows [pid * rows_per_program, ...), their dw/db sums in registers."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    first = pid * rows_per_program
+    end = tl.minimum(first + rows_per_program, n_rows)
+    for row in tl.range(first, end):
+        r64 = first.to(tl.int64) + (row - first)  # int64 (the interpreter's loop index is a Python int)
+        x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        x_hat = (x if RMS else x - tl.load(mean_ptr + row)) * rstd
+        g = dy * w
+        c1 = tl.sum(g * x_hat, axis=0) / n_cols
+        c2 = 0.0 if RMS else tl.sum(g, axis=0) / n_cols
+        dx = (g - x_hat * c1 - c2) * rstd
+        tl.store(dx_ptr + r64 * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * x_hat
+        db += dy
+    if ATOMIC:
+        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
+        if not RMS:
+            tl.atomic_add(db_ptr + cols, db, mask=mask)
+    else:
+        out = pid.to(tl.int64) * n_cols + cols
+        tl.store(dw_ptr + out, dw, mask=mask)
+        if not RMS:
+            tl.store(db_ptr + out, db, mask=mask)
 
 
 @triton.jit
