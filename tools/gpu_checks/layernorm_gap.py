@@ -9,6 +9,8 @@ For bf16 and fp32 at N = 1024, 4096, 16384, with ``make bench``'s rows (x is 256
 - the timed choice itself: each candidate's best time as the choice saw it (``choice.TIMES``) and its pick;
 - ``fwd+bwd default``: autograd, exactly as benchmarks/layernorm.py times "ours"; ``fwd+bwd <plan>``: the
   same with that plan pinned (``backward_plan``); ``fwd+bwd liger`` and ``fwd+bwd torch`` (F.layer_norm);
+- ``fwd then bwd, no autograd``: the same two launches called directly (autograd's engine and thread left
+  out: if this is near fwd+stats + bwd default and autograd is not, the time is on the autograd path);
 - ``fwd+bwd default (graph)``: the default replayed from a CUDA graph (no host in the way), and
   ``host us/call``: wall-clock microseconds the host spends per autograd fwd+bwd call without waiting for
   the GPU (a host slower than the GPU leaves the GPU idle, and the events count that idle time).
@@ -128,6 +130,8 @@ def case(n, dtype, lg, device, smoke):
         impls[f"bwd {name(p)}"] = lambda p=p: T.layer_norm_backward(dy, xd, wd, mean, rstd, plan=p)
     impls["bwd default"] = lambda: T.layer_norm_backward(dy, xd, wd, mean, rstd)
     impls["fwd+bwd default"] = ours
+    impls["fwd then bwd, no autograd"] = lambda: T.layer_norm_backward(
+        dy, xd, wd, *T._forward(xd, wd, bd, EPS, False, True, "gap")[1:])
     impls["fwd+bwd default (graph)"] = (ours, lambda f, **k: timing.time_ms(f, cuda_graph=True, graph_calls=4, **k))
     for p in cands + extra:
         impls[f"fwd+bwd {name(p)}"] = pinned(ours, p)
