@@ -294,3 +294,52 @@ def test_decoding_with_a_growing_cache_chooses_tiles_once_per_doubling():
         check.compare(f"decode n={n}", o, attention_ref(q.double(), cache[:, :, :n, 0].double(),
                                                          cache[:, :, :n, 1].double(), True), **TOL)
     assert attn.PLANS == plans
+
+
+# ------------------------------------------------------------------ the teaching shelf never imports the tuned one
+
+# The production names the teaching shelf still forwards (PEP 562, on first use), because notebooks call
+# them through it: {teaching module: {name: the module it lives in}}. Emptied as the notebooks move.
+_ELEMENTWISE_KEPT = ("gelu", "bias_gelu_scale", "bias_gelu_dropout", "dropout_keep_mask")
+_CUDA_GELU_KEPT = ("CUDA_GELU_SOURCE", "cuda_gelu_unavailable", "gelu_cuda")
+KEPT_FORWARDS = {
+    "elementwise": {**{n: "course_utils.tuned.elementwise" for n in _ELEMENTWISE_KEPT},
+                    **{n: "course_utils.cuda.gelu" for n in _CUDA_GELU_KEPT}},
+    "softmax": {"softmax": "course_utils.tuned.softmax", "plan": "course_utils.tuned.softmax"},
+}
+
+
+def test_importing_every_teaching_module_never_imports_the_tuned_shelf():
+    import pkgutil
+    import subprocess
+    import sys
+
+    import course_utils.kernels as K
+    names = sorted(m.name for m in pkgutil.iter_modules(K.__path__))
+    code = ("import sys, importlib\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module('course_utils.kernels.' + name)\n"
+            "    bad = sorted(m for m in sys.modules if m.startswith('course_utils.tuned'))\n"
+            "    assert not bad, (name, bad)\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_the_teaching_shelf_forwards_only_the_names_notebooks_still_use():
+    """Every public name of the tuned shelf (and course_utils.cuda.gelu) is looked up on each teaching
+    module: only the kept ones resolve there, each to the object of the module it lives in."""
+    import importlib
+    import pkgutil
+
+    import course_utils.kernels as K
+    import course_utils.tuned as T
+    homes = [f"course_utils.tuned.{m.name}" for m in pkgutil.iter_modules(T.__path__)] + ["course_utils.cuda.gelu"]
+    candidates = {n for home in homes for n in vars(importlib.import_module(home)) if not n.startswith("__")}
+    for m in pkgutil.iter_modules(K.__path__):
+        module = importlib.import_module(f"course_utils.kernels.{m.name}")
+        forwarded = {n for n in candidates - set(vars(module)) if hasattr(module, n)}
+        kept = KEPT_FORWARDS.get(m.name, {})
+        assert forwarded == set(kept), f"course_utils/kernels/{m.name}.py forwards {sorted(forwarded)}"
+        for name, home in kept.items():
+            assert getattr(module, name) is getattr(importlib.import_module(home), name), (m.name, name)

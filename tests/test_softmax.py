@@ -244,11 +244,11 @@ def test_teaching_launchers_one_launch_edges_and_errors():
 
 
 def test_old_paths_forward_to_the_tuned_shelf():
-    assert sm.softmax is tuned.softmax and sm.plan is tuned.plan and sm.Plan is tuned.Plan
-    assert sm._softmax_persistent_kernel is tuned.softmax_persistent_kernel
+    """Only the two names notebooks still call through the teaching module are forwarded."""
+    assert sm.softmax is tuned.softmax and sm.plan is tuned.plan
     assert sm._softmax_row_kernel is sm.softmax_row_kernel and sm._softmax_online_kernel is sm.softmax_online_kernel
-    with pytest.raises(AttributeError):
-        sm.compile_cases_of_someone_else  # noqa: B018 - unknown names are not forwarded
+    for name in ("Plan", "_softmax_persistent_kernel", "occupancy", "compile_cases_of_someone_else"):
+        assert not hasattr(sm, name), name
 
 
 # ------------------------------------------------------------------------- past 2^31 elements

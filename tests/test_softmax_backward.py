@@ -70,7 +70,7 @@ def test_one_launch_empty_and_errors():
         TS.softmax_backward(y.double(), dy.double())
     with pytest.raises(AttributeError):
         S.no_such_name  # noqa: B018
-    assert S.SoftmaxFunction is TS.SoftmaxFunction
+    assert not hasattr(S, "SoftmaxFunction") and not hasattr(S, "softmax_backward")   # tuned shelf only
 
 
 @pytest.mark.gpu

@@ -225,19 +225,6 @@ def attention_ref(q, k, v, causal=False, sm_scale=None, return_lse=False):
 
 
 # --------------------------------------------------------------------------------------------------
-# The production path lives on the tuned shelf; its names keep working here (PEP 562, imported on
-# first use so that this module never imports course_utils.tuned when it is itself imported).
-# --------------------------------------------------------------------------------------------------
-_TUNED = {"flash_attention", "attention_configs", "TileConfig", "INTERPRETER_TILES", "CHOICE_ROUNDS",
-          "last_config", "attn_fwd_tuned_kernel", "attn_fwd_tuned_tiles",
-          "_attn_fwd_tuned", "_attn_tuned_tiles"}
-
-
-def __getattr__(name):
-    if name in _TUNED:
-        from ..tuned import attention as tuned
-        return getattr(tuned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Measuring memory (chapter 7's memory cell). Moving to course_utils.profile (shelves-elementwise).

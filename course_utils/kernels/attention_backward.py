@@ -219,15 +219,3 @@ def attention_backward_ref(q, k, v, do, causal=False, sm_scale=None):
     with torch.enable_grad():
         o = attention_ref(q, k, v, causal=causal, sm_scale=sm_scale)
         return torch.autograd.grad(o, (q, k, v), do)
-
-
-# The tuned backward and the autograd Function live on the tuned shelf (PEP 562, imported on first use).
-_TUNED = {"flash_attention_backward", "flash_attention_autograd", "FlashAttentionFunction",
-          "backward_configs", "BwdConfig"}
-
-
-def __getattr__(name):
-    if name in _TUNED:
-        from ..tuned import attention_backward as tuned
-        return getattr(tuned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

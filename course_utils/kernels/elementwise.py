@@ -13,8 +13,8 @@ This file is the shelf a student reads: the kernels, plain ``kernel[grid](...)``
 (``*_teaching``) and the references. Offsets are int64 (``pid.to(tl.int64)``), so every kernel
 indexes correctly past 2^31 elements. The production path that ``make bench`` times, with tiles
 chosen per GPU, int32 offsets where they are safe and cheaper bias loads, is
-:mod:`course_utils.tuned.elementwise`; its launchers ``add``, ``gelu``, ``bias_gelu_scale``,
-``bias_gelu_dropout`` and ``dropout_keep_mask`` are importable from here too (see the end of the file).
+:mod:`course_utils.tuned.elementwise`; ``gelu``, ``bias_gelu_scale``, ``bias_gelu_dropout`` and
+``dropout_keep_mask`` are still forwarded from here until the notebooks move (see the end of the file).
 """
 
 from __future__ import annotations
@@ -232,16 +232,11 @@ def bias_gelu_dropout_ref(x: torch.Tensor, bias: torch.Tensor, p: float, seed: i
     return F.gelu(x + bias, approximate=approximate) * keep.to(x.dtype) / (1.0 - p)
 
 
-# --- The production names live on the tuned shelf and in course_utils.cuda; ``ew.gelu`` and
-# ``from course_utils.kernels.elementwise import gelu`` keep working through this module-level
-# __getattr__ (PEP 562), which imports them on first use only.
-
+# Kept until notebooks move: notebooks 04 and 11 still call these production names as ``ew.<name>``; they
+# live on the tuned shelf and in course_utils.cuda, imported on first use (PEP 562), never on import.
 _FORWARD = {
-    "course_utils.tuned.elementwise": (
-        "add", "gelu", "bias_gelu_scale", "bias_gelu_dropout", "dropout_keep_mask", "launch_config", "LaunchConfig",
-        "input_dtypes", "needs_int64", "MAX_BLOCK_SIZE", "INT64_THRESHOLD", "FLOAT_DTYPES", "DROPOUT_MAX_BLOCK",
-        "bias_wraps", "IN_ROW", "ONE_WRAP", "ANY_WRAP", "tile_start", "bias_columns"),
-    "course_utils.cuda.gelu": ("CUDA_GELU_SOURCE", "cuda_gelu_unavailable", "load_cuda_gelu", "gelu_cuda"),
+    "course_utils.cuda.gelu": ("CUDA_GELU_SOURCE", "cuda_gelu_unavailable", "gelu_cuda"),
+    "course_utils.tuned.elementwise": ("bias_gelu_dropout", "bias_gelu_scale", "dropout_keep_mask", "gelu"),
 }
 
 

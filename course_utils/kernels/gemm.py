@@ -229,15 +229,3 @@ def compile_cases(info):
     # past 2^31 elements of x (nothing is allocated): the int64 row offsets compile
     yield "matmul_teaching 2^31+", lambda: matmul_teaching(empty(2**20 + 1, 2048, dtype=torch.float16),
                                                           empty(2048, 64, dtype=torch.float16))
-
-
-# PEP 562: the production names live on the tuned shelf; forwarded lazily so that importing this
-# module never imports course_utils.tuned (the tuned module imports this one).
-_TUNED = ("matmul", "linear_gelu", "gemm_configs", "TileConfig")
-
-
-def __getattr__(name):
-    if name in _TUNED:
-        from ..tuned import gemm as _tuned
-        return getattr(_tuned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

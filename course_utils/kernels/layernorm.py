@@ -11,7 +11,7 @@ v4  ``course_utils.tuned.layernorm``: several rows per program for short rows, d
 
 Launchers: ``layer_norm_teaching``, ``rms_norm_teaching``, ``layer_norm_backward_teaching``,
 ``rms_norm_backward_teaching``. The production ops ``layer_norm(x, w, b, eps)`` and
-``rms_norm(x, w, eps)`` live on the tuned shelf and are forwarded from here (bottom of the file).
+``rms_norm(x, w, eps)`` live on the tuned shelf, :mod:`course_utils.tuned.layernorm`.
 """
 
 from __future__ import annotations
@@ -255,20 +255,3 @@ def layer_norm_ref(x, weight, bias, eps: float = 1e-5):
 def rms_norm_ref(x, weight, eps: float = 1e-6):
     """v1: RMSNorm in eager ops: x / sqrt(mean(x^2) + eps) * w."""
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
-
-
-# --------------------------------------------------------------------------- production names
-# ``layer_norm``/``rms_norm`` (and the autograd Functions) live on the tuned shelf; importing them from
-# here keeps working, and importing this module compiles nothing from there (PEP 562).
-_TUNED = ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward")
-_AUTOGRAD = ("LayerNormFunction", "RMSNormFunction", "layer_norm_autograd", "rms_norm_autograd")
-
-
-def __getattr__(name):
-    if name in _TUNED:
-        from ..tuned import layernorm as tuned
-        return getattr(tuned, name)
-    if name in _AUTOGRAD:
-        from ..tuned import layernorm_autograd
-        return getattr(layernorm_autograd, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

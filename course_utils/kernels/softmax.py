@@ -12,7 +12,7 @@ Version ladder:
      split over programs that share their (max, sum), v3 where none fits.
 
 ``softmax``, ``plan``, ``Plan``, ``occupancy``... live in ``course_utils.tuned.softmax``; this
-module forwards them (bottom of the file), so ``course_utils.kernels.softmax.softmax`` keeps working.
+module still forwards ``softmax`` and ``plan`` (bottom of the file) until the notebooks move.
 """
 
 from __future__ import annotations
@@ -165,28 +165,24 @@ def compile_cases(info):
     yield "softmax_teaching 2^31+", lambda: softmax_teaching(empty(2**21 + 1, 1024, dtype=torch.float16))
 
 
-# --------------------------------------------------------------------------- the tuned shelf, by its old path
-# The production op and its plan live in course_utils.tuned.softmax. Notebooks and users import them
-# from here, so they are forwarded lazily (PEP 562): nothing of the tuned shelf loads before it is used.
+# --------------------------------------------------------------------------- old names, and two kept forwards
 _softmax_row_kernel = softmax_row_kernel        # old names of the two teaching kernels
 _softmax_online_kernel = softmax_online_kernel
-_TUNED = frozenset({
-    "softmax", "plan", "Plan", "occupancy", "warps_for", "estimate_programs_per_sm", "max_warps_per_sm",
-    "MAX_FUSED_BLOCK", "MAX_FUSED_BLOCK_16BIT", "MAX_WARPS", "MAX_TAIL", "MAX_TAIL_16BIT", "TILE_ELEMENTS",
-    "ELEMENTS_PER_THREAD", "SPLIT_BLOCK", "SPLIT_WARPS", "SPLIT_BLOCK_16BIT", "SPLIT_WARPS_16BIT", "ONLINE_BLOCK",
-    "MIN_LANES_USED", "REGISTERS_PER_SM", "MAX_WARPS_PER_SM", "softmax_persistent_kernel",
-    "softmax_two_block_kernel", "softmax_split_kernel"})
-_RENAMED = {"_softmax_persistent_kernel": "softmax_persistent_kernel",
-            "_softmax_two_block_kernel": "softmax_two_block_kernel", "_softmax_split_kernel": "softmax_split_kernel",
-            "_launch": "launch"}
+
+# Kept until notebooks move: notebooks 06 and 08 still call ``sm.softmax`` and ``sm.plan``, which live on
+# the tuned shelf (course_utils.tuned.softmax); imported on first use (PEP 562), never on import.
+_FORWARD = {
+    "course_utils.tuned.softmax": ("plan", "softmax"),
+}
 
 
 def __getattr__(name: str):
-    if name in _TUNED or name in _RENAMED:
-        import importlib
-        return getattr(importlib.import_module("course_utils.tuned.softmax"), _RENAMED.get(name, name))
+    for module, names in _FORWARD.items():
+        if name in names:
+            import importlib
+            return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + sorted(_TUNED))
+    return sorted(list(globals()) + [n for names in _FORWARD.values() for n in names])

@@ -55,15 +55,3 @@ def softmax_backward_teaching(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor
 def softmax_backward_ref(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """v1: y * (dy - sum(y * dy)) in eager ops."""
     return y * (dy - (y * dy).sum(dim=-1, keepdim=True))
-
-
-# ``softmax_backward``, ``SoftmaxFunction`` and ``softmax_autograd`` live on the tuned shelf; importing
-# them from here keeps working without importing that shelf until they are asked for (PEP 562).
-_TUNED = ("softmax_backward", "SoftmaxFunction", "softmax_autograd")
-
-
-def __getattr__(name):
-    if name in _TUNED:
-        from ..tuned import softmax_backward as tuned
-        return getattr(tuned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
