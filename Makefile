@@ -36,9 +36,10 @@ lab: $(SETUP)
 	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/
 
 # Tests are handed out one at a time (worksteal); a notebook's cells run in order in one kernel, so
-# the notebooks go file by file (loadfile) in a second run.
+# the notebooks go file by file (loadfile) in a second run. The browser test opens the lectures that
+# show a course widget (make test-browser opens every lecture).
 test: $(SETUP) lint check-exercises chromium
-	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist worksteal tests
+	$(CPU_ENV) COURSE_BROWSER_NB=widgets $(PY) -m pytest -n $(WORKERS) --dist worksteal tests
 	$(CPU_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env notebooks
 	$(MAKE) --no-print-directory test-triton-next
 

@@ -11,6 +11,7 @@ screenshot of each notebook (and of each widget) goes to ``test-artifacts/browse
 
     make test-browser          # or: TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/test_browser.py -m browser
     NB=07 make test-browser    # COURSE_BROWSER_NB=07: only notebooks whose name contains it
+    make test                  # runs it with COURSE_BROWSER_NB=widgets: the lectures with a course widget
 
 Needs a Chromium (``$CHROMIUM``, else ``/usr/bin/chromium`` or one on PATH; ``bash
 tools/install_chromium.sh`` installs Debian's when it can) and ``playwright`` (the dev extra).
@@ -49,8 +50,18 @@ WIDGET_TEXT_ERRORS = ("Error displaying widget", "Failed to load model class", "
                       "Error rendering output")
 
 
+WIDGETS_ONLY = "widgets"  # COURSE_BROWSER_NB=widgets (make test): the lectures that show a course widget
+
+
 def lecture_notebooks() -> list[Path]:
-    return [p for p in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")) if ONLY in p.name]
+    """Every lecture, or those whose name contains COURSE_BROWSER_NB; with ``widgets``, the lectures
+    that import ``course_utils.widgets`` (every lecture's cells also run under nbval in make test,
+    so the browser adds what nbval cannot see: widgets rendering and answering in JupyterLab)."""
+    lectures = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    if ONLY == WIDGETS_ONLY:
+        return [p for p in lectures if "course_utils.widgets" in p.read_text() or
+                "from course_utils import widgets" in p.read_text()]
+    return [p for p in lectures if ONLY in p.name]
 
 
 # ------------------------------------------------------------------------------------ helpers

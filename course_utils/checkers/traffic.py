@@ -176,7 +176,10 @@ def check_kernel_time(fn: Callable) -> None:
     refuse_answer_key("kernel_time_us", fn, _answers())
     rng = _rng()
     what = "kernel_time_us"
-    cases = [(2 * 10**9, 0, 2000, 100, 10), (1000, 10**12, 1000, 100, 0), (0, 0, 3350, 989, 10)]
+    # fixed cases first: memory-bound, compute-bound, empty, and one where both times are of one size
+    # (1000 us and 500 us), so that a sum or a min differs from the max whatever the random cases draw
+    cases = [(2 * 10**9, 0, 2000, 100, 10), (1000, 10**12, 1000, 100, 0), (0, 0, 3350, 989, 10),
+             (10**9, 5 * 10**10, 1000, 100, 5)]
     for _ in range(6):
         cases.append((rng.randrange(1, 10**10), rng.choice([0, rng.randrange(1, 10**13)]),
                       rng.choice([320, 2039, 3350, 4800]), rng.choice([65, 312, 989]), rng.choice([0, 5, 10])))
