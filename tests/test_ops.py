@@ -343,3 +343,17 @@ def test_the_teaching_shelf_forwards_only_the_names_notebooks_still_use():
         assert forwarded == set(kept), f"course_utils/kernels/{m.name}.py forwards {sorted(forwarded)}"
         for name, home in kept.items():
             assert getattr(module, name) is getattr(importlib.import_module(home), name), (m.name, name)
+
+
+def test_outputs_nothing_reads_cost_no_zero_gradients():
+    """The wrapper's Function leaves an unread output's gradient as None (autograd would otherwise fill a
+    zeros tensor for it, one kernel each): add_layer_norm's last residual stream and its statistics."""
+    x, r, w, b = _leaf((4, 16)), _leaf((4, 16)), _leaf((16,)), _leaf((16,))
+    y, s = ops.add_layer_norm(x, r, w, b)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (dx,) = torch.autograd.grad(y.sum(), (x,))
+    filled = [e.name for e in prof.events() if e.name in ("aten::zeros", "aten::zeros_like", "aten::zero_")]
+    assert not filled, filled
+    x64, r64 = (t.detach().double().requires_grad_(True) for t in (x, r))
+    want = torch.autograd.grad(F.layer_norm(x64 + r64, (16,), w.double(), b.double()).sum(), x64)[0]
+    check.compare("dx with s unread", dx, want, atol=1e-4, rtol=1e-4)

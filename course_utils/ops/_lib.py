@@ -60,6 +60,7 @@ def autograd(op, setup: Callable, backward: Callable, bwd_op) -> None:
 def fast_function(name: str, impl: Callable, setup: Callable, backward: Callable, bwd_impl: Callable):
     """An ``autograd.Function`` over the same functions as the registered op (the eager fast path)."""
     def forward(ctx, *args):
+        ctx.set_materialize_grads(False)   # an output nothing reads (statistics, lse) gets None, not a zeros kernel
         out = impl(*args)
         setup(ctx, args, out)
         ctx.bwd = bwd_impl

@@ -121,6 +121,8 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, do, _dlse=None):
+    if do is None:
+        return None, None, None, None, None
     q, k, v, o, lse = ctx.saved_tensors
     if do.dtype != q.dtype:
         do = do.to(q.dtype)

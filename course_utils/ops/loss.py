@@ -50,6 +50,8 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, dloss, _dlse=None):
+    if dloss is None:
+        return None, None
     logits, targets, lse = ctx.saved_tensors
     return ctx.bwd(dloss, logits, targets, lse), None
 

@@ -90,6 +90,8 @@ def _ln_setup(ctx, inputs, output):
 
 
 def _ln_backward(ctx, dy, _dmean=None, _drstd=None):
+    if dy is None:
+        return None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     dx, dw, db = ctx.bwd(dy, x, weight, mean, rstd)
     return dx, dw, db, None
@@ -152,6 +154,8 @@ def _aln_setup(ctx, inputs, output):
 
 def _aln_backward(ctx, dy, ds, _dmean=None, _drstd=None):
     s, weight, mean, rstd = ctx.saved_tensors
+    if dy is None and ds is None:
+        return None, None, None, None, None
     if dy is None:
         dy = torch.zeros_like(s)
     dx, dw, db = ctx.bwd(dy, ds, s, weight, mean, rstd)
