@@ -240,25 +240,28 @@ def test_tuned_out_argument_is_checked_on_every_call():
                   ew.bias_gelu_scale_ref(shifted.double(), b.double(), 0.5))
 
 
-# ---------------------------------------------------------------- the two shelves and the lazy forward
+# ---------------------------------------------------------------- the two shelves, no forwards
 
-def test_teaching_shelf_imports_without_the_tuned_shelf_and_forwards_the_old_names():
-    code = ("import sys; import course_utils.kernels.elementwise as ew; "
-            "assert not [m for m in sys.modules if m.startswith(('course_utils.tuned', 'course_utils.cuda'))], "
-            "'imported on import'; "
-            "from course_utils.kernels.elementwise import gelu, gelu_cuda; "
-            "import course_utils.tuned.elementwise as t, course_utils.cuda.gelu as c; "
-            "assert gelu is t.gelu and gelu_cuda is c.gelu_cuda; print('ok')")
+def test_teaching_shelf_never_imports_the_tuned_shelf_not_even_for_its_dropout_mask():
+    """Import, then draw the reference's dropout mask: neither imports course_utils.tuned or .cuda."""
+    code = ("import sys; import torch; import course_utils as cu; import course_utils.kernels.elementwise as ew; "
+            "x = torch.randn(5, 7, device=cu.DEVICE); b = torch.randn(7, device=cu.DEVICE); "
+            "y = ew.bias_gelu_dropout_ref(x, b, 0.5, 3); "
+            "bad = [m for m in sys.modules if m.startswith(('course_utils.tuned', 'course_utils.cuda'))]; "
+            "assert not bad, bad; assert (y == 0).any() and (y != 0).any(); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
-def test_every_forwarded_name_resolves_and_unknown_names_raise():
-    import importlib
-    for module, names in ew._FORWARD.items():
-        for name in names:
-            assert getattr(ew, name) is getattr(importlib.import_module(module), name)
-    assert set(ew._FORWARD["course_utils.tuned.elementwise"]) <= set(dir(ew))
+def test_production_names_are_not_on_the_teaching_shelf():
+    """The production ops live on course_utils.tuned.elementwise and course_utils.cuda.gelu only."""
+    from course_utils.cuda import gelu as cuda_gelu
+    for name in ("gelu", "bias_gelu_scale", "bias_gelu_dropout", "dropout_keep_mask", "add"):
+        assert hasattr(tuned, name) and not hasattr(ew, name), name
+    for name in ("CUDA_GELU_SOURCE", "cuda_gelu_unavailable", "gelu_cuda"):
+        assert hasattr(cuda_gelu, name) and not hasattr(ew, name), name
+    assert not hasattr(ew, "__getattr__") and not hasattr(ew, "_FORWARD")
+    assert tuned.keep_mask_kernel is ew.keep_mask_kernel  # the tuned shelf imports the teaching mask kernel
     with pytest.raises(AttributeError, match="no attribute 'FAST_LAUNCH'"):
         ew.FAST_LAUNCH  # noqa: B018  (the lean C-launcher path is gone)
     assert not hasattr(tuned, "LAUNCHES") and not hasattr(tuned, "_lean_launch")
@@ -332,15 +335,29 @@ def test_offset_arithmetic_past_2_31_elements():
 
 
 def test_keep_mask_with_int64_offsets_is_the_int32_mask():
-    """Philox takes the offset's high word as a second counter: 0 below 2^32, so the mask is the same."""
-    n, p = 4000, 0.4
-    masks = []
-    for int64 in (False, True):
-        keep = torch.empty(n, dtype=torch.int8, device=cu.DEVICE)
-        tuned.keep_mask_kernel[(triton.cdiv(n, 1024),)](keep, n, p, 99, BLOCK_SIZE=1024, INT64=int64)
-        masks.append(keep)
-    assert torch.equal(*masks)
-    assert abs(masks[0].float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    """Philox takes the offset's high word as a second counter: 0 below 2^32, so the teaching mask kernel
+    (int64 offsets) draws the mask the tuned dropout kernel draws with int32 offsets, whatever the tile."""
+    rows, n_cols, p, seed = 7, 571, 0.4, int(torch.randint(0, 2**40, ()).item())
+    x, b = check.randn((rows, n_cols)).abs() + 1.0, check.randn((n_cols,)).abs()  # gelu > 0: zero means dropped
+    n = x.numel()
+    keep = ew.dropout_keep_mask_teaching((rows, n_cols), p, seed)
+    assert keep.dtype == torch.bool and keep.shape == (rows, n_cols)
+    assert abs(keep.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    assert torch.equal(tuned.dropout_keep_mask((rows, n_cols), p, seed), keep)
+    assert not torch.equal(ew.dropout_keep_mask_teaching((rows, n_cols), p, seed + 1), keep)
+    for int64, block in ((False, 256), (True, 512)):
+        g = check.Guarded(x.shape)
+        tuned.bias_gelu_dropout_tuned_kernel[(triton.cdiv(n, block),)](
+            x, b, g.tensor, n, n_cols, p, 1.0 / (1.0 - p), seed, BLOCK_SIZE=block, APPROXIMATE=True, INT64=int64,
+            WRAPS=tuned.bias_wraps(block, n_cols))
+        g.check(f"dropout INT64={int64}")
+        assert torch.equal(g.tensor != 0, keep), f"INT64={int64}: the tuned kernel drew another mask"
+    assert ew.dropout_keep_mask_teaching((0, 5), p, seed).shape == (0, 5)
+    assert not count_launches(ew.dropout_keep_mask_teaching, (0, 5), p, seed).triton  # no kernel launched
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        ew.dropout_keep_mask_teaching((3,), 1.0, seed)
+    with pytest.raises(ValueError, match="seed"):
+        ew.dropout_keep_mask_teaching((3,), p, -1)
 
 
 BIG = (2**21 + 3, 1024)  # 2^31 + 3072 elements in 1024-column rows: 4 GiB per float16 tensor

@@ -298,51 +298,66 @@ def test_decoding_with_a_growing_cache_chooses_tiles_once_per_doubling():
 
 # ------------------------------------------------------------------ the teaching shelf never imports the tuned one
 
-# The production names the teaching shelf still forwards (PEP 562, on first use), because notebooks call
-# them through it: {teaching module: {name: the module it lives in}}. Emptied as the notebooks move.
-_ELEMENTWISE_KEPT = ("gelu", "bias_gelu_scale", "bias_gelu_dropout", "dropout_keep_mask")
-_CUDA_GELU_KEPT = ("CUDA_GELU_SOURCE", "cuda_gelu_unavailable", "gelu_cuda")
-KEPT_FORWARDS = {
-    "elementwise": {**{n: "course_utils.tuned.elementwise" for n in _ELEMENTWISE_KEPT},
-                    **{n: "course_utils.cuda.gelu" for n in _CUDA_GELU_KEPT}},
-    "softmax": {"softmax": "course_utils.tuned.softmax", "plan": "course_utils.tuned.softmax"},
-}
-
-
-def test_importing_every_teaching_module_never_imports_the_tuned_shelf():
+def test_importing_and_using_the_teaching_shelf_never_imports_the_tuned_shelf():
+    """A fresh process imports every course_utils/kernels/ module, looks up every public name of each (a
+    PEP 562 forward would import its home on lookup; none is left) and runs the references that draw
+    chapter 4's dropout mask (they once imported the tuned mask at call time): nothing from
+    course_utils.tuned is ever imported."""
     import pkgutil
     import subprocess
     import sys
 
     import course_utils.kernels as K
     names = sorted(m.name for m in pkgutil.iter_modules(K.__path__))
-    code = ("import sys, importlib\n"
+    code = ("import sys, importlib, torch\n"
+            "import course_utils as cu\n"
             f"for name in {names!r}:\n"
-            "    importlib.import_module('course_utils.kernels.' + name)\n"
+            "    module = importlib.import_module('course_utils.kernels.' + name)\n"
+            "    assert not hasattr(module, '__getattr__'), (name, 'forwards names (PEP 562)')\n"
+            "    for attr in dir(module):\n"
+            "        getattr(module, attr)\n"
             "    bad = sorted(m for m in sys.modules if m.startswith('course_utils.tuned'))\n"
             "    assert not bad, (name, bad)\n"
+            "from course_utils.kernels import elementwise, gemm\n"
+            "x, w, b = (torch.randn(*s, device=cu.DEVICE) for s in ((3, 8), (8, 5), (5,)))\n"
+            "y1 = elementwise.bias_gelu_dropout_ref(x, torch.randn(8, device=cu.DEVICE), 0.5, 1)\n"
+            "y2 = gemm.linear_gelu_ref(x, w, b, p=0.5, seed=1)\n"
+            "assert (y1 == 0).any() and (y2 == 0).any(), 'no element dropped'\n"
+            "bad = sorted(m for m in sys.modules if m.startswith('course_utils.tuned'))\n"
+            "assert not bad, ('the dropout references', bad)\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
-def test_the_teaching_shelf_forwards_only_the_names_notebooks_still_use():
-    """Every public name of the tuned shelf (and course_utils.cuda.gelu) is looked up on each teaching
-    module: only the kept ones resolve there, each to the object of the module it lives in."""
-    import importlib
-    import pkgutil
+def test_no_teaching_module_imports_the_tuned_shelf_anywhere_in_its_source():
+    """Every import statement of course_utils/kernels/*.py, at module level or inside a function (a
+    call-time import), resolved to its absolute name: none is course_utils.tuned or below."""
+    import ast
+    import pathlib
 
     import course_utils.kernels as K
-    import course_utils.tuned as T
-    homes = [f"course_utils.tuned.{m.name}" for m in pkgutil.iter_modules(T.__path__)] + ["course_utils.cuda.gelu"]
-    candidates = {n for home in homes for n in vars(importlib.import_module(home)) if not n.startswith("__")}
-    for m in pkgutil.iter_modules(K.__path__):
-        module = importlib.import_module(f"course_utils.kernels.{m.name}")
-        forwarded = {n for n in candidates - set(vars(module)) if hasattr(module, n)}
-        kept = KEPT_FORWARDS.get(m.name, {})
-        assert forwarded == set(kept), f"course_utils/kernels/{m.name}.py forwards {sorted(forwarded)}"
-        for name, home in kept.items():
-            assert getattr(module, name) is getattr(importlib.import_module(home), name), (m.name, name)
+
+    def tuned_imports(source: str) -> list[tuple[int, str]]:
+        hits = []
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):  # relative to course_utils.kernels
+                base = ".".join((["course_utils", "kernels"][: 3 - node.level] if node.level else [])
+                                + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            hits += [(node.lineno, t) for t in targets if (t + ".").startswith("course_utils.tuned.")]
+        return hits
+
+    probe = ("def f():\n    from ..tuned.elementwise import gelu\n"
+             "from .. import tuned\nimport course_utils.tuned.softmax\nfrom .elementwise import gelu_math\n")
+    assert [line for line, _ in tuned_imports(probe)] == [2, 3, 4]  # the check sees each form it looks for
+    found = [(path.name, hit) for path in sorted(pathlib.Path(K.__file__).parent.glob("*.py"))
+             for hit in tuned_imports(path.read_text())]
+    assert not found, f"the teaching shelf imports the tuned shelf: {found}"
 
 
 def test_outputs_nothing_reads_cost_no_zero_gradients():

@@ -243,12 +243,14 @@ def test_teaching_launchers_one_launch_edges_and_errors():
         sm.softmax_teaching(torch.ones(2, 3, dtype=torch.int32))
 
 
-def test_old_paths_forward_to_the_tuned_shelf():
-    """Only the two names notebooks still call through the teaching module are forwarded."""
-    assert sm.softmax is tuned.softmax and sm.plan is tuned.plan
+def test_the_teaching_module_forwards_nothing_to_the_tuned_shelf():
+    """softmax, plan, Plan, occupancy... live on course_utils.tuned.softmax only; the old names of the
+    two teaching kernels stay."""
+    assert hasattr(tuned, "softmax") and hasattr(tuned, "plan")
     assert sm._softmax_row_kernel is sm.softmax_row_kernel and sm._softmax_online_kernel is sm.softmax_online_kernel
-    for name in ("Plan", "_softmax_persistent_kernel", "occupancy", "compile_cases_of_someone_else"):
+    for name in ("softmax", "plan", "Plan", "_softmax_persistent_kernel", "occupancy", "compile_cases_of_someone_else"):
         assert not hasattr(sm, name), name
+    assert not hasattr(sm, "__getattr__") and not hasattr(sm, "_FORWARD")
 
 
 # ------------------------------------------------------------------------- past 2^31 elements

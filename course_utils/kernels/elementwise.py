@@ -8,13 +8,14 @@ Version ladder:
 - v3 ``bias_gelu_scale_kernel``: ``gelu(x + bias) * scale`` (bias per column, scalar scale), one read, one write.
 - v4 ``bias_gelu_dropout_kernel``: ``dropout(gelu(x + bias), p)`` with the keep mask drawn inside the
   kernel (Philox, from the seed and the element's index): no mask tensor is ever stored or read.
+  ``keep_mask_kernel`` writes that same mask out, for the references and the checks.
 
 This file is the shelf a student reads: the kernels, plain ``kernel[grid](...)`` launchers
 (``*_teaching``) and the references. Offsets are int64 (``pid.to(tl.int64)``), so every kernel
 indexes correctly past 2^31 elements. The production path that ``make bench`` times, with tiles
 chosen per GPU, int32 offsets where they are safe and cheaper bias loads, is
-:mod:`course_utils.tuned.elementwise`; ``gelu``, ``bias_gelu_scale``, ``bias_gelu_dropout`` and
-``dropout_keep_mask`` are still forwarded from here until the notebooks move (see the end of the file).
+:mod:`course_utils.tuned.elementwise` (``gelu``, ``bias_gelu_scale``, ``bias_gelu_dropout``,
+``dropout_keep_mask``), which imports this shelf; this shelf never imports it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,15 @@ def bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, seed
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["seed"])
+def keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr):
+    """The keep mask of :func:`bias_gelu_dropout_kernel` as int8 (1 kept, 0 dropped): same (seed, index)."""
+    pid = tl.program_id(axis=0)
+    offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    tl.store(keep_ptr + offsets, (tl.rand(seed, offsets) >= p).to(tl.int8), mask=mask)
+
+
 # --- Plain launchers: check, allocate, one kernel[grid](...) call --------------------------------
 
 def _check(name: str, t, like: torch.Tensor | None = None, copy: bool = False) -> torch.Tensor:
@@ -136,6 +146,13 @@ def _approximate(approximate: str) -> bool:
     if approximate not in ("tanh", "none"):
         raise ValueError(f"approximate must be 'tanh' or 'none' (exact erf), got {approximate!r}")
     return approximate == "tanh"
+
+
+def _check_dropout(p: float, seed: int) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
 
 
 def add_teaching(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -191,16 +208,23 @@ def bias_gelu_dropout_teaching(x: torch.Tensor, bias: torch.Tensor, p: float, se
     flag = _approximate(approximate)
     x = _check("x", x, copy=True)
     n_cols = _check_bias(x, bias)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
+    _check_dropout(p, seed)
     y = torch.empty_like(x)
     n = x.numel()
     if n > 0:
         bias_gelu_dropout_kernel[(triton.cdiv(n, TEACHING_BLOCK),)](x, bias, y, n, n_cols, float(p), seed,
                                                                 BLOCK_SIZE=TEACHING_BLOCK, APPROXIMATE=flag)
     return y
+
+
+def dropout_keep_mask_teaching(shape, p: float, seed: int, device=None) -> torch.Tensor:
+    """The boolean keep mask that :func:`bias_gelu_dropout_kernel` draws for ``shape``, ``p`` and ``seed``."""
+    _check_dropout(p, seed)
+    keep = torch.empty(tuple(shape), dtype=torch.int8, device=env.DEVICE if device is None else device)
+    n = keep.numel()
+    if n > 0:
+        keep_mask_kernel[(triton.cdiv(n, TEACHING_BLOCK),)](keep, n, float(p), seed, BLOCK_SIZE=TEACHING_BLOCK)
+    return keep.bool()
 
 
 # --- PyTorch references (eager, unfused: one kernel per operator) -------------------------------
@@ -226,27 +250,6 @@ def bias_gelu_scale_ref(x: torch.Tensor, bias: torch.Tensor, scale: float, appro
 def bias_gelu_dropout_ref(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int,
                           approximate: str = "tanh"):
     """The eager chain with the fused kernels' own mask (torch's dropout draws other numbers)."""
-    from ..tuned.elementwise import dropout_keep_mask  # at call time: this shelf never imports tuned/ on import
-
-    keep = dropout_keep_mask(x.shape, p, seed, device=x.device)
+    keep = dropout_keep_mask_teaching(x.shape, p, seed, device=x.device)
     return F.gelu(x + bias, approximate=approximate) * keep.to(x.dtype) / (1.0 - p)
 
-
-# Kept until notebooks move: notebooks 04 and 11 still call these production names as ``ew.<name>``; they
-# live on the tuned shelf and in course_utils.cuda, imported on first use (PEP 562), never on import.
-_FORWARD = {
-    "course_utils.cuda.gelu": ("CUDA_GELU_SOURCE", "cuda_gelu_unavailable", "gelu_cuda"),
-    "course_utils.tuned.elementwise": ("bias_gelu_dropout", "bias_gelu_scale", "dropout_keep_mask", "gelu"),
-}
-
-
-def __getattr__(name: str):
-    for module, names in _FORWARD.items():
-        if name in names:
-            import importlib
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + [n for names in _FORWARD.values() for n in names])

@@ -11,8 +11,8 @@ Version ladder:
      device: several rows per program for N <= 16384, rows just over 16K as two blocks, long rows
      split over programs that share their (max, sum), v3 where none fits.
 
-``softmax``, ``plan``, ``Plan``, ``occupancy``... live in ``course_utils.tuned.softmax``; this
-module still forwards ``softmax`` and ``plan`` (bottom of the file) until the notebooks move.
+``softmax``, ``plan``, ``Plan``, ``occupancy``... live in ``course_utils.tuned.softmax``, which imports
+this module; this module never imports it.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _launch_rows(kernel, x: torch.Tensor, what: str, BLOCK_SIZE: int, num_warps:
     n_rows, n_cols = x2.shape
     if n_rows > MAX_GRID:
         raise ValueError(f"{what}: {n_rows} rows is more programs than a grid holds ({MAX_GRID}); "
-                         "course_utils.kernels.softmax.softmax takes several rows per program")
+                         "course_utils.tuned.softmax.softmax takes several rows per program")
     y2 = y.view(n_rows, n_cols)
     kernel[(n_rows,)](y2, x2, n_cols, x2.stride(0), y2.stride(0), BLOCK_SIZE=BLOCK_SIZE, num_warps=num_warps)
     return y
@@ -165,24 +165,6 @@ def compile_cases(info):
     yield "softmax_teaching 2^31+", lambda: softmax_teaching(empty(2**21 + 1, 1024, dtype=torch.float16))
 
 
-# --------------------------------------------------------------------------- old names, and two kept forwards
+# --------------------------------------------------------------------------- old names
 _softmax_row_kernel = softmax_row_kernel        # old names of the two teaching kernels
 _softmax_online_kernel = softmax_online_kernel
-
-# Kept until notebooks move: notebooks 06 and 08 still call ``sm.softmax`` and ``sm.plan``, which live on
-# the tuned shelf (course_utils.tuned.softmax); imported on first use (PEP 562), never on import.
-_FORWARD = {
-    "course_utils.tuned.softmax": ("plan", "softmax"),
-}
-
-
-def __getattr__(name: str):
-    for module, names in _FORWARD.items():
-        if name in names:
-            import importlib
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + [n for names in _FORWARD.values() for n in names])

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .. import env
-from ..kernels.elementwise import gelu_math
+from ..kernels.elementwise import gelu_math, keep_mask_kernel  # the mask kernel is the teaching one
 from .elementwise_config import (  # noqa: F401  (names users import from here)
     DROPOUT_MAX_BLOCK,
     FLOAT_DTYPES,
@@ -144,13 +144,6 @@ def bias_gelu_dropout_tuned_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["seed"])
-def keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
-    offsets = tile_start(tl.program_id(axis=0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    tl.store(keep_ptr + offsets, (tl.rand(seed, offsets) >= p).to(tl.int8), mask=mask)
-
-
 # ----------------------------------------------------------------------------------------------
 # Input checks: the full check once per (dtype, device), then only what can change per call
 # ----------------------------------------------------------------------------------------------
@@ -236,13 +229,16 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
 
 
 def dropout_keep_mask(shape, p: float, seed: int, device=None) -> torch.Tensor:
-    """The boolean keep mask :func:`bias_gelu_dropout` uses for ``shape``, ``p`` and ``seed``."""
+    """The boolean keep mask :func:`bias_gelu_dropout` uses for ``shape``, ``p`` and ``seed``.
+
+    The teaching shelf's ``keep_mask_kernel``, launched with the tiles of a float32 dropout (the mask
+    depends on no tile). Its offsets are int64; Philox draws the same numbers from them as from the
+    int32 offsets of :func:`bias_gelu_dropout_tuned_kernel` (the offset's high word is 0 below 2^32)."""
     p, seed = dropout_args(p, seed)
     keep = torch.empty(tuple(shape), dtype=torch.int8, device=torch.device(device) if device else env.DEVICE)
     if keep.numel() > 0:
-        cfg = config_for(keep, torch.float32, DROPOUT_MAX_BLOCK)  # the tiles of a float32 dropout: the same mask
-        keep_mask_kernel[cfg.grid](keep, keep.numel(), p, seed, BLOCK_SIZE=cfg.BLOCK_SIZE, INT64=cfg.int64,
-                                   num_warps=cfg.num_warps)
+        cfg = config_for(keep, torch.float32, DROPOUT_MAX_BLOCK)
+        keep_mask_kernel[cfg.grid](keep, keep.numel(), p, seed, BLOCK_SIZE=cfg.BLOCK_SIZE, num_warps=cfg.num_warps)
     return keep.bool()
 
 
@@ -269,6 +265,7 @@ def compile_cases(info):
             x(), b(), 0.5)
         yield f"bias_gelu_dropout_teaching {dtype_name(dt)}", lambda x=x, b=b: teaching.bias_gelu_dropout_teaching(
             x(), b(), 0.1, 7)
+    yield "dropout_keep_mask_teaching", lambda: teaching.dropout_keep_mask_teaching((333, 1001), 0.1, 7)
     yield "dropout_keep_mask", lambda: dropout_keep_mask((4096, 4096), 0.1, 1234)
     yield "gelu strided rows", lambda: gelu(empty(4096, 8192, dtype=torch.float16)[:, :4100])
     narrow = (4096, 100)  # rows shorter than a tile: the bias columns wrap several times per tile (ANY_WRAP)
