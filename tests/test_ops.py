@@ -349,12 +349,12 @@ def test_no_teaching_module_imports_the_tuned_shelf_anywhere_in_its_source():
                 targets = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
                 continue
-            hits += [(node.lineno, t) for t in targets if (t + ".").startswith("course_utils.tuned.")]
+            hits += [(node.lineno, t) for t in targets if (t + ".").startswith("course_utils.tuned.")][:1]
         return hits
 
     probe = ("def f():\n    from ..tuned.elementwise import gelu\n"
              "from .. import tuned\nimport course_utils.tuned.softmax\nfrom .elementwise import gelu_math\n")
-    assert [line for line, _ in tuned_imports(probe)] == [2, 3, 4]  # the check sees each form it looks for
+    assert sorted(line for line, _ in tuned_imports(probe)) == [2, 3, 4]  # the check sees each form it looks for
     found = [(path.name, hit) for path in sorted(pathlib.Path(K.__file__).parent.glob("*.py"))
              for hit in tuned_imports(path.read_text())]
     assert not found, f"the teaching shelf imports the tuned shelf: {found}"
