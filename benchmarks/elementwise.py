@@ -11,7 +11,7 @@ interleaved rounds (``bench.time_rounds``: each implementation once per round, t
 kept), so a drift of the clocks during the run hits all implementations alike.
 GB/s count the fewest bytes each op must move (x read once, y written once, plus the bias).
 ``triton`` is the tuned path (``course_utils.tuned.elementwise``, what a user calls as
-``ew.gelu``); ``triton_teaching`` is the teaching launcher the chapters print (fixed 1024-element
+``tuned.gelu``); ``triton_teaching`` is the teaching launcher the chapters print (fixed 1024-element
 tiles, int64 offsets, one modulo per element for the bias column), shown at the large sizes. The
 chain's ``triton`` allocates its output as eager PyTorch and ``torch.compile`` do (what the targets
 compare); ``triton_out`` writes into a preallocated one (shown, not judged). Every Triton call goes
@@ -344,7 +344,7 @@ def launch_overhead():
     """Host microseconds per call, back to back, on a 4096-element tensor: where one call's time goes.
 
     Every Triton call goes through Triton's ordinary ``kernel[grid](...)``. The rows break the
-    tuned launcher's host cost down: the whole call (``ew.gelu(x, out=y)``), the same
+    tuned launcher's host cost down: the whole call (``tuned.gelu(x, out=y)``), the same
     ``kernel[grid](...)`` alone (what Triton's own launch path costs: binding the arguments,
     finding the compiled kernel, the driver call), the launcher's Python alone (input checks and
     the cached launch configuration, no launch), and one ``torch.empty_like`` (what an allocating
@@ -367,7 +367,7 @@ def launch_overhead():
     cfg = tuned.config_for(x, x.dtype)
     n = x.numel()
 
-    def checks_only():  # everything ew.gelu(x, out=y) does before its kernel[grid](...) call
+    def checks_only():  # everything tuned.gelu(x, out=y) does before its kernel[grid](...) call
         tuned._approximate_flag("tanh")
         tuned._check_tensor("x", x)
         tuned._output(x, y)
