@@ -363,8 +363,8 @@ def test_gelu_backward_checker_fails_unmasked_loads():
 def test_the_checkers_float64_reference_is_autograds():
     # the checker's textbook formulas against torch autograd through the course's reference attention
     g = check.generator()
-    q, do = (torch.randn(2, 4, 9, 16, generator=g, dtype=torch.float64) for _ in range(2))
-    k, v = (torch.randn(2, 2, 14, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    q, do = (torch.randn(2, 4, 9, 16, generator=g, dtype=torch.float64, device=cu.DEVICE) for _ in range(2))
+    k, v = (torch.randn(2, 2, 14, 16, generator=g, dtype=torch.float64, device=cu.DEVICE) for _ in range(2))
     for causal in (False, True):
         got = checks.attention_grads64(q, k, v, do, causal, 0.3)[2:5]
         want = AB.attention_backward_ref(q, k, v, do, causal=causal, sm_scale=0.3)

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import course_utils as cu
 from course_utils import check
 from course_utils.kernels import cross_entropy as K
 
@@ -36,7 +37,7 @@ def _ref64(logits, targets, dloss):
 ], ids=str)
 def test_loss_and_gradient_match_float64(nan_empty, rows, vocab, dtype, block):
     logits = check.randn((rows, vocab), dtype, scale=3.0, outliers=0.05, outlier_scale=30.0)
-    targets = torch.randint(0, vocab, (rows,))
+    targets = torch.randint(0, vocab, (rows,), device=cu.DEVICE)
     loss, lse = K.cross_entropy_teaching(logits, targets, block=block)
     dloss = check.randn((), torch.float32) + 2.0
     dlogits = K.cross_entropy_backward_teaching(dloss, logits, targets, lse, block=block)
@@ -51,9 +52,9 @@ def test_strided_rows_int32_targets_and_masked_logits(nan_empty):
     base = check.randn((6, 80), scale=50.0)      # |logits| up to ~200: exp would overflow without the max
     logits = base[:, 3:70]
     logits[:, 10] = float("-inf")                 # a masked-out vocabulary entry
-    targets = torch.randint(11, 67, (6,), dtype=torch.int32)
+    targets = torch.randint(11, 67, (6,), dtype=torch.int32, device=cu.DEVICE)
     loss, lse = K.cross_entropy_teaching(logits, targets, block=16)
-    dloss = torch.tensor(1.0)
+    dloss = torch.tensor(1.0, device=cu.DEVICE)
     dlogits = K.cross_entropy_backward_teaching(dloss, logits, targets, lse, block=16)
     want, grad = _ref64(logits, targets, dloss)
     check.compare("loss", loss, want, atol=1e-4, rtol=1e-5)
@@ -61,20 +62,23 @@ def test_strided_rows_int32_targets_and_masked_logits(nan_empty):
 
 
 def test_a_target_outside_the_vocabulary_gives_nan():
-    logits = torch.randn(3, 10)
-    loss, _ = K.cross_entropy_teaching(logits, torch.tensor([1, 10, 2]))
+    logits = torch.randn(3, 10, device=cu.DEVICE)
+    loss, _ = K.cross_entropy_teaching(logits, torch.tensor([1, 10, 2], device=cu.DEVICE))
     assert torch.isnan(loss)
-    loss, _ = K.cross_entropy_teaching(logits, torch.tensor([1, -1, 2]))
+    loss, _ = K.cross_entropy_teaching(logits, torch.tensor([1, -1, 2], device=cu.DEVICE))
     assert torch.isnan(loss)
+
+
+D = cu.DEVICE
 
 
 @pytest.mark.parametrize("logits,targets,err,match", [
-    (torch.randn(2, 3, 4), torch.zeros(2, dtype=torch.long), ValueError, "2-D"),
-    (torch.randn(2, 4), torch.zeros(3, dtype=torch.long), ValueError, "targets must be"),
-    (torch.randn(2, 4), torch.zeros(2), ValueError, "int64 or int32"),
-    (torch.randn(2, 4).long(), torch.zeros(2, dtype=torch.long), TypeError, "float32, float16"),
-    (torch.randn(4, 2).t(), torch.zeros(2, dtype=torch.long), ValueError, "unit stride"),
-    (torch.randn(2, 0), torch.zeros(2, dtype=torch.long), ValueError, "empty"),
+    (torch.randn(2, 3, 4, device=D), torch.zeros(2, dtype=torch.long, device=D), ValueError, "2-D"),
+    (torch.randn(2, 4, device=D), torch.zeros(3, dtype=torch.long, device=D), ValueError, "targets must be"),
+    (torch.randn(2, 4, device=D), torch.zeros(2, device=D), ValueError, "int64 or int32"),
+    (torch.randn(2, 4, device=D).long(), torch.zeros(2, dtype=torch.long, device=D), TypeError, "float32, float16"),
+    (torch.randn(4, 2, device=D).t(), torch.zeros(2, dtype=torch.long, device=D), ValueError, "unit stride"),
+    (torch.randn(2, 0, device=D), torch.zeros(2, dtype=torch.long, device=D), ValueError, "empty"),
 ], ids=["3-D", "rows", "float targets", "int logits", "column-major", "no vocab"])
 def test_bad_inputs_say_what_was_expected(logits, targets, err, match):
     with pytest.raises(err, match=match):

@@ -110,7 +110,7 @@ def test_by_category_sums_launches_and_gpu_time_per_step():
 
 
 def test_host_split_charges_python_to_its_file_and_builtins_to_their_caller():
-    x = torch.ones(64)
+    x = torch.ones(64, device=cu.DEVICE)
 
     def step():  # a course wrapper's Python, then torch's functional Python, then a bare builtin
         launch.add_one(x)

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+import course_utils as cu
 from course_utils import check
 from course_utils.checkers import training as checks
 from course_utils.kernels import cross_entropy as K
@@ -83,8 +84,9 @@ def test_right_kernel_passes(capsys):
     ("max not lse", "not normalized by lse"),
     ("no dloss", "missing the factor dloss"),
     ("no inv_n_rows", "missing the factor inv_n_rows"),
-    ("one tile", "only the first 32 columns"),
-    ("no load mask", "outside its inputs"),
+    ("one tile", r"only the first \d+ columns"),   # the launcher's BLOCK_SIZE is 32 interpreted, 128 on a GPU
+    pytest.param("no load mask", "outside its inputs",
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")),
     ("no store mask", "wrote"),
     ("rows n_cols apart", "row_stride apart"),
     ("one stride", "between the rows of dlogits"),
