@@ -8,11 +8,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import course_utils as cu
 from course_utils import check
 from course_utils.checkers import layernorm as checks
 from course_utils.kernels import layernorm as L
 from course_utils.tuned import layernorm as T
 from course_utils.tuned import layernorm_kernels as TK
+
+# a load outside the inputs is seen under the interpreter only (on a GPU it reads the guard zone unseen)
+INTERPRETER_ONLY = pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")
 
 # ----------------------------------------------------------------------------- forward row kernels
 # MODE selects the mistake (a constexpr, so each wrong kernel is one short branch of the same code):
@@ -101,7 +105,7 @@ def test_forward_check_refuses_a_kernel_that_calls_the_answer_key():
     (4, "masked lanes"),
     (5, "BLOCK_SIZE"),
     (7, "eps"),
-    (8, "outside its inputs"),
+    pytest.param(8, "outside its inputs", marks=INTERPRETER_ONLY),
 ])
 def test_wrong_forward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -237,7 +241,7 @@ def test_dw_db_check_refuses_the_answer_key(kernel):
     (4, "differ"),
     (5, "rows < end"),
     (6, "partial row 0 \\(the others 0\\) holds the dw sum of ALL rows"),
-    (7, "outside its inputs"),
+    (7, "outside its inputs|differ" if cu.on_gpu() else "outside its inputs"),  # GPU: the guard NaN reaches dw
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -309,7 +313,7 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
     (2, "LayerNorm's dx"),
     (3, "x_hat \\* mean\\(g \\* x_hat\\)"),
     (4, "BLOCK_SIZE"),
-    (5, "outside its inputs"),
+    pytest.param(5, "outside its inputs", marks=INTERPRETER_ONLY),
     (6, "outside its inputs|differ"),
 ])
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
