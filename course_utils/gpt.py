@@ -104,9 +104,13 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.eps)
         # GPT-2's initialization, from a fixed generator: both versions start from the same weights.
+        # Biases are zeroed, not left to nn.Linear's draw from the global RNG (two GPT(cfg) would differ).
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if name.endswith("bias") or ".ln" in name or name.startswith("ln_f"):
+                if name.endswith("bias"):
+                    p.zero_()
+                    continue
+                if ".ln" in name or name.startswith("ln_f"):
                     continue
                 std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "out.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=g) * std)

@@ -175,12 +175,16 @@ def test_losses_are_judged_step_by_step_and_a_divergent_step_replayed(training_b
             b.wte.weight.mul_(30.0)
         return a, b.use("torch")
     monkeypatch.setattr(gpt, "twins", twins)
-    curve, report = training_bench.losses(2, gpt.TINY, gpt.tokens(), device="cpu")
+    curve, report = training_bench.losses(2, gpt.TINY, gpt.tokens(), device=cu.DEVICE)  # course kernels: on DEVICE
     assert list(curve.columns) == ["step", "torch_ops", "course_ops", "rel_diff"] and len(curve) == 2
     assert (curve["rel_diff"] > training_bench.LOSS_TOLERANCE).iloc[0]
     assert set(report["step"]) == {0} and set(report["version"]) == {"torch", "course"}
     assert {"blocks.0.proj", "blocks.1.out", "logits", "loss"} <= set(report["output"])
-    assert (report["rel_err_vs_fp32"] < 1e-6).all()  # on the CPU both run in float32: no rounding to find
+    err = report["rel_err_vs_fp32"]
+    if cu.on_gpu():   # bf16 autocast against the float32 twin: rounding is found, and every error is finite
+        assert err.notna().all() and (err > 0).all() and (err < float("inf")).all()
+    else:
+        assert (err < 1e-6).all()  # on the CPU both run in float32: no rounding to find
 
 
 def test_targets_are_the_issues_ratios(training_bench):
