@@ -19,19 +19,6 @@ DT = torch.float32
 TOL = cu.pick(gpu=dict(atol=2e-2, rtol=2e-2), cpu=dict(atol=1e-4, rtol=1e-4))  # GPU: tl.dot may use TF32
 
 
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """Every floating torch.empty / empty_like / new_empty starts as NaN: an unwritten element shows."""
-    def poison(fn):
-        def wrapped(*args, **kwargs):
-            t = fn(*args, **kwargs)
-            return t.fill_(float("nan")) if t.is_floating_point() else t
-        return wrapped
-    monkeypatch.setattr(torch, "empty", poison(torch.empty))
-    monkeypatch.setattr(torch, "empty_like", poison(torch.empty_like))
-    monkeypatch.setattr(torch.Tensor, "new_empty", poison(torch.Tensor.new_empty))
-
-
 def _leaf(shape, scale=1.0, dtype=DT):
     return (check.randn(shape, dtype) * scale).requires_grad_(True)
 
