@@ -143,6 +143,23 @@ def test_the_courses_own_kernels_are_refused_as_the_answer_key():
             check_fn(fn, dtypes=FP)   # refused by its launches, whatever the dtype
 
 
+def test_every_exercise_check_refuses_the_course_answers():
+    """Exercise 9.1's split-K slice check and 9.2's residual epilogue check refuse the course's launchers
+    and tuned ops, reached directly or through a student's function (the fault catalogue in
+    checkers/gemm_faults.py is only consulted after that)."""
+    from course_utils.kernels import gemm as G
+    from course_utils.tuned import gemm as T
+    with pytest.raises(check.CheckFailure, match="course's own kernel"):
+        cg.check_matmul(lambda a, b: getattr(G, "matmul_" + "teaching")(a, b), dtypes=FP, k_slices=SPLITS)
+    with pytest.raises(check.CheckFailure, match="tile_matmul"):
+        cg.check_matmul(G.tile_matmul, dtypes=FP, k_slices=SPLITS)
+    with pytest.raises(check.CheckFailure, match="tuned linear_gelu"):
+        cg.check_linear_gelu_residual(lambda x, w, b, r: T.linear_gelu(x, w, b) + r, dtypes=FP)
+    with pytest.raises(check.CheckFailure, match="course's own kernel"):
+        cg.check_linear_gelu_residual(lambda x, w, b, r: getattr(G, "linear_gelu_" + "teaching")(x, w, b) + r,
+                                      dtypes=FP)
+
+
 @pytest.mark.parametrize("bug, epilogue, dtypes, words", [
     (NO_K_MASK, False, FP, ["K mask"]),
     (NO_K_MASK, True, FP, ["K mask"]),

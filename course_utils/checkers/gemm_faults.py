@@ -1,7 +1,12 @@
 """The usual faults of chapter 9's kernel exercises, recomputed in float64 and named (used by
 :mod:`course_utils.checkers.gemm`): the bias on the wrong axis, GELU before the bias, the erf form, the
 residual's row stride ignored, an accumulator in float16, a missing K mask and, for the split-K slice of
-exercise 9.1, a slice summed from 0 or past its end."""
+exercise 9.1, a slice summed from 0 or past its end.
+
+Not a checker itself: nothing here takes a student's function. Every check that uses it first refuses
+the course's answers (``checkers.gemm.refuse_course_answers``: the teaching and tuned kernels and
+launchers, ``tile_matmul`` for exercise 9.1, the references and the torch ops) and counts launches of
+the student's own kernel only; ``tests/test_gemm_checkers.py`` proves both for each exercise."""
 
 from __future__ import annotations
 
