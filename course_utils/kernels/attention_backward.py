@@ -188,6 +188,15 @@ def check_backward_inputs(q, k, v, o, lse, do, causal):
         raise ValueError("lse must be contiguous (as the forward returns it)")
 
 
+def row_delta(o: torch.Tensor, do: torch.Tensor, block_m: int = 64) -> torch.Tensor:
+    """delta = rowsum(dO * O), float32, shape (B, H, N): one launch of the preprocess kernel."""
+    B, H, N, D = o.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
+    attn_bwd_preprocess_kernel[(triton.cdiv(N, block_m) * B * H,)](
+        o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=block_m, BLOCK_D=block_d(D))
+    return delta
+
+
 def flash_attention_backward_teaching(q, k, v, o, lse, do, causal=False, sm_scale=None,
                                       block_m: int | None = None, block_n: int = 16):
     """(dq, dk, dv) of attention from the forward's output ``o`` and log-sum-exp ``lse`` (v1).
@@ -200,11 +209,9 @@ def flash_attention_backward_teaching(q, k, v, o, lse, do, causal=False, sm_scal
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     BD = block_d(D)
     block_m = block_m or (16 if BD > 128 else 32)
-    attn_bwd_preprocess_kernel[(triton.cdiv(N, block_m) * B * H,)](
-        o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=block_m, BLOCK_D=BD)
+    delta = row_delta(o, do, block_m)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N, scale)
     flags = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BD, CAUSAL=bool(causal),
                  DOT_PRECISION=dot_precision(q.dtype))

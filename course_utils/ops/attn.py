@@ -25,8 +25,8 @@ import torch
 import triton
 
 from .. import hardware
-from ..kernels.attention import block_d, validate
-from ..kernels.attention_backward import attn_bwd_preprocess_kernel
+from ..kernels.attention import validate
+from ..kernels.attention_backward import row_delta
 from ..tuned import attention as F_
 from ..tuned import attention_backward as B_
 from . import _lib
@@ -96,9 +96,7 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    attn_bwd_preprocess_kernel[(triton.cdiv(N, 64) * B * H,)](
-        o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=64, BLOCK_D=block_d(D))
+    delta = row_delta(o, do)
     key = _plan_key("bwd", causal, q, k)
     cfg = PLANS.get(key)
     if cfg is None:

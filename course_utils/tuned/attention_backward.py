@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .. import env, hardware
 from ..kernels.attention import LOG2E, block_d, head_offset, tile_offsets
-from ..kernels.attention_backward import attn_bwd_preprocess_kernel, check_backward_inputs, dot_precision
+from ..kernels.attention_backward import check_backward_inputs, dot_precision, row_delta
 from .attention import choose, flash_attention, load_tile
 
 
@@ -276,9 +276,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, c
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    attn_bwd_preprocess_kernel[(triton.cdiv(N, 64) * B * H,)](
-        o, do, delta, *o.stride(), *do.stride(), H, N, D, BLOCK_M=64, BLOCK_D=block_d(D))
+    delta = row_delta(o, do)
     if config is None:
         cands = backward_configs(hardware.device_info(), D, q.dtype)
         key = ("bwd", torch.cuda.current_device() if env.on_gpu() else -1, q.shape, k.shape, q.dtype, bool(causal))
