@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from course_utils import check, env, hardware
 from course_utils.kernels import layernorm as L
 from course_utils.profile import count_launches
+from course_utils.tuned import choice
 from course_utils.tuned import layernorm as T
 from course_utils.tuned import layernorm_autograd as A
 
@@ -126,18 +127,20 @@ def _nan_empty(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("m, n, slice_, programs", [(23, 100, 32, 8), (23, 100, 32, 20), (9, 20, 32, 3),
-                                                    (31, 129, 64, 6)])
+@pytest.mark.parametrize("m, n, slice_, programs, chunk", [(23, 100, 32, 8, 0), (23, 100, 32, 20, 16),
+                                                           (9, 20, 32, 3, 0), (31, 129, 256, 6, 32),
+                                                           (31, 129, 64, 6, 128)])
 @pytest.mark.parametrize("atomic", [False, True])
 @pytest.mark.parametrize("rms", [False, True])
-def test_split_backward_matches_float64(monkeypatch, dtype, m, n, slice_, programs, atomic, rms):
+def test_split_backward_matches_float64(monkeypatch, dtype, m, n, slice_, programs, chunk, atomic, rms):
     """The "split" kernel: runs of rows x column slices (the last slice ragged, or one slice wider than the
-    row), runs of unequal length, strided rows, fresh signed inputs far from zero, NaN-poisoned outputs."""
+    row), sums in chunks narrower, as wide or wider than a slice (ragged too), runs of unequal length,
+    strided rows, fresh signed inputs far from zero, NaN-poisoned outputs."""
     x, w, b, dy = _inputs(m, n, dtype, offset=-7.0)
     _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
     if rms:
         _, rstd = L.rms_norm_teaching(x, w, return_stats=True)
-    plan = T.split_plan(m, n, slice_, 4, programs)
+    plan = T.split_plan(m, n, slice_, 4, programs, chunk)
     slices = -(-n // slice_)
     assert plan.grid % slices == 0 and (plan.grid // slices) * plan.rows_per_program >= m
     assert (plan.grid // slices - 1) * plan.rows_per_program < m  # no run without rows
@@ -380,11 +383,18 @@ def test_gpu_long_rows_every_backward_candidate(dtype, n):
     _close("y", y, ref[0], dtype)
     info = hardware.device_info()
     per_sm = [T.per_sm_plan(m, n, info)] if n <= T.PER_SM_MAX_BLOCK else []
+    seen = set()  # atomics for the first plan of each kernel: every candidate adds compiles to the GPU suite
     for plan in T.backward_candidates(m, n, dtype.itemsize, info) + per_sm:
-        for atomic in (False, True):
-            got = T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic, plan=plan)
+        for atomic in (False, True) if (plan.version, plan.stages > 0) not in seen else (False,):
+            try:
+                got = T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic, plan=plan)
+            except Exception as e:  # a candidate this GPU cannot fit (the timed choice skips it too)
+                if not choice.out_of_resources(e):
+                    raise
+                break
             for what, g, r in zip(("dx", "dw", "db"), got, ref[1:]):
                 _close(f"{plan} atomic={atomic} {what}", g, r, dtype)
+        seen.add((plan.version, plan.stages > 0))
 
 
 @pytest.mark.gpu

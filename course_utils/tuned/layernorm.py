@@ -62,10 +62,13 @@ ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUN
 # like Liger-Kernel's, wait for each row's loads. Stages keep one more row of x and dy in shared memory
 # (bf16 N=16384: 64 KiB a stage; fp32 N=16384 does not fit two, and is skipped as "no fit").
 ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2)), 8192: ((16, 1, 2),), 16384: ((16, 1, 2), (32, 1, 2))}
-# "split": BLOCK_N -> (SLICE, num_warps, programs per SM). At N=16384 a row's x, dy, w, dw and db take
-# 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: the 1-D kernels spill. A program of the
-# split kernel keeps dw/db for one slice of the columns and reads its row twice (the second time from L2).
-SPLIT = {8192: ((4096, 8, 2),), 16384: ((8192, 16, 1), (4096, 8, 2))}
+# "split": BLOCK_N -> (SLICE, CHUNK, num_warps, programs per SM). At N=16384 a row's x, dy, w, dw and db
+# take 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: the 1-D kernels spill. The split kernel
+# sums the row first (CHUNK columns a step), then reads it again for dx: only w, dw and db of its SLICE
+# columns stay in registers (SLICE = BLOCK_N: the whole row, read twice by one program; less: several
+# programs share a row, each keeping a slice).
+SPLIT = {8192: ((8192, 2048, 16, 1), (4096, 4096, 8, 2)),
+         16384: ((16384, 4096, 16, 1), (16384, 4096, 32, 1), (8192, 8192, 16, 1), (4096, 4096, 8, 2))}
 _BEST: dict = {}
 _PINNED = None              # a Plan that backward_plan() forces instead of the timed choice
 
@@ -74,8 +77,8 @@ _PINNED = None              # a Plan that backward_plan() forces instead of the 
 class Plan:
     """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, "split": a column slice of
     one row at a time, or "chunked"), BLOCK_N columns (CHUNK for "chunked", SLICE for "split"), ROWS rows
-    per tile, num_warps, grid programs, (backward) the rows each program sums, and (row) the pipeline
-    stages of the row loop (0: not pipelined)."""
+    per tile, num_warps, grid programs, (backward) the rows each program sums, (row) the pipeline stages
+    of the row loop (0: not pipelined) and (split) the columns per step of the row's sums (0: SLICE)."""
 
     version: str
     BLOCK_N: int
@@ -84,6 +87,7 @@ class Plan:
     grid: int
     rows_per_program: int = 0
     stages: int = 0
+    chunk: int = 0
 
 
 def _warps(tile: int) -> int:
@@ -176,17 +180,17 @@ def row_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]
             for w, k, stages in ROW_PIPELINED.get(_block(n_cols), ())]
 
 
-def split_plan(n_rows: int, n_cols: int, slice_: int, warps: int, programs: int) -> Plan:
+def split_plan(n_rows: int, n_cols: int, slice_: int, warps: int, programs: int, chunk: int = 0) -> Plan:
     """The "split" launch: runs of rows x column slices of ``slice_`` columns, about ``programs`` programs
-    (at least one per slice), the slices of a run adjacent in the grid."""
+    (at least one per slice), the slices of a run adjacent in the grid; the row's sums ``chunk`` columns a step."""
     slices = triton.cdiv(n_cols, slice_)
     runs, rows_per_program = _grid(n_rows, 1, max(1, programs // slices))
-    return Plan("split", slice_, 1, warps, runs * slices, rows_per_program)
+    return Plan("split", slice_, 1, warps, runs * slices, rows_per_program, chunk=chunk)
 
 
 def split_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]:
     """The ``SPLIT`` candidates of this row length (none for other lengths)."""
-    return [split_plan(n_rows, n_cols, s, w, info.sms * k) for s, w, k in SPLIT.get(_block(n_cols), ())]
+    return [split_plan(n_rows, n_cols, s, w, info.sms * k, c) for s, c, w, k in SPLIT.get(_block(n_cols), ())]
 
 
 # --------------------------------------------------------------------------- ops
@@ -227,8 +231,8 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
         elif p.version == "split":
             if p.grid % slices:
                 raise ValueError(f"a split plan needs a grid of whole runs of {slices} slices, got {p.grid} programs")
-            norm_bwd_split_kernel[(p.grid,)](*args, slices, SLICE=p.BLOCK_N, RMS=rms, ATOMIC=atomic,
-                                             num_warps=p.num_warps)
+            norm_bwd_split_kernel[(p.grid,)](*args, slices, SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms,
+                                             ATOMIC=atomic, num_warps=p.num_warps)
         else:
             norm_bwd_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic,
                                         num_warps=p.num_warps)

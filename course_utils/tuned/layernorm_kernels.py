@@ -5,8 +5,8 @@ mean/rstd stored only when a backward pass needs them). ``norm_bwd_kernel``: dx 
 rows in tiles of ROWS, plus that run's sums of dy * x_hat and dy (partial row, or atomics).
 ``norm_bwd_row_kernel``: the same one row at a time as 1-D blocks (Liger-Kernel's layout, no ROWS axis),
 optionally with the row loop software-pipelined (the next row's x and dy loads issued during this one).
-``norm_bwd_split_kernel``: rows whose x, dy, w, dw and db do not all fit one program's registers: each
-program keeps one column slice of dw/db, and reads the whole row once more for the row's two sums.
+``norm_bwd_split_kernel``: rows whose x, dy, w, dw and db do not all fit one program's registers: the
+row's two sums first, in chunks, then dx and dw/db of one column slice (the whole row or a part of it).
 ``norm_bwd_chunked_kernel``: the same for rows too long for registers, one row at a time in chunks.
 """
 
@@ -190,21 +190,23 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
 @triton.jit
 def norm_bwd_split_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
                           x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, n_slices,
-                          SLICE: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
-    """Rows too long for one program to hold x, dy, w, dw and db in registers (5 x N floats; an H100's
-    register file is 64K floats per SM): program pid takes run pid // n_slices of rows, and only the
-    columns of slice pid % n_slices. Per row:
-        pass 1 (the whole row, SLICE columns a step): c1 = mean(g * x_hat), c2 = mean(g), g = dy * w
-        pass 2 (its slice, read again): dx = (g - x_hat * c1 - c2) * rstd; dw += dy * x_hat; db += dy
-    dw and db of the slice stay in registers for the whole run, and are stored once, as the slice's
-    part of partial row pid // n_slices (ATOMIC: added into dw/db). The programs of one run are
-    neighbours in the grid and read the same rows at about the same time: DRAM serves a row about once,
-    L2 the other n_slices - 1 reads."""
+                          SLICE: tl.constexpr, CHUNK: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+    """Rows too long for the 1-D kernel's registers, which hold x, dy, w, dw and db of the whole row
+    while the row's sums are reduced (5 x N floats; an H100 SM has 64K 4-byte registers). Program pid
+    takes run pid // n_slices of rows, and the SLICE columns of slice pid % n_slices. Per row:
+        pass 1 (the whole row, CHUNK columns a step): c1 = mean(g * x_hat), c2 = mean(g), g = dy * w
+        pass 2 (its slice, read again, now from L1 or L2): dx = (g - x_hat * c1 - c2) * rstd,
+                dw += dy * x_hat, db += dy
+    Pass 2 knows c1 and c2 before it loads: x and dy live only until their dx is stored, so what stays
+    in registers is w, dw and db of the slice (3 x SLICE floats). dw and db are stored once, as the
+    slice's part of partial row pid // n_slices (ATOMIC: added into dw/db). With several slices, the
+    programs of one run are neighbours in the grid and read the same rows at about the same time: DRAM
+    serves a row about once, L2 the other n_slices - 1 reads."""
     pid = tl.program_id(0)
     run = pid // n_slices
-    offsets = tl.arange(0, SLICE)
-    cols = (pid % n_slices) * SLICE + offsets
+    cols = (pid % n_slices) * SLICE + tl.arange(0, SLICE)
     mask = cols < n_cols
+    offsets = tl.arange(0, CHUNK)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros((SLICE,), dtype=tl.float32)
     db = tl.zeros((SLICE,), dtype=tl.float32)
@@ -214,9 +216,9 @@ def norm_bwd_split_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_p
         r64 = first.to(tl.int64) + (row - first)  # int64 (the interpreter's loop index is a Python int)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
-        acc1 = tl.zeros((SLICE,), dtype=tl.float32)
-        acc2 = tl.zeros((SLICE,), dtype=tl.float32)
-        for start in tl.range(0, n_cols, SLICE):  # pass 1: sum g * (x - mean) and g (zero past the row's end)
+        acc1 = tl.zeros((CHUNK,), dtype=tl.float32)
+        acc2 = tl.zeros((CHUNK,), dtype=tl.float32)
+        for start in tl.range(0, n_cols, CHUNK):  # pass 1: sum g * (x - mean) and g (zero past the row's end)
             c = start + offsets
             m = c < n_cols
             xc = tl.load(x_ptr + r64 * x_row_stride + c, mask=m, other=0.0).to(tl.float32) - mean
