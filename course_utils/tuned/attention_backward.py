@@ -211,9 +211,13 @@ class BwdConfig:
 # Best first, from the H100 tile sweep (results/h100-80gb-hbm3/attention_bwd_tiles.csv): d=64, three within
 # 5%; d=128, 64 x 128 dK/dV tiles on two warpgroups beat the Triton tutorial's 32 x 128 on one by 1.9-2.1x;
 # 8 warps, 4 stages came after the sweep (the timed choice took it for 3 of 4 d=128 shapes of attention.csv).
+# The last two d=128 candidates are timed, kept only where faster: atomic dQ on the 64 x 128 tiles (ahead of
+# the separate pass non-causal in tools/gpu_checks/attention_backward.py on an H100, 4.6 vs 4.8 ms at N=4096,
+# behind causal), and a dQ pass of 64 query rows x 128 keys (half the dQ accumulator per program of 128 x 64).
 _HOPPER_BWD = {
     64: [BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(32, 64, 64, 32, 4, 4), BwdConfig(64, 64, 64, 64, 4, 3)],
-    128: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(64, 128, 128, 64, 8, 4), BwdConfig(32, 64, 64, 32, 4, 4)],
+    128: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(64, 128, 128, 64, 8, 4), BwdConfig(32, 64, 64, 32, 4, 4),
+          BwdConfig(64, 128, 128, 64, 8, 3, True), BwdConfig(64, 128, 64, 128, 8, 3)],
     256: [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2)],
 }
 # T4 (64 KiB): what the sm_75 compile matrix fits (smem_bytes misses its conversion scratch).
