@@ -6,7 +6,8 @@
     that does not fit this GPU is listed as "no fit". The timed choice then times them all (its
     ``choice.TIMES``: the backward alone, column sums included, best of 3 medians), and interleaved
     rounds time the chosen backward beside Liger-Kernel's backward, and forward + backward through
-    autograd for ours, Liger-Kernel's, ``F.layer_norm`` and ``torch.compile(F.layer_norm)``.
+    autograd for ours, Liger-Kernel's, ``F.layer_norm`` and ``torch.compile(F.layer_norm)``. Last, the
+    column sum that ends every backward, at N=768 with narrower column blocks (more programs).
 (b) FlashAttention at d=128, bf16, B*H*N = 16 x 16384 (N 4096 and 16384), causal and not. Each forward
     tile configuration and each backward configuration (the candidates of ``backward_configs`` plus the
     ``ATTN_TRIES``, which are not candidates) is first checked against float32 math on a small
@@ -36,6 +37,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 import layernorm_gap as G  # noqa: E402  (its inputs, plan names, fwd_bwd)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
 
 import course_utils as cu  # noqa: E402
 from course_utils import env, hardware, timing  # noqa: E402
@@ -55,8 +57,8 @@ ATTN_TOKENS = 16 * 16384             # B * H * N: the benchmark's 16K tokens x 1
 ATTN_TOL = 2e-2                      # bf16 against float32 math, max |err| / max |ref|
 ROUNDS = 3
 # Backward configurations timed beside the candidates (not candidates: a winner here is one to add); every
-# configuration costs two compiles per mask (about 3 s each on an H100 host), so only two
-ATTN_TRIES = [TB.BwdConfig(64, 128, 128, 64, 8, 2), TB.BwdConfig(64, 128, 128, 64, 8, 4, True)]
+# configuration costs two compiles per mask (a few seconds each on an H100 host), so only two
+ATTN_TRIES = [TB.BwdConfig(64, 128, 64, 128, 8, 3), TB.BwdConfig(64, 128, 128, 64, 8, 3, True, tma=True)]
 # Forward tiles timed beside the candidates: attention_tiles_explore.csv has 128 x 128 (8 warps, 3 stages) 2-3%
 # behind 64 x 64 at N=4096 non-causal and 9% causal; N=16384 was never tried
 FWD_TRIES = [TA.TileConfig(128, 128, 8, 3, 2, True)]
@@ -162,6 +164,36 @@ def ln_case(n, m, dtype, lg, compiled, smoke) -> tuple[list[dict], list[dict]]:
     return cand_rows, rows
 
 
+COLUMN_SUM_TILES = ((32, 64), (32, 32), (64, 32), (32, 16), (64, 16))  # (BLOCK_M, BLOCK_N); the first ships
+
+
+def column_sum_tries(smoke) -> list[dict]:
+    """Chapter 12's step spends 26 column sums a step at N=768 (6.3 us each on an H100, training_kernels.csv):
+    the shipped tiles give 12 programs; narrower column blocks give more. Checked against torch.sum first."""
+    from course_utils.kernels.layernorm import column_sum_kernel
+    rows = []
+    for parts in ((5,) if smoke else (132, 264, 528)):
+        n = 40 if smoke else 768
+        part = torch.randn(parts, n, device=env.DEVICE)
+        want = part.double().sum(0)
+        impls = {}
+        for bm, bn in COLUMN_SUM_TILES:
+            out = torch.empty(n, device=env.DEVICE, dtype=torch.bfloat16 if not smoke else torch.float16)
+
+            def run(out=out, bm=bm, bn=bn):
+                column_sum_kernel[(triton.cdiv(n, bn),)](out, part, parts, n, BLOCK_M=bm, BLOCK_N=bn)
+                return out
+            err = float((run().double() - want).abs().max() / want.abs().max())
+            if err > 1e-2:
+                FAILURES.append(f"column_sum BLOCK_M={bm} BLOCK_N={bn}: WRONG (err {err:.2e})")
+                continue
+            impls[f"column_sum {parts}x{n} BLOCK_M={bm} BLOCK_N={bn} ({triton.cdiv(n, bn)} programs)"] = run
+        got = {k: math.nan for k in impls} if smoke else {
+            k: t.median for k, t in timing.time_rounds(impls, ROUNDS, warmup=3, rep=20).items()}
+        rows += [{"impl": k, "ms": ms} for k, ms in got.items()]
+    return rows
+
+
 def ln_section(smoke, budget_s) -> tuple[list, list]:
     lg = None if smoke else liger_parts()
     # issue 29's shapes first (widest rows first), then chapter 12's width: a spent budget drops the last ones
@@ -188,6 +220,7 @@ def ln_section(smoke, budget_s) -> tuple[list, list]:
         print(f"  layernorm {str(dtype)[6:]} N={n} rows={m}: {len(c)} checked ({time.time() - t0:.0f} s)", flush=True)
         if not smoke:
             torch.cuda.empty_cache()
+    time_rows += [{"dtype": "float32", "N": 768, "rows": 0, **r} for r in column_sum_tries(smoke)]
     return cand_rows, time_rows
 
 
@@ -253,7 +286,7 @@ def short(c) -> str:
     if isinstance(c, TA.TileConfig):
         return f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages} tma{c.tma}" + (" qregs" if c.q_regs else "")
     return f"{c.block_m1}x{c.block_n1}/{c.block_m2}x{c.block_n2} w{c.num_warps} s{c.num_stages}" + \
-        (" atomic" if c.atomic_dq else "")
+        (" atomic" if c.atomic_dq else "") + (" tma" if c.tma else "")
 
 
 def attn_section(smoke, budget_s) -> tuple[list, list]:
@@ -325,6 +358,13 @@ def summary(ln_cands, ln_times, attn_times):
     if len(ln_times):
         t = pd.DataFrame(ln_times)
         c = pd.DataFrame(ln_cands)
+        sums = t[t.impl.str.startswith("column_sum")]
+        for parts, g in sums.groupby(sums.impl.str.split(" ").str[1], sort=False):
+            if g.ms.notna().any():
+                best = g.loc[g.ms.idxmin()]
+                lines.append(f"column_sum {parts}: shipped {g.ms.iloc[0] * 1e3:6.2f} us, best {best.ms * 1e3:6.2f} us "
+                             f"({best.impl.split(' ', 2)[2]})")
+        t = t[~t.impl.str.startswith("column_sum")]
         for (dt, n, m), g in t.groupby(["dtype", "N", "rows"], sort=False):
             ms = dict(zip(g.impl, g.ms))
             cc = c[(c.dtype == dt) & (c.N == n) & (c.rows == m) & (c.plan != "liger")]
@@ -354,8 +394,8 @@ def main(argv=None):
     ap.add_argument("--out", default="results/kernel_candidates", help="directory for the CSVs")
     ap.add_argument("--only", choices=("ln", "attn"), help="one section only")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, nothing timed (runs on the interpreter)")
-    ap.add_argument("--ln-budget", type=float, default=170.0, help="seconds after which no new LayerNorm case starts")
-    ap.add_argument("--attn-budget", type=float, default=90.0, help="the same for attention")
+    ap.add_argument("--ln-budget", type=float, default=150.0, help="seconds after which no new LayerNorm case starts")
+    ap.add_argument("--attn-budget", type=float, default=60.0, help="the same for attention")
     args = ap.parse_args(argv)
     if not args.smoke and not cu.on_gpu():
         print("kernel_candidates.py needs a CUDA GPU (or --smoke under the interpreter)", file=sys.stderr)
