@@ -61,10 +61,13 @@ ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUN
 # a loop whose loads feed no dot product only when the loop asks (tl.range(num_stages=)): ROW_WARPS' loops,
 # like Liger-Kernel's, wait for each row's loads. Stages keep one more row of x and dy in shared memory
 # (bf16 N=16384: 64 KiB a stage; fp32 N=16384 does not fit two, and is skipped as "no fit").
+# At N=16384 ptxas spills 0.7-2.3 KB a thread of every 1-D row kernel but the pipelined 32-warp one (about
+# 0.26 KB; results/ptx/candidate_registers.csv), so that one only.
 ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192: ((16, 1, 2), (32, 1, 2)),
-                 16384: ((16, 1, 2), (32, 1, 2))}
+                 16384: ((32, 1, 2),)}
 # "split": BLOCK_N -> (SLICE, CHUNK, num_warps, programs per SM). At N=16384 the 1-D kernels hold x, dy, w,
-# dw and db of a row, 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: they spill. The split
+# dw and db of a row, 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: they spill (0.7-2.3 KB
+# a thread for sm_90, results/ptx/candidate_registers.csv, where the 8192 and 4096 slices spill nothing). The split
 # kernel sums the row first (CHUNK columns a step), then reads it again for dx: what stays in registers is w,
 # dw and db of its SLICE columns (SLICE = BLOCK_N: one program per row, which it reads twice; less: several
 # programs share a row, each keeping a slice, and L2 serves all but one of their reads).
