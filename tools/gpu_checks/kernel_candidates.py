@@ -147,11 +147,14 @@ def ln_case(n, m, dtype, lg, compiled, smoke) -> tuple[list[dict], list[dict]]:
         impls["fwd+bwd compile"] = G.fwd_bwd(lambda x, w, b: compiled(x, (n,), w, b, EPS), xs, dy)
     if lg is not None:
         fn, fwd, bwd = lg
-        _, _, lmean, lrstd, *_ = fwd(x, w, b, EPS)
-        got = bwd(dy, x, w, b, lmean, lrstd)
-        cand_rows.append({**tag, "plan": "liger", "err": max(rel_err(g, r) for g, r in zip(got, want))})
-        impls["bwd liger"] = lambda: bwd(dy, x, w, b, lmean, lrstd)
         impls["fwd+bwd liger"] = G.fwd_bwd(lambda x, w, b: fn.apply(x, w, b, EPS), xs, dy)
+        try:  # its backward alone: functions whose signatures change between Liger-Kernel versions
+            _, _, lmean, lrstd, *_ = fwd(x, w, b, EPS)
+            got = bwd(dy, x, w, b, lmean, lrstd)
+            cand_rows.append({**tag, "plan": "liger", "err": max(rel_err(g, r) for g, r in zip(got, want))})
+            impls["bwd liger"] = lambda: bwd(dy, x, w, b, lmean, lrstd)
+        except Exception as e:  # noqa: BLE001 - a skipped row, said
+            cand_rows.append({**tag, "plan": "liger", "note": f"backward alone skipped: {type(e).__name__}: {e}"[:150]})
     if smoke:
         for f in impls.values():
             f()
