@@ -214,7 +214,8 @@ def layer_report(step: int, cfg, x, y, weights) -> pd.DataFrame:
                      for name, mod in m.named_modules() if name.endswith((".proj", ".out"))]
             cast = gpt._autocast(x.device) if tag == "bf16" else torch.autocast(x.device.type, enabled=False)
             with torch.no_grad(), cast:
-                logits, loss = m(x, y)
+                _, loss = m(x, y)
+                logits = m(x)   # the head alone: the course's loss op never writes the logits
             outs[(tag, "logits")], outs[(tag, "loss")] = logits.float(), loss.float()
             for h in hooks:
                 h.remove()

@@ -10,6 +10,7 @@ GPU, for the lecture cells that show what ran.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -143,14 +144,38 @@ _OP_RULES = (
 )
 
 
+# The operators an Inductor kernel's name lists (``triton_poi_fused__to_copy_clone_3``) that move or view
+# data without computing: a kernel that does nothing else is a cast (if it converts) or a copy.
+_DATA_MOVES = {"clone", "view", "unsafe", "permute", "transpose", "t", "copy", "expand", "squeeze", "unsqueeze",
+               "slice", "select", "cat", "split", "with", "sizes", "alias", "reshape", "contiguous"}
+
+
+def _fused_move(name: str) -> str | None:
+    """"cast" or "copy" for a generated kernel whose fused operators only convert, copy or view, by what
+    the kernel does (its name lists its operators), whichever aten op launched it; else None."""
+    if "fused_" not in name:
+        return None
+    ops = re.sub(r"_\d+$", "", name.split("fused_", 1)[1])
+    converts = "_to_copy" in ops
+    rest = [t for t in ops.replace("_to_copy", "_").split("_") if t and t not in _DATA_MOVES]
+    if rest:
+        return None
+    return "cast" if converts else "copy"
+
+
 def categorize(kernel: str, ops=()) -> str:
     """The category of one kernel launch, from its name, else from the operators above it (nearest
-    first): one of :data:`CATEGORIES`. A kernel nothing names is elementwise glue (adds, the
-    embeddings' gathers, fills, reductions of gradients)."""
+    first): one of :data:`CATEGORIES`. A generated (Inductor) kernel that only converts dtypes counts as
+    a cast, one that only copies as a copy, like eager's ``aten::_to_copy`` and ``aten::clone``. A
+    kernel nothing names is elementwise glue (adds, the embeddings' gathers, fills, reductions of
+    gradients)."""
     name = kernel.lower()
     for category, keys in _KERNEL_RULES:
         if any(k in name for k in keys):
             return category
+    moved = _fused_move(name)
+    if moved is not None:
+        return moved
     # nearest operator first, but a copy_ names a category only when nothing above it does (a cast is
     # aten::_to_copy calling aten::copy_; a copy inside an attention backward belongs to attention)
     for rules in (_OP_RULES[:-1], _OP_RULES[-1:]):

@@ -92,6 +92,12 @@ def test_cuda_kernel_table_needs_a_gpu():
     ("triton_per_fused_add_native_layer_norm_0", ("CompiledFunction",), "norm"),
     ("Memcpy DtoD (Device -> Device)", (), "copy"),
     ("add_layer_norm_fwd_kernel", ("course::add_layer_norm",), "norm"),
+    # Inductor's kernels by what they do, whatever launched them: a fused dtype conversion is a cast
+    ("triton_poi_fused__to_copy_0", ("CompiledFunction",), "cast"),
+    ("triton_poi_fused__to_copy_clone_t_12", ("CompiledFunctionBackward",), "cast"),
+    ("triton_poi_fused_clone_3", ("CompiledFunction",), "copy"),
+    ("triton_red_fused__to_copy_add_native_layer_norm_4", ("CompiledFunction",), "norm"),
+    ("triton_per_fused__to_copy_sum_7", ("CompiledFunctionBackward",), "elementwise glue"),
 ])
 def test_categorize_names_a_kernel_by_its_name_else_the_nearest_operator(kernel, ops, category):
     assert profile.categorize(kernel, ops) == category
