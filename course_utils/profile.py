@@ -305,7 +305,9 @@ def host_split(fn, calls: int = 1) -> dict:
 
 #: The fusion ladder's steps, in order (benchmarks/training.py measures each one).
 FUSIONS = ("+ AdamW(fused=True)", "+ attention reads q, k, v by strides", "+ residual add + LayerNorm in one kernel",
-           "+ bias + GELU in the GEMM epilogue", "+ fused cross-entropy (the course's step)")
+           "+ bias + GELU fused with the MLP's first GEMM", "+ fused cross-entropy",
+           "+ LM head and loss in one op (logits never written whole)",
+           "+ bf16 weights, float32 masters in one AdamW kernel (the course's step)")
 
 
 def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
@@ -362,4 +364,18 @@ def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
             ("log_softmax backward", 8 * mv, 4 * mv, 0, 4 * mv), ("cast back", 4 * mv, 2 * mv, 0, 4 * mv)]
     out[FUSIONS[4]] = pair(FUSIONS[4], loss, [("loss, online softmax", 2 * mv + 8 * M, 8 * M), ("mean", 4 * M, 4),
                                               ("gradient", 2 * mv + 8 * M, 2 * mv)])
+    # the head's GEMM writes the bf16 logits either way; the fused op's one kernel per chunk reads them, writes
+    # the loss and the gradient in place (its second pass over a row re-reads it from the cache), instead of
+    # a loss kernel and a gradient kernel that each read the logits from HBM
+    out[FUSIONS[5]] = pair(FUSIONS[5], [("loss, online softmax", 2 * mv + 8 * M, 8 * M),
+                                        ("gradient", 2 * mv + 8 * M, 2 * mv)],
+                           [("loss and gradient in place, per chunk", 2 * mv + 8 * M, 2 * mv + 4 * M, 0, 2 * mv)])
+    # float32 weights under autocast: each weight cast to bf16 once per forward (read 4 P, write 2 P), each
+    # gradient back to float32 (read 2 P, write 4 P), AdamW on float32 (reads p, g, m, v; writes p, m, v);
+    # bf16 weights: one kernel reads g (bf16), the float32 master, m and v, writes them and the bf16 weight
+    P = n_params
+    out[FUSIONS[6]] = pair(FUSIONS[6], [("weights to bf16 (autocast)", 4 * P, 2 * P),
+                                        ("gradients to float32", 2 * P, 4 * P),
+                                        ("fused AdamW, float32", 16 * P, 12 * P)],
+                           [("AdamW on float32 masters, writes the bf16 weights", 14 * P, 14 * P)])
     return out
