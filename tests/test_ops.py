@@ -378,3 +378,11 @@ def test_linear_gelu_plans_agree_with_float64(plan):
     check.compare(f"{plan} output", out, want, **TOL)
     for name, g, e in zip(("dx", "dw", "db"), got, torch.autograd.grad(want, a64, dy.double())):
         check.compare(f"{plan} {name}", g, e, atol=TOL["atol"] * 20, rtol=TOL["rtol"] * 10)
+
+
+def test_attention_defaults_to_non_causal_as_sdpa_does():
+    """``causal`` defaults to False, like ``F.scaled_dot_product_attention``'s ``is_causal``."""
+    q, k, v = (check.randn((1, 2, 9, 8)) for _ in range(3))
+    check.compare("default (non-causal)", ops.attention(q, k, v), attention_ref(q.double(), k.double(), v.double(),
+                                                                                False, 8 ** -0.5), **TOL)
+    check.compare("sdpa's default", ops.attention(q, k, v), F.scaled_dot_product_attention(q, k, v), **TOL)

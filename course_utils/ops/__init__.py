@@ -68,10 +68,11 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     return _linear.LinearGelu.apply(x, weight, bias)[0]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale [+ causal, bottom-right]) v; q (B, H, N, d), k/v (B, H_kv, N_kv, d), any
-    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d)."""
+    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d);
+    ``causal`` defaults to False, as SDPA's ``is_causal`` does (a causal mask is asked for, never assumed)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _compiling():
         return torch.ops.course.attention(q, k, v, bool(causal), scale)
