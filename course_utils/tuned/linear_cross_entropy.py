@@ -44,21 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import fused_classifier as K
+from ..traffic.classifier import CHUNK_BYTES, ROW_MULTIPLE, chunk_rows_for  # the chunk rule is a bytes rule
 
-CHUNK_BYTES = 256 * 2**20   # the most bytes of logits one chunk may hold
-ROW_MULTIPLE = 64           # chunk rows are a multiple of this (a GEMM tile's rows), except a last ragged chunk
+__all__ = ["CHUNK_BYTES", "ROW_MULTIPLE", "chunk_rows_for", "check", "linear_cross_entropy_forward",
+           "linear_cross_entropy_backward", "LinearCrossEntropy", "linear_cross_entropy", "linear_cross_entropy_ref"]
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def chunk_rows_for(rows: int, vocab: int, itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Rows per chunk: the fewest chunks whose logits fit ``chunk_bytes``, evened out, rounded up to
-    ``ROW_MULTIPLE`` (at least ROW_MULTIPLE rows, at most ``rows``)."""
-    most = max(ROW_MULTIPLE, chunk_bytes // (vocab * itemsize) // ROW_MULTIPLE * ROW_MULTIPLE)
-    n_chunks = _cdiv(max(rows, 1), most)
-    return max(1, min(rows, _cdiv(_cdiv(rows, n_chunks), ROW_MULTIPLE) * ROW_MULTIPLE))
 
 
 def check(h, weight, targets, what: str = "linear_cross_entropy") -> None:
