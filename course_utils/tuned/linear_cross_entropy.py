@@ -15,23 +15,25 @@ dweight; the backward multiplies them by ``grad_output`` on the device (no host 
 it) and returns them. So the LM head's backward costs no GEMM after the forward: the three GEMMs all
 run there, and no logits are saved between the passes.
 
-**Chunk size.** Two pulls: a chunk's logits buffer, ``c x vocab x 2`` bytes, is the memory the head
-needs, so it should be small; and each chunk rereads and rewrites the float32 dweight accumulator
-(``2 x vocab x d x 4`` bytes: 310 MB for GPT-2 small, about 0.1 ms of HBM on an H100) while its three
-GEMMs cost ``6 c vocab d`` FLOPs, so ``c`` should be large (and a GEMM with K = c below a few hundred
-runs far from cuBLAS's peak). :func:`chunk_rows_for` takes the most rows whose buffer fits
-``CHUNK_BYTES`` (256 MiB: 2560 rows of GPT-2's 50304-entry vocabulary in bf16), then evens the chunks
-out (8192 rows -> 4 chunks of 2048: 206 MB of logits instead of 824 MB in bf16 plus 1.65 GB in
-float32; the dweight re-reads then cost about 1/7 of the GEMM time at c = 2048). Liger's chunk rule
-(rows / ceil(vocab / d), rounded to a power of two: 128 rows here) saves more memory but rereads the
-accumulator 64 times.
+**Chunk size.** Two pulls: a chunk's logits buffer, ``c x vocab x 2`` bytes in bf16, is the memory the
+head needs, so ``c`` should be small; but every chunk after the first rereads and rewrites the float32
+dweight accumulator (``2 x vocab x d x 4`` bytes: 310 MB for GPT-2 small) while its three GEMMs do
+``6 c vocab d`` FLOPs, so ``c`` should be large (and a GEMM whose inner dimension, c for dweight, is below a
+few hundred runs far from cuBLAS's peak). :func:`chunk_rows_for` takes the most rows whose buffer fits
+``CHUNK_BYTES`` (256 MiB: 2624 rows of GPT-2's 50304-entry vocabulary in bf16), then evens the chunks
+out: 8192 rows are 4 chunks of 2048 (206 MB of logits, where eager holds 824 MB in bf16 and 1.65 GB in
+float32), 16384 rows 7 chunks of 2368. Liger's rule (rows / ceil(vocab / d) rounded to a power of two:
+128 rows here) holds less but rereads the accumulator 64 times. ``tools/gpu_checks/linear_cross_entropy.py``
+times other chunk sizes next to this choice.
 
 **dweight precision.** On CUDA with bf16/fp16 inputs the accumulation uses ``torch.mm`` / ``torch.addmm``
-with ``out_dtype=torch.float32`` (CUDA only, fp16/bf16 inputs: the docs of torch 2.13's ``torch.addmm``): every
-chunk's partial product is added in float32 and rounded to the weight's dtype once at the end. Where
-those overloads do not exist, the accumulator has the weight's dtype and each of the n chunks adds a
-rounding of up to 2**-9 relative (bf16), about ``n x 2**-9`` in all. On CPU (the interpreter's tests)
-the chunk is upcast to float32.
+with ``out_dtype=torch.float32`` (CUDA only, for fp16/bf16 inputs, as torch 2.13's ``torch.addmm`` documents):
+every chunk's partial product is added in float32 and rounded to the weight's dtype once, at the end.
+Where ``addmm`` refuses a float32 accumulator (some torch versions want it in the inputs' dtype), each
+chunk's float32 product is added by one more kernel (``ACCUMULATE_IN_PLACE`` records it). Where those
+overloads do not exist at all, the accumulator has the weight's dtype and each of the n chunks adds a
+rounding of up to 2**-9 relative (bf16): about n x 2**-9 in all. On CPU (the interpreter's tests) the
+chunk is upcast to float32.
 
 v1  ``linear_cross_entropy_ref``: ``F.linear`` + ``F.cross_entropy(logits.float())`` (eager: bf16
     logits, a float32 copy, log-softmax, and the backward of each).
@@ -73,6 +75,11 @@ def check(h, weight, targets, what: str = "linear_cross_entropy") -> None:
                          f"of shape {tuple(targets.shape)}")
 
 
+#: device -> False once torch.addmm(acc_fp32, g.T, h, out_dtype=float32) has refused a float32 ``acc`` (some
+#: torch versions require it in the inputs' dtype); then each chunk adds a float32 product instead.
+ACCUMULATE_IN_PLACE: dict = {}
+
+
 def _fp32_out_dtype_gemm(t: torch.Tensor) -> bool:
     """Whether torch.mm/addmm can take ``t``'s half-precision operands to a float32 output on its device."""
     return t.is_cuda and hasattr(torch.ops.aten.addmm, "dtype_out") and hasattr(torch.ops.aten.mm, "dtype_out")
@@ -91,11 +98,17 @@ def _accumulate(acc: torch.Tensor, g: torch.Tensor, h_c: torch.Tensor, first: bo
             torch.mm(gt, h_c, out=acc)
         else:
             acc.addmm_(gt, h_c)
-    elif acc.is_cuda:                               # half inputs, float32 accumulator, one cuBLAS call
+    elif acc.is_cuda:                               # half inputs, float32 accumulator
         if first:
             torch.mm(gt, h_c, out_dtype=torch.float32, out=acc)
-        else:
-            torch.addmm(acc, gt, h_c, out_dtype=torch.float32, out=acc)
+        elif ACCUMULATE_IN_PLACE.get(acc.device, True):
+            try:                                    # one cuBLAS call: acc = acc + g.T @ h_c, in float32
+                torch.addmm(acc, gt, h_c, out_dtype=torch.float32, out=acc)
+            except RuntimeError:                    # a torch whose addmm wants `acc` in the inputs' dtype
+                ACCUMULATE_IN_PLACE[acc.device] = False
+                acc.add_(torch.mm(gt, h_c, out_dtype=torch.float32))
+        else:                                       # a float32 product, then an add: 3 more passes over dW
+            acc.add_(torch.mm(gt, h_c, out_dtype=torch.float32))
     elif first:                                     # CPU: upcast the chunk (tests only)
         torch.mm(gt.float(), h_c.float(), out=acc)
     else:
