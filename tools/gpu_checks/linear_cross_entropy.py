@@ -13,7 +13,8 @@
 3. Peak memory above the inputs of one forward + backward, measured (``torch.cuda.max_memory_allocated``,
    :func:`course_utils.traffic.measure_peak_memory`) next to the model's (:func:`course_utils.traffic.lm_head_loss`).
 
-The table printed last has one row per (rows, version). Run from the repository root (a few minutes, most of it torch.compile):
+The table printed last has one row per (rows, version). Run from the repository root (a few minutes,
+most of them torch.compile):
 
     python tools/gpu_checks/linear_cross_entropy.py          # (--smoke: tiny sizes on the CPU, times meaningless)
 """
