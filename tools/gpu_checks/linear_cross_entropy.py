@@ -116,9 +116,11 @@ def check_cuda_graph() -> bool:
     graph.replay()
     torch.cuda.synchronize()
     want = loss_and_grads(L.linear_cross_entropy, h, w, t)
-    ok = all(torch.equal(a, b) for a, b in zip(static, want))
-    print(f"{'ok ' if ok else 'BAD'} CUDA graph of forward + backward, replayed on new h: bitwise equal to eager",
-          flush=True)
+    same = all(torch.equal(a, b) for a, b in zip(static, want))
+    e = errors(static, want)
+    ok = all(v <= 1e-3 for v in e.values())      # cuBLAS may pick another algorithm under capture
+    print(f"{'ok ' if ok else 'BAD'} CUDA graph of forward + backward, replayed on new h, against an eager call: "
+          f"bitwise equal {same}; rel err " + ", ".join(f"{k} {v:.1e}" for k, v in e.items()), flush=True)
     return ok
 
 
