@@ -161,3 +161,20 @@ def fused_classifier_ref(logits, targets, scale=None, *, ignore_index: int = IGN
     (grad,) = torch.autograd.grad((torch.where(bad, 0.0, losses) * scale).sum(), x) if x.shape[0] else (x * 0,)
     grad = torch.where(bad[:, None], float("nan"), grad)
     return losses.detach(), grad
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py): a chunk of GPT-2's
+    vocabulary as the tuned path launches it (8 warps, scale on the device), the byte vocabulary, a float
+    scale, both dtypes of targets."""
+    from ..aot import dtype_name, dtypes_for, empty
+    for dt in dtypes_for(info):
+        for rows, vocab, warps in ((2048, 50304, 8), (8192, 256, 4)):
+            logits, scale = empty(rows, vocab, dtype=dt), empty(())
+            for tdt in (torch.int64, torch.int32):
+                targets = empty(rows, dtype=tdt)
+                label = f"fused_classifier {dtype_name(dt)} {rows}x{vocab} targets {dtype_name(tdt)} {warps} warps"
+                yield f"{label}, device scale", lambda lg=logits, t=targets, s=scale, w=warps: \
+                    fused_classifier_teaching(lg, t, s, num_warps=w)
+                yield f"{label}, float scale", lambda lg=logits, t=targets, w=warps: \
+                    fused_classifier_teaching(lg, t, 0.5, num_warps=w)
