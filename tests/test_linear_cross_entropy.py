@@ -200,6 +200,16 @@ def test_ignored_rows_are_left_out_of_the_mean():
         assert (h.grad[[0, 6, 7, 16]] == 0).all()
 
 
+def test_an_ignore_index_inside_the_vocabulary(nan_empty):
+    h, w = _leaves(23, 30, 8, torch.float32)
+    targets = _targets(23, 30)
+    targets[[1, 2, 9]] = 5
+    loss, dh, dw = T.linear_cross_entropy_forward(h.detach(), w.detach(), targets, ignore_index=5, chunk_rows=10)
+    _compare_all("ignore_index 5", torch.float32, loss, dh, dw, _ref64(h, w, targets, ignore_index=5))
+    loss = torch.ops.course.linear_cross_entropy(h, w, targets, 5)
+    check.compare("op, ignore_index 5", loss, _ref64(h, w, targets, ignore_index=5)[0], atol=1e-5, rtol=1e-5)
+
+
 def test_every_row_ignored_gives_nan_loss_and_zero_gradients():
     h, w = _leaves(5, 30, 8, torch.float32)
     targets = torch.full((5,), -100, device=D)
