@@ -117,7 +117,7 @@ def _accumulate(acc: torch.Tensor, g: torch.Tensor, h_c: torch.Tensor, first: bo
 
 def linear_cross_entropy_forward(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  ignore_index: int = K.IGNORE_INDEX, chunk_rows: int | None = None,
-                                 block: int | None = None, num_warps: int = 8):
+                                 block: int | None = None, num_warps: int | None = None):
     """(loss, dh, dweight): the float32 mean loss over the rows not ignored (0-d) and its gradients with
     respect to h ((rows, d), contiguous, h's dtype) and weight ((vocab, d), weight's dtype)."""
     check(h, weight, targets)
@@ -126,6 +126,8 @@ def linear_cross_entropy_forward(h: torch.Tensor, weight: torch.Tensor, targets:
     chunk = chunk_rows or chunk_rows_for(rows, vocab, h.element_size())
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
+    block = block or K.block_size(vocab)
+    num_warps = num_warps or (8 if block > 1024 else 4)       # as course_utils.ops.loss plans cross_entropy
     targets = targets.contiguous()
     scale = K.mean_scale(targets, ignore_index)               # 1 / rows not ignored, on the device
     losses = torch.empty(rows, dtype=torch.float32, device=h.device)
