@@ -4,7 +4,8 @@ One module per job, every name importable from ``course_utils.traffic``: :mod:`.
 argument checks), :mod:`.model` (``Kernel``, ``Traffic``, ``Comparison``, ``Op``), :mod:`.ops`
 (elementwise chains, GELU, softmax, bias+GELU+dropout, LayerNorm), :mod:`.matmul` (GEMM prologue
 and epilogue, attention), :mod:`.launch` (the recorded launch overhead), :mod:`.timemodel` (L2,
-the time estimate), :mod:`.ncu` (the Nsight Compute comparison), :mod:`.backward` (backward passes).
+the time estimate), :mod:`.ncu` (the Nsight Compute comparison), :mod:`.backward` (backward passes),
+:mod:`.classifier` (the LM head + cross-entropy: eager, unchunked fused, chunked fused; bytes and memory).
 
 Conventions, stated once and used everywhere in the course:
 
@@ -33,6 +34,7 @@ against it in ``tests/test_dram_traffic.py``.
 from __future__ import annotations
 
 from . import backward  # chapter 11's calculators: traffic.backward.<name>)
+from .classifier import HeadVersion, lm_head_loss, lm_head_table, measure_peak_memory
 from .launch import (
     LAUNCH_OVERHEAD_FALLBACK_US,
     LAUNCH_OVERHEAD_SOURCE,
@@ -65,4 +67,5 @@ __all__ = ["LAUNCH_OVERHEAD_US", "LAUNCH_OVERHEAD_SOURCE", "LAUNCH_OVERHEAD_FALL
            "softmax", "MASK_MODES", "bias_gelu_dropout", "layernorm", "TRAILING_MODES", "matmul_chain",
            "gemm_epilogue", "flash_kv_rows", "KV_READS", "attention", "l2_hit_fraction", "dram_bytes_cold",
            "Machine", "machine", "machine_from_ceilings", "TimeEstimate", "estimate_time", "speedup",
-           "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward"]
+           "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward",
+           "HeadVersion", "lm_head_loss", "lm_head_table", "measure_peak_memory"]
