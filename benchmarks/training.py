@@ -194,7 +194,7 @@ def _kernel_rows(name, kernels, steps, limit=20):
 
 
 def losses(steps: int, cfg=None, data=None, device="cuda", sample: str = "",
-           batch: int = BATCH) -> tuple[pd.DataFrame, pd.DataFrame]:
+           batch: int = BATCH, floor: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The course's version and eager from the same weights on the same batches: the loss of every step,
     beside the noise floor measured torch against torch on the same batches (eager from another
     initialization seed; torch.compile from the same weights). For the first step beyond the tolerance,
@@ -219,7 +219,7 @@ def losses(steps: int, cfg=None, data=None, device="cuda", sample: str = "",
         curve.attrs["sample"] = gpt.generate(b, sample, min(SAMPLE_BYTES, cfg.seq_len - len(sample.encode())))
     del a, b, opt_a, opt_b, before
     gc.collect()
-    for col, (seed, compiled) in (("torch_seed1", (1, False)), ("torch_compile", (0, True))):
+    for col, (seed, compiled) in (("torch_seed1", (1, False)), ("torch_compile", (0, True))) if floor else ():
         m = gpt.GPT(cfg, seed).to(device).use("torch")
         run = torch.compile(m, fullgraph=True) if compiled else m
         opt = gpt.optimizer(m)

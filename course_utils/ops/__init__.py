@@ -10,6 +10,8 @@ eps)``                                 way (:mod:`course_utils.kernels.add_layer
                                        GEMM epilogue, whichever is faster for the shape
 ``attention(q, k, v, causal, scale)``  FlashAttention, q/k/v of any strides, o in (B, N, H, d) memory
 ``cross_entropy(logits, targets)``     mean loss, one kernel each way (chapter 6's online softmax)
+``linear_cross_entropy(h, weight,      the mean loss of h @ weight.T: cuBLAS's logits by chunks of rows, one
+targets)``                             kernel writes each chunk's loss and gradient in place (the LM head)
 ``bias_gelu_dropout(x, bias, p,        dropout(gelu(x + bias)) with the Philox seed read from a device
 seed_tensor)``                         tensor (a CUDA graph draws a new mask when the seed is bumped)
 =====================================  ==========================================================
@@ -35,10 +37,11 @@ from . import dropout as _dropout
 from . import linear as _linear
 from . import loss as _loss
 from . import norms as _norms
+from .linear_ce import linear_cross_entropy
 from .overhead import host_overhead_table, warmup
 
 __all__ = ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout",
-           "warmup", "host_overhead_table", "OPS"]
+           "linear_cross_entropy", "warmup", "host_overhead_table", "OPS"]
 
 OPS = ("layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout")
 _compiling = torch.compiler.is_compiling
