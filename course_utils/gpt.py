@@ -61,7 +61,12 @@ class Block(nn.Module):
     def attend(self, h: torch.Tensor, ops: Ops, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         """proj(attention(q, k, v)) with q, k, v read from the packed projection as strided views."""
         B, N, d = h.shape
-        qkv = self.qkv(h).view(B, N, 3, self.cfg.n_head, self.cfg.head_dim)
+        packed = self.qkv(h)
+        if cache is None and ops.attention_qkv is not None:
+            # q, k, v read from the packed projection by strides; dq, dk, dv written back into its layout
+            o = ops.attention_qkv(packed, self.cfg.n_head, True)
+            return self.proj(o.transpose(1, 2).reshape(B, N, d))
+        qkv = packed.view(B, N, 3, self.cfg.n_head, self.cfg.head_dim)
         # (B, H, N, hd) views, no copies; unbind's backward stacks dq, dk, dv into dqkv in one kernel
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
         if cache is not None:

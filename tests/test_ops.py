@@ -386,3 +386,23 @@ def test_attention_defaults_to_non_causal_as_sdpa_does():
     check.compare("default (non-causal)", ops.attention(q, k, v), attention_ref(q.double(), k.double(), v.double(),
                                                                                 False, 8 ** -0.5), **TOL)
     check.compare("sdpa's default", ops.attention(q, k, v), F.scaled_dot_product_attention(q, k, v), **TOL)
+
+
+def test_attention_qkv_writes_the_gradient_in_the_packed_layout():
+    """attention_qkv on a packed projection: the same output as attention on its views, and dqkv (one
+    tensor, the projection's layout) against float64, written by the backward kernels without a gather."""
+    B, N, H, hd = 2, 9, 3, 8
+    qkv = _leaf((B, N, 3 * H * hd))
+    o = ops.attention_qkv(qkv, H, True, hd ** -0.5)
+    q, k, v = qkv.view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+    assert torch.equal(o, ops.attention(q, k, v, True, hd ** -0.5))
+    do = check.randn(o.shape)
+    (got,) = torch.autograd.grad(o, qkv, do)
+    q64 = qkv.detach().double().requires_grad_(True)
+    qq, kk, vv = q64.view(B, N, 3, H, hd).permute(2, 0, 3, 1, 4)
+    (want,) = torch.autograd.grad(attention_ref(qq, kk, vv, True, hd ** -0.5), q64, do.double())
+    assert got.shape == qkv.shape and got.is_contiguous()
+    check.compare("dqkv", got, want, atol=TOL["atol"] * 20, rtol=TOL["rtol"] * 10)
+    torch.library.opcheck(torch.ops.course.attention_qkv_fwd.default, (qkv, H, True, hd ** -0.5))
+    with pytest.raises(ValueError, match="3 \\* n_head"):
+        ops.attention_qkv(check.randn((1, 4, 10)), 3)

@@ -30,7 +30,9 @@ class Ops:
       key: decoding with a KV cache); returns o whose ``.transpose(1, 2)`` is (batch, seq, heads, d);
     - ``cross_entropy(logits, targets)``: the mean loss of (rows, vocab) logits, float32;
     - ``linear_cross_entropy(h, weight, targets)``: the same loss of the logits ``h @ weight.T`` (the LM
-      head and the loss together: the course's op never writes the whole logits).
+      head and the loss together: the course's op never writes the whole logits);
+    - ``attention_qkv(qkv, n_head, causal)``: ``attention`` on the q, k, v of a packed (B, N, 3 H hd)
+      projection, o as ``attention``'s (None: the model splits qkv and calls ``attention``).
     """
     name: str
     layer_norm: Callable
@@ -39,6 +41,7 @@ class Ops:
     attention: Callable
     cross_entropy: Callable
     linear_cross_entropy: Callable
+    attention_qkv: Callable | None = None
 
 
 def _torch_add_layer_norm(x, residual, w, b, eps):
@@ -198,9 +201,13 @@ def course_ops(gemm_epilogue: bool = False, library=None) -> Ops:
     missing = [f"{op} ({'; '.join(r)})" for op, (fn, _, r) in found.items() if fn is None]
     if missing:
         raise RuntimeError("the course has no kernel yet for: " + ", ".join(missing))
+    packed = None
+    if found["attention"][1] == COURSE_CANDIDATES["attention"][0][2]:   # the operator: its packed twin too
+        from course_utils.ops import attention_qkv as packed
     return Ops("course", layer_norm=found["layer_norm"][0], add_layer_norm=found["add_layer_norm"][0],
                linear_gelu=found["linear_gelu"][0], attention=_attention_causal(found["attention"][0]),
-               cross_entropy=found["cross_entropy"][0], linear_cross_entropy=found["linear_cross_entropy"][0])
+               cross_entropy=found["cross_entropy"][0], linear_cross_entropy=found["linear_cross_entropy"][0],
+               attention_qkv=packed)
 
 
 def ops(name: str) -> Ops:

@@ -9,6 +9,8 @@ eps)``                                 way (:mod:`course_utils.kernels.add_layer
 ``linear_gelu(x, weight, bias)``       gelu_tanh(x @ weight.T + bias): cuBLAS + chapter 4's kernel, or chapter 9's
                                        GEMM epilogue, whichever is faster for the shape
 ``attention(q, k, v, causal, scale)``  FlashAttention, q/k/v of any strides, o in (B, N, H, d) memory
+``attention_qkv(qkv, n_head, causal,   the same on a packed (B, N, 3 H d) projection; dqkv written packed
+scale)``
 ``cross_entropy(logits, targets)``     mean loss, one kernel each way (chapter 6's online softmax)
 ``linear_cross_entropy(h, weight,      the mean loss of h @ weight.T: cuBLAS's logits by chunks of rows, one
 targets)``                             kernel writes each chunk's loss and gradient in place (the LM head)
@@ -40,8 +42,8 @@ from . import norms as _norms
 from .linear_ce import linear_cross_entropy
 from .overhead import host_overhead_table, warmup
 
-__all__ = ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout",
-           "linear_cross_entropy", "warmup", "host_overhead_table", "OPS"]
+__all__ = ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "attention_qkv", "cross_entropy",
+           "bias_gelu_dropout", "linear_cross_entropy", "warmup", "host_overhead_table", "OPS"]
 
 OPS = ("layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout")
 _compiling = torch.compiler.is_compiling
@@ -81,6 +83,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         return torch.ops.course.attention(q, k, v, bool(causal), scale)
     q, k, v = _lib.cast(_lib.autocast_dtype(q.device.type), q, k, v)
     return _attention.Attention.apply(q, k, v, bool(causal), scale)[0]
+
+
+def attention_qkv(qkv: torch.Tensor, n_head: int, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """:func:`attention` on the q, k, v of a packed (B, N, 3 * n_head * hd) projection; its gradient comes
+    back in the same packed layout, written there by the backward kernels (no gather of dq, dk, dv)."""
+    hd = qkv.shape[-1] // (3 * n_head) if n_head > 0 else 1
+    scale = hd ** -0.5 if scale is None else float(scale)
+    if _compiling():
+        return torch.ops.course.attention_qkv(qkv, int(n_head), bool(causal), scale)
+    (qkv,) = _lib.cast(_lib.autocast_dtype(qkv.device.type), qkv)
+    return _attention.AttentionQKV.apply(qkv, int(n_head), bool(causal), scale)[0]
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
