@@ -307,3 +307,37 @@ def test_bad_gradients_raise_on_step():
     p.grad = torch.zeros(8, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="was replaced since MasterAdamW was built"):
         opt.step()
+
+
+# --- the bytes of the step (course_utils.traffic.optimizer: pure Python) ----------------------------
+
+
+def test_bytes_per_parameter_by_hand():
+    from course_utils import traffic
+    # (a) forward cast: read fp32 4 + write bf16 2; backward cast: read bf16 2 + write fp32 4;
+    #     AdamW: read grad, w, m, v (4 x 4) + write w, m, v (3 x 4)
+    assert traffic.autocast_adamw_bytes_per_param() == {"forward cast": 6, "backward cast": 6, "AdamW": 28}
+    assert traffic.autocast_adamw_bytes_per_param("fp16", cast=False) == {"forward cast": 0, "backward cast": 0,
+                                                                           "AdamW": 28}
+    # (b) read bf16 grad 2 + fp32 w, m, v 12; write w, m, v 12 + bf16 weight 2
+    assert traffic.master_adamw_bytes_per_param() == {"fused AdamW": 28}
+    assert traffic.master_adamw_bytes_per_param("float32") == {"fused AdamW": 32}
+
+
+def test_optimizer_step_for_a_model():
+    from course_utils import traffic
+    n = 124_475_904                                              # GPT-2 small with a 50304-token tied head
+    c = traffic.optimizer_step(n, n_tensors=148)
+    assert c.unfused.total_bytes == 40 * n and c.fused.total_bytes == 28 * n
+    assert c.saved_bytes == 12 * n and abs(c.ratio - 40 / 28) < 1e-12
+    assert c.unfused.read_bytes == (4 + 2 + 16) * n and c.fused.write_bytes == 14 * n
+    assert "bytes/param autocast=40" in c.notes and any("296" in s for s in c.notes)
+    # only the GEMM weights are cast: the others pay 28 bytes under autocast too
+    part = traffic.optimizer_step(1000, n_cast=600)
+    assert part.unfused.total_bytes == 600 * 40 + 400 * 28 and "bytes/param autocast=35.2" in part.notes
+    with pytest.raises(ValueError, match="n_cast"):
+        traffic.optimizer_step(10, n_cast=11)
+    with pytest.raises(ValueError, match="n_params must be positive"):
+        traffic.optimizer_step(0)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        traffic.optimizer_step(10, compute_dtype="bf17")

@@ -21,6 +21,14 @@ optimizer, shared by all parameters, so unlike torch's per-parameter counts it a
 that skipped a parameter. Gradients are validated (dtype, shape, device, layout) when a table is
 built; between rebuilds, autograd guarantees a ``.grad`` of the parameter's shape and dtype.
 
+**Vector loads.** The compiler vectorizes a load only when it can prove the addresses aligned and
+the mask constant over the vector: the kernel says that the gradient and weight addresses it loads
+from the table are aligned (``tl.multiple_of``: the optimizer checks them), and each tensor's full
+blocks run without a mask (only its last block is masked). Every tensor is read four elements at a
+time (16-byte fp32 vectors, 8-byte bf16 ones): with 16-byte bf16 vectors (8 elements) the compiler
+gives the bf16 and fp32 tensors different register layouts and converts between them through shared
+memory, with barriers (seen in the sm_90 PTX of Triton 3.6; the teaching kernel does this).
+
 **CUDA graphs.** Step count and learning rate live on the device (``step_count``, ``lr``), so a
 captured step replays the next step. Under ``torch.cuda.graph`` the gradients live in the graph's
 private pool, new addresses, so the table is built during the capture: the optimizer writes the
@@ -48,6 +56,7 @@ BLOCK_SIZE = 2048          # elements per program: 16 per thread at 4 warps (v8 
 NUM_WARPS = 4
 ALIGN_ELEMENTS = 16        # each tensor's slice of the flat buffers starts at a multiple of 16 (64 bytes)
 POINTER_ALIGN = 16         # bytes: parameters and gradients start on 16-byte boundaries (vector loads)
+VECTOR_ELEMENTS = 4        # elements per vector load of every tensor (see "Vector loads" above)
 BLOCK_COLUMNS = 4          # a block table row: tensor index, offset in the tensor, its numel, flat offset
 SPARE_PINNED = 2           # pinned host buffers kept ready for tables built during a capture
 MAX_EAGER_TABLES = 8       # eager gradient tables kept (least recently built dropped first)
@@ -55,34 +64,61 @@ TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat1
 
 
 @triton.jit
+def _adamw_block(grad_ptr, weight_ptr, master_ptr, m_ptr, v_ptr, mask, t, lr, beta1, beta2, log2_beta1, log2_beta2,
+                 eps, weight_decay, WEIGHT_DTYPE: tl.constexpr, FULL: tl.constexpr):
+    """One block: pointers to its BLOCK_SIZE elements in each tensor. FULL: every lane is in bounds, so
+    no mask (a mask the compiler cannot prove constant over 8 lanes forbids vector loads)."""
+    if FULL:
+        g = tl.load(grad_ptr).to(tl.float32)
+        w = tl.load(master_ptr)
+        m = tl.load(m_ptr)
+        v = tl.load(v_ptr)
+    else:
+        g = tl.load(grad_ptr, mask=mask).to(tl.float32)
+        w = tl.load(master_ptr, mask=mask)
+        m = tl.load(m_ptr, mask=mask)
+        v = tl.load(v_ptr, mask=mask)
+    w, m, v = adamw_math(g, w, m, v, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay)
+    if FULL:
+        tl.store(master_ptr, w)
+        tl.store(m_ptr, m)
+        tl.store(v_ptr, v)
+        tl.store(weight_ptr, w.to(WEIGHT_DTYPE))
+    else:
+        tl.store(master_ptr, w, mask=mask)
+        tl.store(m_ptr, m, mask=mask)
+        tl.store(v_ptr, v, mask=mask)
+        tl.store(weight_ptr, w.to(WEIGHT_DTYPE), mask=mask)
+
+
+@triton.jit
 def multi_tensor_adamw_kernel(blocks_ptr, weight_table_ptr, grad_table_ptr, master_ptr, m_ptr, v_ptr,
                               step_ptr, lr_ptr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay,
                               WEIGHT_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr, ALIGN: tl.constexpr,
-                              POINTER_ALIGN: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):
+                              VECTOR_BYTES: tl.constexpr, BLOCK_COLUMNS: tl.constexpr):
     pid = tl.program_id(axis=0)
     row = blocks_ptr + pid * BLOCK_COLUMNS
     tensor = tl.load(row)                                           # which parameter
     start = tl.multiple_of(tl.load(row + 1), BLOCK_SIZE)            # first element of the block in it
     numel = tl.load(row + 2)
     flat = tl.multiple_of(tl.load(row + 3), ALIGN)                  # the same element in master, m, v
-    grad_addr = tl.multiple_of(tl.load(grad_table_ptr + tensor), POINTER_ALIGN)
-    weight_addr = tl.multiple_of(tl.load(weight_table_ptr + tensor), POINTER_ALIGN)
-    lanes = tl.arange(0, BLOCK_SIZE)
-    mask = (start + lanes < numel) & (grad_addr != 0)               # address 0: no gradient, skip
-    grad_ptr = grad_addr.to(tl.pointer_type(WEIGHT_DTYPE)) + start + lanes
-    weight_ptr = weight_addr.to(tl.pointer_type(WEIGHT_DTYPE)) + start + lanes
-    flat_offsets = flat + lanes
-    t = tl.load(step_ptr).to(tl.float32)
-    lr = tl.load(lr_ptr).to(tl.float32)
-    g = tl.load(grad_ptr, mask=mask).to(tl.float32)
-    w = tl.load(master_ptr + flat_offsets, mask=mask)
-    m = tl.load(m_ptr + flat_offsets, mask=mask)
-    v = tl.load(v_ptr + flat_offsets, mask=mask)
-    w, m, v = adamw_math(g, w, m, v, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay)
-    tl.store(master_ptr + flat_offsets, w, mask=mask)
-    tl.store(m_ptr + flat_offsets, m, mask=mask)
-    tl.store(v_ptr + flat_offsets, v, mask=mask)
-    tl.store(weight_ptr, w.to(WEIGHT_DTYPE), mask=mask)
+    grad_addr = tl.load(grad_table_ptr + tensor)
+    if grad_addr != 0:                                              # address 0: no gradient, skip
+        weight_addr = tl.load(weight_table_ptr + tensor)
+        lanes = tl.arange(0, BLOCK_SIZE)
+        # an address loaded from memory has no known alignment: say it (in bytes), or no vector loads
+        grad_ptr = tl.multiple_of(grad_addr.to(tl.pointer_type(WEIGHT_DTYPE)), VECTOR_BYTES) + start + lanes
+        weight_ptr = tl.multiple_of(weight_addr.to(tl.pointer_type(WEIGHT_DTYPE)), VECTOR_BYTES) + start + lanes
+        flat_offsets = flat + lanes
+        t = tl.load(step_ptr).to(tl.float32)
+        lr = tl.load(lr_ptr).to(tl.float32)
+        args = (grad_ptr, weight_ptr, master_ptr + flat_offsets, m_ptr + flat_offsets, v_ptr + flat_offsets)
+        if start + BLOCK_SIZE <= numel:                             # all but each tensor's last block
+            _adamw_block(*args, None, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay,
+                         WEIGHT_DTYPE, True)
+        else:
+            _adamw_block(*args, start + lanes < numel, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps,
+                         weight_decay, WEIGHT_DTYPE, False)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -139,6 +175,7 @@ class MasterAdamW:
         if block_size < ALIGN_ELEMENTS or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two >= {ALIGN_ELEMENTS}, got {block_size}")
         self.block_size = block_size
+        self._vector_bytes = VECTOR_ELEMENTS * self.dtype.itemsize
         self.numels = [p.numel() for p in self.params]
         self.offsets, total = [], 0
         for n in self.numels:
@@ -268,7 +305,7 @@ class MasterAdamW:
             multi_tensor_adamw_kernel[(self._n_blocks,)](
                 self._blocks, self._weight_table, table, self.master, self.exp_avg, self.exp_avg_sq,
                 self.step_count, self.lr, *self._args, WEIGHT_DTYPE=TL_DTYPES[self.dtype],
-                BLOCK_SIZE=self.block_size, ALIGN=ALIGN_ELEMENTS, POINTER_ALIGN=POINTER_ALIGN,
+                BLOCK_SIZE=self.block_size, ALIGN=ALIGN_ELEMENTS, VECTOR_BYTES=self._vector_bytes,
                 BLOCK_COLUMNS=BLOCK_COLUMNS, num_warps=NUM_WARPS)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
