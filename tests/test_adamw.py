@@ -341,3 +341,52 @@ def test_optimizer_step_for_a_model():
         traffic.optimizer_step(0)
     with pytest.raises(ValueError, match="unknown dtype"):
         traffic.optimizer_step(10, compute_dtype="bf17")
+
+
+def test_from_fp32_model_keeps_the_exact_fp32_weights():
+    model = torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.LayerNorm(33))
+    fp32 = [p.detach().clone() for p in model.parameters()]
+    opt = tuned.MasterAdamW.from_fp32_model(model, torch.float16, lr=LR, weight_decay=0.0)
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    for w, p, s in zip(opt.masters(), model.parameters(), fp32):
+        assert torch.equal(w, s) and torch.equal(p, s.half())
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        tuned.MasterAdamW.from_fp32_model(model, torch.int8)
+
+
+def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
+    """The bookkeeping of CUDA-graph captures, with the capture simulated (the GPU check captures for real):
+    a table built while capturing comes from a pinned buffer set aside beforehand and is never dropped,
+    an eager table that a capture reuses is kept too, and eager tables are bounded."""
+    params = [torch.zeros(5), torch.zeros(3)]
+    opt = tuned.MasterAdamW(params)
+    capturing = [False]
+    monkeypatch.setattr(opt, "_capturing", lambda: capturing[0])
+    alive = []
+
+    def step_with_new_grads():
+        alive.append([torch.randn(p.shape) for p in params])   # kept alive: new addresses every time
+        for p, g in zip(params, alive[-1]):
+            p.grad = g
+        opt.step()
+        return tuple(g.data_ptr() for g in alive[-1])
+
+    eager_key = step_with_new_grads()
+    capturing[0] = True
+    spare = list(opt._spare)
+    captured_key = step_with_new_grads()
+    assert opt._tables[captured_key][1] is spare[-1] and len(opt._spare) == tuned.SPARE_PINNED - 1
+    for p, g in zip(params, alive[0]):                          # a capture that finds an eager table
+        p.grad = g
+    opt.step()
+    assert eager_key in opt._captured
+    capturing[0] = False
+    for _ in range(tuned.MAX_EAGER_TABLES + 3):
+        step_with_new_grads()
+    assert len(opt._spare) == tuned.SPARE_PINNED                 # set aside again outside the capture
+    assert captured_key in opt._tables and eager_key in opt._tables
+    assert len(opt._tables) == tuned.MAX_EAGER_TABLES + 2
+    capturing[0] = True
+    opt._spare.clear()
+    with pytest.raises(RuntimeError, match="no pinned buffer left"):
+        step_with_new_grads()

@@ -163,8 +163,9 @@ class MasterAdamW:
     are rewritten as the masters rounded. ``step()`` applies one step to every parameter that has a
     gradient; ``zero_grad(set_to_none=True)``; ``state_dict()`` / ``load_state_dict()``.
     Attributes: ``master``, ``exp_avg``, ``exp_avg_sq`` (flat fp32), ``masters()`` (views shaped like
-    the parameters), ``step_count`` and ``lr`` (one-element fp32 device tensors), ``rebuilds`` (how many
-    gradient tables were built).
+    the parameters), ``step_count`` and ``lr`` (one-element fp32 device tensors; the count is exact up to
+    2^24 steps), ``rebuilds`` (how many gradient tables were built). :meth:`from_fp32_model` converts an
+    fp32 model and builds its optimizer in one call.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -198,6 +199,17 @@ class MasterAdamW:
         self._spare: list[torch.Tensor] = []    # pinned host buffers for tables built inside a capture
         self.rebuilds = 0
         self._top_up_spare()
+
+    @classmethod
+    def from_fp32_model(cls, model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, **kwargs) -> MasterAdamW:
+        """Converts ``model`` to ``dtype`` in place (``model.to(dtype)``: its floating parameters and
+        buffers) and returns a MasterAdamW whose masters are the model's fp32 weights from before the
+        conversion, exactly. ``kwargs`` are the constructor's (lr, betas, eps, weight_decay, block_size)."""
+        if dtype not in TL_DTYPES:
+            raise TypeError(f"dtype must be one of {', '.join(map(str, TL_DTYPES))}, got {dtype}")
+        source = [p.detach().float().clone() for p in model.parameters()]
+        model.to(dtype)
+        return cls(model.parameters(), master_from=source, **kwargs)
 
     # --- construction ---------------------------------------------------------------------------
 
@@ -288,7 +300,7 @@ class MasterAdamW:
         found = self._tables.get(key)
         if found is None:
             return self._new_table(key)
-        if self._cuda and key not in self._captured and torch.cuda.is_current_stream_capturing():
+        if key not in self._captured and self._capturing():
             self._captured.add(key)                            # a graph reads it now: never drop it
         return found[0]
 
