@@ -3,7 +3,8 @@
 The model holds bf16 (or fp16, or fp32) parameters, which its forward and backward use as they are;
 the optimizer holds fp32 master weights and the moments m and v in three flat fp32 buffers, one slice
 per parameter. Each step, one kernel reads every gradient, updates the masters and moments, and
-writes each parameter's rounded copy (the update is :func:`course_utils.kernels.adamw.adamw_math`).
+writes each parameter's rounded copy (the update is :func:`course_utils.kernels.adamw.adamw_math`);
+with the step count's increment before it, a step is two launches.
 
 **One launch over separate tensors.** Autograd allocates each gradient on its own, so the kernel
 cannot take one flat gradient: it takes a *table of pointers*, an int64 device tensor of the
@@ -13,9 +14,10 @@ in the flat buffers). A program loads its row, turns the tensor's address into a
 (``tl.load(table + i).to(tl.pointer_type(...))``) and updates BLOCK_SIZE elements.
 
 **The gradient table is rebuilt only when a gradient moves.** Each step compares the tuple of the
-gradients' ``data_ptr()`` (one attribute read and one call per parameter, about 0.2 us each) with
-the tables it has built; PyTorch's caching allocator usually hands ``backward`` the same addresses
-every step, so the table is found and nothing is copied. A parameter whose ``.grad`` is None gets
+gradients' ``data_ptr()`` (one attribute read and one call per parameter: most of the host cost
+of a step, which ``tools/gpu_checks/adamw.py`` measures beside torch's fused AdamW) with the tables
+it has built; PyTorch's caching allocator usually hands ``backward`` the same addresses every step,
+so the table is found and nothing is copied. A parameter whose ``.grad`` is None gets
 address 0 and its programs do nothing (torch.optim.AdamW skips it too); the step count is one per
 optimizer, shared by all parameters, so unlike torch's per-parameter counts it advances on a step
 that skipped a parameter. Gradients are validated (dtype, shape, device, layout) when a table is
@@ -32,12 +34,12 @@ memory, with barriers (seen in the sm_90 PTX of Triton 3.6; the teaching kernel 
 **CUDA graphs.** Step count and learning rate live on the device (``step_count``, ``lr``), so a
 captured step replays the next step. Under ``torch.cuda.graph`` the gradients live in the graph's
 private pool, new addresses, so the table is built during the capture: the optimizer writes the
-addresses into a pinned host buffer that it allocated *before* the capture (pinned allocation
-during a capture is not allowed) and keeps for its whole life, and the graph's copy node re-copies
+addresses into a pinned host buffer that it allocated *before* the capture (allocating pinned
+memory queries CUDA events, which a capture forbids) and keeps for its whole life, and the graph's copy node re-copies
 that buffer into the graph's own device table at every replay (8 bytes per parameter). A table a
 capture uses is never freed nor rewritten; eager steps build their own. So eager and graphed steps
-may be mixed. Call ``step()`` once before capturing (the usual warm-up), which allocates the pinned
-buffer and compiles the kernel. To change the learning rate, write the device tensor:
+may be mixed. Call ``step()`` once before capturing (the usual warm-up on a side stream), which
+compiles the kernel. To change the learning rate, write the device tensor:
 ``opt.lr.fill_(3e-4)`` between replays, or ``opt.lr.copy_(t)`` from a device tensor inside the graph.
 """
 
