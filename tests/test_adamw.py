@@ -390,3 +390,22 @@ def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
     opt._spare.clear()
     with pytest.raises(RuntimeError, match="no pinned buffer left"):
         step_with_new_grads()
+
+
+def test_no_decay_is_a_second_param_group_without_weight_decay():
+    inits = [check.randn(s) for s in SHAPES]
+    params = [w.clone() for w in inits]
+    opt = tuned.MasterAdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.1, no_decay=params[1::2],
+                            block_size=256)
+    ref = [w.double().clone().requires_grad_() for w in inits]
+    ropt = torch.optim.AdamW([{"params": ref[0::2]}, {"params": ref[1::2], "weight_decay": 0.0}], lr=LR,
+                             betas=BETAS, eps=EPS, weight_decay=0.1)
+    for _ in range(2):
+        for p, r in zip(params, ref):
+            p.grad = _grad(p.shape, torch.float32)
+            r.grad = p.grad.double()
+        opt.step()
+        ropt.step()
+    _assert_matches(opt.masters(), _views(opt, opt.exp_avg), _views(opt, opt.exp_avg_sq), ref, ropt)
+    with pytest.raises(ValueError, match="not among params"):
+        tuned.MasterAdamW(params, no_decay=[torch.zeros(3)])

@@ -54,12 +54,12 @@ import triton.language as tl
 from ..kernels import adamw as teaching
 from ..kernels.adamw import adamw_math
 
-BLOCK_SIZE = 2048          # elements per program: 16 per thread at 4 warps (v8 bf16, v4 fp32 loads)
+BLOCK_SIZE = 2048          # elements per program: 16 per thread at 4 warps
 NUM_WARPS = 4
 ALIGN_ELEMENTS = 16        # each tensor's slice of the flat buffers starts at a multiple of 16 (64 bytes)
 POINTER_ALIGN = 16         # bytes: parameters and gradients start on 16-byte boundaries (vector loads)
 VECTOR_ELEMENTS = 4        # elements per vector load of every tensor (see "Vector loads" above)
-BLOCK_COLUMNS = 4          # a block table row: tensor index, offset in the tensor, its numel, flat offset
+BLOCK_COLUMNS = 5          # a block table row: tensor index, offset in it, its numel, flat offset, decay 0/1
 SPARE_PINNED = 2           # pinned host buffers kept ready for tables built during a capture
 MAX_EAGER_TABLES = 8       # eager gradient tables kept (least recently built dropped first)
 TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -69,7 +69,7 @@ TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat1
 def _adamw_block(grad_ptr, weight_ptr, master_ptr, m_ptr, v_ptr, mask, t, lr, beta1, beta2, log2_beta1, log2_beta2,
                  eps, weight_decay, WEIGHT_DTYPE: tl.constexpr, FULL: tl.constexpr):
     """One block: pointers to its BLOCK_SIZE elements in each tensor. FULL: every lane is in bounds, so
-    no mask (a mask the compiler cannot prove constant over 8 lanes forbids vector loads)."""
+    no mask (a mask the compiler cannot prove constant over a vector's lanes forbids vector loads)."""
     if FULL:
         g = tl.load(grad_ptr).to(tl.float32)
         w = tl.load(master_ptr)
@@ -104,6 +104,7 @@ def multi_tensor_adamw_kernel(blocks_ptr, weight_table_ptr, grad_table_ptr, mast
     start = tl.multiple_of(tl.load(row + 1), BLOCK_SIZE)            # first element of the block in it
     numel = tl.load(row + 2)
     flat = tl.multiple_of(tl.load(row + 3), ALIGN)                  # the same element in master, m, v
+    decay = tl.load(row + 4).to(tl.float32)                         # 0: a parameter without weight decay
     grad_addr = tl.load(grad_table_ptr + tensor)
     if grad_addr != 0:                                              # address 0: no gradient, skip
         weight_addr = tl.load(weight_table_ptr + tensor)
@@ -116,11 +117,11 @@ def multi_tensor_adamw_kernel(blocks_ptr, weight_table_ptr, grad_table_ptr, mast
         lr = tl.load(lr_ptr).to(tl.float32)
         args = (grad_ptr, weight_ptr, master_ptr + flat_offsets, m_ptr + flat_offsets, v_ptr + flat_offsets)
         if start + BLOCK_SIZE <= numel:                             # all but each tensor's last block
-            _adamw_block(*args, None, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay,
+            _adamw_block(*args, None, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay * decay,
                          WEIGHT_DTYPE, True)
         else:
             _adamw_block(*args, start + lanes < numel, t, lr, beta1, beta2, log2_beta1, log2_beta2, eps,
-                         weight_decay, WEIGHT_DTYPE, False)
+                         weight_decay * decay, WEIGHT_DTYPE, False)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -158,20 +159,25 @@ def _check_params(params) -> list[torch.Tensor]:
 class MasterAdamW:
     """AdamW on fp32 master weights and moments for a model's low-precision parameters; one launch per step.
 
-    ``MasterAdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, master_from=None)``:
-    ``params`` are the model's parameters (one floating dtype, one device, contiguous); the masters
-    start from them, or from ``master_from`` (tensors of the same shapes in the same order, e.g. the
-    fp32 parameters the model had before ``model.to(torch.bfloat16)``), in which case the parameters
-    are rewritten as the masters rounded. ``step()`` applies one step to every parameter that has a
-    gradient; ``zero_grad(set_to_none=True)``; ``state_dict()`` / ``load_state_dict()``.
+    ``MasterAdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, master_from=None,
+    no_decay=(), block_size=2048)``: ``params`` are the model's parameters (one floating dtype, one
+    device, contiguous); the masters start from them, or from ``master_from`` (tensors of the same
+    shapes in the same order, e.g. the fp32 parameters the model had before
+    ``model.to(torch.bfloat16)``), in which case the parameters are rewritten as the masters rounded.
+    ``no_decay``: parameters that get no weight decay (like a second torch param group with
+    ``weight_decay=0``: biases and norms, say). ``step()`` applies one step to every parameter that has
+    a gradient; ``zero_grad(set_to_none=True)``; ``state_dict()`` / ``load_state_dict()``.
     Attributes: ``master``, ``exp_avg``, ``exp_avg_sq`` (flat fp32), ``masters()`` (views shaped like
-    the parameters), ``step_count`` and ``lr`` (one-element fp32 device tensors; the count is exact up to
-    2^24 steps), ``rebuilds`` (how many gradient tables were built). :meth:`from_fp32_model` converts an
-    fp32 model and builds its optimizer in one call.
+    the parameters), ``step_count`` and ``lr`` (one-element fp32 device tensors; the count is exact up
+    to 2^24 steps), ``rebuilds`` (how many gradient tables were built). :meth:`from_fp32_model`
+    converts an fp32 model and builds its optimizer in one call.
+
+    The kernel writes the parameters in place without bumping their autograd version counters (no
+    custom kernel does): step between a backward and the next forward, as every training loop does.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, master_from=None, block_size: int = BLOCK_SIZE):
+                 weight_decay: float = 1e-2, *, master_from=None, no_decay=(), block_size: int = BLOCK_SIZE):
         self.params = _check_params(params)
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self._args = teaching.scalar_args(betas, eps, weight_decay)
@@ -191,7 +197,7 @@ class MasterAdamW:
         self.step_count = torch.zeros(1, **f32)
         self.lr = torch.full((1,), float(lr), **f32)
         self._init_masters(master_from)
-        self._blocks = self._block_table()
+        self._blocks = self._block_table(no_decay)
         self._n_blocks = self._blocks.numel() // BLOCK_COLUMNS
         self._weight_addresses = [p.data_ptr() for p in self.params]
         self._weight_table = torch.tensor(self._weight_addresses, dtype=torch.int64).to(self.device)
@@ -238,8 +244,13 @@ class MasterAdamW:
                 w.copy_(s)
                 p.copy_(w)                      # the model's copy is the master rounded, as after every step
 
-    def _block_table(self) -> torch.Tensor:
-        rows = [(i, start, n, o + start)
+    def _block_table(self, no_decay) -> torch.Tensor:
+        skip = {id(p) for p in no_decay}
+        unknown = skip - {id(p) for p in self.params}
+        if unknown:
+            raise ValueError(f"no_decay names {len(unknown)} tensor(s) that are not among params")
+        decays = [0 if id(p) in skip else 1 for p in self.params]
+        rows = [(i, start, n, o + start, decays[i])
                 for i, (n, o) in enumerate(zip(self.numels, self.offsets))
                 for start in range(0, n, self.block_size)]
         return torch.tensor(rows, dtype=torch.int64).reshape(-1).to(self.device)
@@ -308,9 +319,10 @@ class MasterAdamW:
 
     # --- the public step ------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def step(self) -> None:
-        """One AdamW step for every parameter with a gradient: the step count, then one kernel."""
+        """One AdamW step for every parameter with a gradient: the step count, then one kernel.
+
+        (No ``torch.no_grad()`` needed: nothing here is recorded by autograd, and its context costs host time.)"""
         table = self._grad_table()
         if len(self._spare) < SPARE_PINNED and not self._capturing():
             self._top_up_spare()
