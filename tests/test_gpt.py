@@ -43,7 +43,8 @@ def test_course_ops_refuse_rather_than_fall_back(monkeypatch):
 
 def test_every_op_has_a_course_kernel_from_the_operator_module():
     table = registry.course_table()
-    assert [r["op"] for r in table] == ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy"]
+    assert [r["op"] for r in table] == ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy",
+                                        "linear_cross_entropy"]
     assert all(r["implementation"] != "missing" for r in table), table
     assert registry.uses_library_ops(), table  # every op from torch.ops.course, none from chapter 11's fallbacks
 

@@ -6,7 +6,8 @@ One public face for the course's production kernels, for users and for the model
 ``layer_norm(x, weight, bias, eps)``   chapter 10's LayerNorm, forward and backward
 ``add_layer_norm(x, residual, w, b,    ``(y, s)``: s = x + residual, y = LayerNorm(s), one kernel each
 eps)``                                 way (:mod:`course_utils.kernels.add_layernorm`)
-``linear_gelu(x, weight, bias)``       gelu_tanh(x @ weight.T + bias), chapter 9's GEMM epilogue
+``linear_gelu(x, weight, bias)``       gelu_tanh(x @ weight.T + bias): cuBLAS + chapter 4's kernel, or chapter 9's
+                                       GEMM epilogue, whichever is faster for the shape
 ``attention(q, k, v, causal, scale)``  FlashAttention, q/k/v of any strides, o in (B, N, H, d) memory
 ``cross_entropy(logits, targets)``     mean loss, one kernel each way (chapter 6's online softmax)
 ``bias_gelu_dropout(x, bias, p,        dropout(gelu(x + bias)) with the Philox seed read from a device
@@ -64,13 +65,14 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     if _compiling():
         return torch.ops.course.linear_gelu(x, weight, bias)
     x, weight, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, weight, bias)
-    return _linear.LinearGelu.apply(x, weight, bias)
+    return _linear.LinearGelu.apply(x, weight, bias)[0]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale [+ causal, bottom-right]) v; q (B, H, N, d), k/v (B, H_kv, N_kv, d), any
-    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d)."""
+    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d);
+    ``causal`` defaults to False, as SDPA's ``is_causal`` does (a causal mask is asked for, never assumed)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _compiling():
         return torch.ops.course.attention(q, k, v, bool(causal), scale)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from .. import hardware
 from ..kernels.attention import validate
@@ -56,8 +55,7 @@ def _plan_key(what: str, causal: bool, q, k):
     """The tile choice's key: sequence lengths rounded up to a power of two (decoding with a growing KV
     cache times the candidates once per doubling, not once per token), the rest exact."""
     B, H, N, D = q.shape
-    return (what, bool(causal), B, H, k.shape[1], D, triton.next_power_of_2(N), triton.next_power_of_2(k.shape[2]),
-            q.dtype, q.device)
+    return (what, bool(causal), B, H, k.shape[1], D, _lib.next_pow2(N), _lib.next_pow2(k.shape[2]), q.dtype, q.device)
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
@@ -76,7 +74,10 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     cfg = PLANS.get(key)
     if cfg is None:
         cands = F_.attention_configs(hardware.device_info(q), D, q.dtype, causal)
-        cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
+        if _lib.tracing():
+            cfg = cands[0]
+        else:
+            cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
     F_._launch_tuned(cfg, q, k, v, o, lse, scale, causal)
     return o, lse
 
@@ -101,8 +102,11 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     cfg = PLANS.get(key)
     if cfg is None:
         cands = B_.backward_configs(hardware.device_info(q), D, q.dtype)
-        cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,
-                                                                       scale, causal))
+        if _lib.tracing():
+            cfg = cands[0]
+        else:
+            cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,
+                                                                           scale, causal))
     B_._launch(cfg, q, k, v, do, lse, delta, dq, dk, dv, scale, causal)
     return dq, dk, dv
 
