@@ -409,3 +409,24 @@ def test_no_decay_is_a_second_param_group_without_weight_decay():
     _assert_matches(opt.masters(), _views(opt, opt.exp_avg), _views(opt, opt.exp_avg_sq), ref, ropt)
     with pytest.raises(ValueError, match="not among params"):
         tuned.MasterAdamW(params, no_decay=[torch.zeros(3)])
+
+
+def test_host_work_per_step_is_one_address_read_per_parameter():
+    """When no gradient moved, finding the table costs one data_ptr() per parameter and a dict lookup:
+    no validation, no tensor built (counted with cProfile: a regression that re-checks every step shows)."""
+    import cProfile
+    import pstats
+
+    params = [torch.zeros(n) for n in range(1, 41)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = tuned.MasterAdamW(params)
+    opt.step()
+    prof = cProfile.Profile()
+    prof.enable()
+    opt._grad_table()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    called = {f[2] for f in stats.stats}
+    assert stats.total_calls <= len(params) + 8, stats.total_calls
+    assert "_check_grads" not in called and "_new_table" not in called and opt.rebuilds == 1
