@@ -349,11 +349,23 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
     (3, "x_hat \\* mean\\(g \\* x_hat\\)"),
     (4, "BLOCK_SIZE"),
     pytest.param(5, "outside its inputs", marks=INTERPRETER_ONLY),
-    (6, "rows of dy \\d+ elements apart, the value of x_row_stride" if not cu.on_gpu() else "differ"),
+    (6, "dy read with x.s row stride" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
 ])
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_rms_backward_kernel(_rms_mode(mode))
+
+
+def test_a_stride_mixup_is_named_from_the_output_alone():
+    """What a GPU check sees (no loads recorded): dx computed with dy's rows read at x's row stride is named."""
+    x = checks._inputs(37, 300, torch.float32)[1]
+    dy = check.randn((40, 303))[:37, :300]   # rows past the view: a read at x's larger stride stays in memory
+    w = check.randn((300,), scale=0.5, offset=1.0)
+    dx = torch.empty((37, 300), device=x.device)
+    _rms_dx[(37,)](dx, dy, x, w, 300, x.stride(0), dy.stride(0), dx.stride(0), checks.EPS, BLOCK_SIZE=512, MODE=6)
+    x64, dy64, w64 = (t.to("cpu", torch.float64) for t in (x, dy, w))
+    hint = checks._rms_diagnose(dx.to("cpu", torch.float64), x64, dy64, w64, x, dy)
+    assert "dy read with x's row stride" in hint, hint
 
 
 # ----------------------------------------------------------------------------- forward in chunks (Welford)

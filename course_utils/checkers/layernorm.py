@@ -396,10 +396,28 @@ def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None):
     return (dx - g.mean(-1, keepdim=True) if layer_norm else dx) * rstd
 
 
-def _rms_diagnose(got, x64, dy64, w64) -> str:
+def _read_with_stride(t: torch.Tensor, stride: int) -> torch.Tensor:
+    """The rows of the 2-D ``t`` as a kernel reads them with another row ``stride``, in float64, as many as stay
+    inside ``t``'s own elements (row 0 included, which any stride reads right)."""
+    n_rows, n_cols = t.shape
+    last = (n_rows - 1) * t.stride(0) + n_cols       # one past t's last element
+    flat = t.as_strided((last,), (1,)).to("cpu", torch.float64)
+    rows = min(n_rows, (last - n_cols) // stride + 1)
+    return torch.stack([flat[r * stride:r * stride + n_cols] for r in range(rows)])
+
+
+def _rms_diagnose(got, x64, dy64, w64, x=None, dy=None) -> str:
     rows = lambda d: d.abs().amax(-1, keepdim=True).clamp_min(1e-30)  # noqa: E731
     fits = lambda want, sel=slice(None): bool(((got[sel] - want[sel]).abs() / rows(want[sel]) < 1e-2).all())  # noqa: E731
     n = x64.shape[-1]
+    if x is not None and dy is not None and x.stride(0) != dy.stride(0) and x.shape[0] > 2:
+        for name, other, stride in (("dy", "x", x.stride(0)), ("x", "dy", dy.stride(0))):
+            read = _read_with_stride(dy if name == "dy" else x, stride)
+            k = read.shape[0]
+            want = _rms_dx64(x64[:k], read, w64, EPS) if name == "dy" else _rms_dx64(read, dy64[:k], w64, EPS)
+            if k > 2 and fits(want, slice(0, k)):
+                return (f"dx is what {name} read with {other}'s row stride gives ({stride} elements between rows, "
+                        f"not {name}_row_stride): each tensor has its own row stride.")
     if x64.shape[0] > 3 and any(fits(_rms_dx64(x64, dy64, w64, e), slice(3, None, 4)) for e in (1e-5, 1e-6, 0.0)):
         return EPS_HINT
     if fits(_rms_dx64(x64, dy64, w64, EPS, layer_norm=True)):
@@ -441,7 +459,7 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
             got = dx.tensor.to("cpu", torch.float64)
             check.compare(f"{case}: dx (each row divided by the size of its terms)", got / scale, want / scale,
                           dtype=dtype, atol=2 * check.tolerance(dtype)[0], rtol=0.0,
-                          hint=_rms_diagnose(got, x64, dy64, w64) or RMS_HINT)
+                          hint=_rms_diagnose(got, x64, dy64, w64, x, dy) or RMS_HINT)
             xg.check(f"{case}, the input buffer")
     check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
                         "writes outside the tensors")
