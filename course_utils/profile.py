@@ -126,7 +126,7 @@ CATEGORIES = ("GEMM", "attention", "norm", "loss", "optimizer", "cast", "copy", 
 _KERNEL_RULES = (
     ("optimizer", ("adam", "multi_tensor_apply")),
     ("attention", ("flash", "attn", "attention", "fmha", "sdpa")),
-    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmaxforward", "softmaxbackward")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmaxforward", "softmaxbackward", "fused_classifier")),
     ("norm", ("layer_norm", "layernorm", "gammabetabackward")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "cublas", "splitk", "linear_gelu")),
     ("copy", ("memcpy", "catarraybatchedcopy")),

@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import course_utils as cu
 from course_utils import check
 from course_utils.kernels import adamw as teaching
 from course_utils.tuned import adamw as tuned
+
 
 DTYPES = (torch.float32, torch.float16)
 SIZES = (1, 7, 1000, 4099)
@@ -59,9 +61,9 @@ def _assert_matches(opt_masters, opt_m, opt_v, ref, ropt, what=""):
 def test_teaching_kernel_follows_torch_adamw(dtype, n, weight_decay):
     init = check.randn((n,))
     master = check.guarded_copy(init)
-    m, v = (check.Guarded((n,), fill=torch.zeros(n)) for _ in range(2))
+    m, v = (check.Guarded((n,), fill=torch.zeros(n, device=cu.DEVICE)) for _ in range(2))
     weight = check.Guarded((n,), dtype)                         # NaN-poisoned: every element must be written
-    step, lr = torch.zeros(1), torch.tensor([LR])
+    step, lr = torch.zeros(1, device=cu.DEVICE), torch.tensor([LR], device=cu.DEVICE)
     ref, ropt = _torch_adamw([init], weight_decay)
     for _ in range(STEPS):
         g = _grad((n,), dtype)
@@ -80,11 +82,11 @@ def test_teaching_kernel_respects_eps_for_tiny_gradients():
     """Gradients of 1e-9: sqrt(v) is ~eps, so where eps sits in the denominator decides the step."""
     n = 1000
     init = check.randn((n,))
-    master, m, v, weight = init.clone(), torch.zeros(n), torch.zeros(n), torch.empty(n)
+    master, m, v, weight = init.clone(), torch.zeros(n, device=cu.DEVICE), torch.zeros(n, device=cu.DEVICE), torch.empty(n, device=cu.DEVICE)
     ref, ropt = _torch_adamw([init], 0.0)
     for t in range(1, STEPS + 1):
         g = _grad((n,), torch.float32, scale=1e-9)
-        teaching.adamw_teaching(g, master, m, v, weight, torch.tensor([float(t)]), torch.tensor([LR]), betas=BETAS,
+        teaching.adamw_teaching(g, master, m, v, weight, torch.tensor([float(t)], device=cu.DEVICE), torch.tensor([LR], device=cu.DEVICE), betas=BETAS,
                                 eps=EPS, weight_decay=0.0)
         ref[0].grad = g.double()
         ropt.step()
@@ -107,8 +109,9 @@ def test_reference_is_torch_adamw(weight_decay):
 
 def test_teaching_launcher_refuses_bad_inputs():
     n = 10
-    f32 = [torch.zeros(n) for _ in range(3)]
-    g, w, step, lr = torch.zeros(n), torch.zeros(n), torch.ones(1), torch.tensor([LR])
+    f32 = [torch.zeros(n, device=cu.DEVICE) for _ in range(3)]
+    g, w, step, lr = (torch.zeros(n, device=cu.DEVICE), torch.zeros(n, device=cu.DEVICE),
+                      torch.ones(1, device=cu.DEVICE), torch.tensor([LR], device=cu.DEVICE))
     run = teaching.adamw_teaching
     with pytest.raises(TypeError, match="master has dtype torch.float16"):
         run(g, f32[0].half(), f32[1], f32[2], w, step, lr)
@@ -417,7 +420,7 @@ def test_host_work_per_step_is_one_address_read_per_parameter():
     import cProfile
     import pstats
 
-    params = [torch.zeros(n) for n in range(1, 41)]
+    params = [torch.zeros(n, device=cu.DEVICE) for n in range(1, 41)]
     for p in params:
         p.grad = torch.ones_like(p)
     opt = tuned.MasterAdamW(params)

@@ -38,7 +38,8 @@ from .units import _count, dtype_bytes, dtype_name
 
 F32 = 4                     # float32 logits, log-probabilities, accumulators, per-row losses
 I64 = 8                     # int64 targets
-CHUNK_BYTES = 256 * 2**20   # the most bytes of logits one chunk may hold
+CHUNK_BYTES = 512 * 2**20   # the most bytes of logits one chunk may hold (H100: 4096-row chunks of 50304 bf16
+                            # logits ran 0.95x torch.compile against 0.89x for 2048-row ones: fewer fp32 dW passes)
 ROW_MULTIPLE = 64           # chunk rows are a multiple of this (a GEMM tile's rows), except a last ragged chunk
 VERSIONS = ("eager", "unchunked fused", "chunked fused")
 

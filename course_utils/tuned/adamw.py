@@ -323,6 +323,12 @@ class MasterAdamW:
         """One AdamW step for every parameter with a gradient: the step count, then one kernel.
 
         (No ``torch.no_grad()`` needed: nothing here is recorded by autograd, and its context costs host time.)"""
+        if torch.autograd.profiler._is_profiler_enabled:   # so a profile ties its kernels to the optimizer
+            with torch.profiler.record_function("MasterAdamW.step"):
+                return self._step()
+        self._step()
+
+    def _step(self) -> None:
         table = self._grad_table()
         if len(self._spare) < SPARE_PINNED and not self._capturing():
             self._top_up_spare()
