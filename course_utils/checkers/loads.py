@@ -93,3 +93,15 @@ def reads_per_element(loads: Loads, x: torch.Tensor) -> float:
     rows, cols = idx // x.stride(0), idx % x.stride(0)
     inside = (addr >= 0) & (addr % x.element_size() == 0) & (rows < x.shape[0]) & (cols < x.shape[1])
     return float(inside.sum()) / max(x.numel(), 1)
+
+
+def in_guards(loads: Loads, guarded) -> int:
+    """How many masked-in lanes read a guard zone of ``guarded`` (a :class:`course_utils.check.Guarded`):
+    the elements just before and just after its tensor, which no right kernel reads."""
+    addr = loads.flat()
+    if addr.size == 0:
+        return 0
+    start, end = span(guarded.buffer)
+    lo, hi = span(guarded.tensor)
+    hits = ((addr >= start) & (addr < lo)) | ((addr >= hi) & (addr < end))
+    return int(hits.sum())
