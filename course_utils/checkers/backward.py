@@ -11,8 +11,8 @@
 - :func:`check_flash_backward` calls a student's ``flash_backward(q, k, v, o, lse, do, causal, sm_scale)``
   (their 11.1 delta kernel, dK/dV pass and dQ pass) on contiguous inputs: one head, grouped-query 4/1 and
   4/2, causal with more keys than queries and more queries than keys, and with an offset n_kv - n_q = 1
-  modulo the tile (where a causal tile skip off by one drops a tile), a random dO (so D != 0); for the
-  16-bit dtypes 2048 keys whose dQ partial sums cancel (a 16-bit dQ accumulator fails it); a wrong answer
+  modulo the tile (where a causal tile skip off by one drops a tile), a random dO (so D != 0); in float16
+  2048 keys whose dQ partial sums cancel (a 16-bit dQ accumulator fails it); a wrong answer
   is compared with the float64 answer of each usual mistake to name it; three launches.
 
 The course's kernels (inside the student's too), references and torch.autograd are refused as the answer;
@@ -434,7 +434,9 @@ def _tile_skip(got, right, errors, tol, causal_offset) -> str:
 
 
 def _common_key_case(fn, name, dtype, with_out) -> None:
-    """16-bit inputs, 128 key tiles, keys with a shared component (see :func:`_attention_inputs`)."""
+    """float16 inputs, 128 key tiles of 16, keys with a shared component (see :func:`_attention_inputs`): a
+    right kernel's error stays below 2e-3 of the largest |dQ| (float16 tolerance 1e-2), a float16 accumulator's
+    above 4e-2 (in 8 emulated and 6 interpreted draws each)."""
     n_q, n_kv, d = COMMON_KEY_CASE
     case = (f"{name} ({_name(dtype)}, q 1x1x{n_q}x{d}, {n_kv} keys sharing a component of {COMMON_KEY:g} along "
             f"axis 0, values drifting from +{DRIFT:g} to -{DRIFT:g}, causal=False)")
@@ -487,7 +489,7 @@ def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
                 else:
                     cause = _diagnose_attention(got, *inputs, causal, scale, max(tol, 2e-3))
                 _fail(case, errors, tol, cause)
-        if dtype != torch.float32:
+        if dtype == torch.float16:  # bfloat16's own rounding, times the shared component, nears its tolerance
             _common_key_case(fn, name, dtype, with_out)
     args = [check.randn(s, dtypes[0]) for s in ((1, 2, 17, 16), (1, 1, 17, 16), (1, 1, 17, 16))]
     o, lse = attention_grads64(*args, args[0], True, 0.25)[:2]
@@ -495,5 +497,5 @@ def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
     check.check_kernel_launches(name, fn, *call, expected=3, causal=True, sm_scale=0.25)
     check.verdict(name, "dq, dk and dv match the float64 reference with grouped-query heads, causal masks aligned "
                         "bottom-right (more keys than queries, more queries than keys, an offset of 1 modulo the "
-                        "tile), every dtype tried, dQ summed over 128 key tiles whose partial sums cancel, no load "
+                        "tile), every dtype tried, dQ summed over 2048 keys whose partial sums cancel, no load "
                         "past an input; three launches of your kernels")
