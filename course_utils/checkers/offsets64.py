@@ -17,7 +17,6 @@ cases build them without paying for them:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
 import os
 import sys
@@ -29,7 +28,6 @@ import torch
 
 from .. import env, triton_internals
 
-INT32_WRAP = 2**32        # an int32 offset past 2**31 lands this many elements before the right one
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 GPU_MARGIN = 2**30        # bytes left free on the card beside the buffer
 LOCK_NAME = "course-wide-buffer.lock"
@@ -47,6 +45,8 @@ def wide_buffer(n: int, dtype: torch.dtype) -> Iterator[torch.Tensor | None]:
     if not env.on_gpu():
         yield _mapping(n, dtype)
         return
+    import fcntl  # POSIX, as Triton's GPU backends are
+
     nbytes = n * dtype.itemsize
     with open(os.path.join(tempfile.gettempdir(), LOCK_NAME), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
