@@ -48,6 +48,15 @@ def main():
                      "gpu_busy_ms": k["us"].sum() / 2e3, "launches": len(k) / 2})
         cats.append(profile.by_category(k, 2).set_index("category")["gpu_ms"].rename(name))
     split = profile.host_split(steps["course"])
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    steps["course"]()
+    prof.disable()
+    torch.cuda.synchronize()
+    print("\ncourse step, top functions by own time (cProfile):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     gc.collect()
     from course_utils import ops
     over = ops.host_overhead_table()
