@@ -95,7 +95,6 @@ def reads_per_element(loads: Loads, x: torch.Tensor) -> float:
     return float(inside.sum()) / max(x.numel(), 1)
 
 
-<<<<<<< HEAD
 def interpreter_limit(error: BaseException) -> str:
     """What to write instead, when ``error`` is a limit of Triton's interpreter rather than a fault of the
     kernel ('' otherwise): under the interpreter the variable of ``for r in tl.range(...)`` (or ``range``)
@@ -107,7 +106,8 @@ def interpreter_limit(error: BaseException) -> str:
             "as a plain Python int, so a tensor method on it such as r.to(tl.int64) fails here, though a compiled "
             "kernel accepts it: a limit of the interpreter, not a fault of your kernel. Write tl.cast(r, tl.int64) "
             "instead, which works in both.")
-=======
+
+
 def in_guards(loads: Loads, guarded) -> int:
     """How many masked-in lanes read a guard zone of ``guarded`` (a :class:`course_utils.check.Guarded`):
     the elements just before and just after its tensor, which no right kernel reads."""
@@ -118,4 +118,3 @@ def in_guards(loads: Loads, guarded) -> int:
     lo, hi = span(guarded.tensor)
     hits = ((addr >= start) & (addr < lo)) | ((addr >= hi) & (addr < end))
     return int(hits.sum())
->>>>>>> chk1112
