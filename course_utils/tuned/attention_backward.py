@@ -77,6 +77,7 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
                                stride_vb, stride_vh, stride_vn, stride_vd,
                                stride_dob, stride_doh, stride_don, stride_dod,
                                n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
+                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
                                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
@@ -127,10 +128,12 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
                                      cols, stride_qn, stride_qd, stride_don, stride_dod,
                                      full_lo, n_q, n_q, head_dim, causal_offset, qk_scale, sm_scale, q_row,
                                      BLOCK_M, BLOCK_D, False, EVEN_M, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC, TMA)
-    offs = pid_bkv.to(tl.int64) * n_kv * head_dim + tile_offsets(cols, offs_d, head_dim, 1)
+    # dK and dV by their own strides (unit stride along d): straight into a packed dQKV buffer, no gather after
     mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
-    tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=mask)
-    tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+    dk_offs = head_offset(b, h_kv, stride_dkb, stride_dkh) + tile_offsets(cols, offs_d, stride_dkn, 1)
+    dv_offs = head_offset(b, h_kv, stride_dvb, stride_dvh) + tile_offsets(cols, offs_d, stride_dvn, 1)
+    tl.store(dk_ptr + dk_offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptr + dv_offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -169,6 +172,7 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
                              stride_vb, stride_vh, stride_vn, stride_vd,
                              stride_dob, stride_doh, stride_don, stride_dod,
                              n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
+                             stride_dqb, stride_dqh, stride_dqn,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                              CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
                              EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr,
@@ -214,7 +218,7 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
         dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
                                stride_vd, full_hi, hi, n_kv, head_dim, causal_offset, qk_scale, kv_row,
                                BLOCK_N, BLOCK_D, True, False, EVEN_D, NUM_STAGES, PREC, TMA)
-    tl.store(dq_ptr + row * head_dim + tile_offsets(rows, offs_d, head_dim, 1),
+    tl.store(dq_ptr + head_offset(b, h, stride_dqb, stride_dqh) + tile_offsets(rows, offs_d, stride_dqn, 1),
              (dq * sm_scale).to(dq_ptr.dtype.element_ty),
              mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim))
 
@@ -305,17 +309,18 @@ def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
     flags = dict(CAUSAL=bool(causal), EVEN_D=D == BD, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                  NUM_STAGES=cfg.num_stages, PREC=dot_precision(q.dtype))
     dq_buf = dq
-    if cfg.atomic_dq:
+    if cfg.atomic_dq:   # a contiguous float32 scratch for the atomics, copied into dq (of any strides) after
         dq_buf = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    attn_bwd_dkdv_tuned_kernel[(triton.cdiv(n_kv, cfg.block_n1) * B * H_kv,)](
-        q_in, k, v, do_in, lse, delta, dk, dv, dq_buf, *common, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+    attn_bwd_dkdv_tuned_kernel[(-(-n_kv // cfg.block_n1) * B * H_kv,)](
+        q_in, k, v, do_in, lse, delta, dk, dv, dq_buf, *common, *dk.stride()[:3], *dv.stride()[:3],
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
         BLOCK_D=BD, EVEN_M=N % cfg.block_m1 == 0, EVEN_N=n_kv % cfg.block_n1 == 0, ATOMIC_DQ=cfg.atomic_dq,
         TMA=tma, **flags)
     if cfg.atomic_dq:
         dq.copy_(dq_buf)
     else:
-        attn_bwd_dq_tuned_kernel[(triton.cdiv(N, cfg.block_m2) * B * H,)](
-            q, k_in, v_in, do, lse, delta, dq, *common, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+        attn_bwd_dq_tuned_kernel[(-(-N // cfg.block_m2) * B * H,)](
+            q, k_in, v_in, do, lse, delta, dq, *common, *dq.stride()[:3], BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
             BLOCK_D=BD, EVEN_M=N % cfg.block_m2 == 0, EVEN_N=n_kv % cfg.block_n2 == 0, TMA=tma, **flags)
 
 
