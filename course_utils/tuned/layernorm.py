@@ -356,8 +356,9 @@ def compile_cases(info):
             x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
             for i, p in enumerate(backward_candidates(m, n, dt.itemsize, info, interpreter=False)):
                 for rms, atomic in ((False, False),) + (((True, False), (False, True), (True, True)) if i == 0 else ()):
-                    yield (f"backward {p.version} {name} N={n} BLOCK_N={p.BLOCK_N} w={p.num_warps} rms={rms} "
-                           f"atomic={atomic}", lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
+                    yield (f"backward {p.version} {name} N={n} BLOCK_N={p.BLOCK_N} w={p.num_warps} grid={p.grid} "
+                           f"stages={p.stages} chunk={p.chunk} rms={rms} atomic={atomic}",
+                           lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
                                x, x, w, st, st, rms, atomic, "aot", p))
         for n in (1024, 16384):  # the per-SM (Liger-Kernel) layout, shortest and longest rows it takes
             m = 2**26 // (n * dt.itemsize)
