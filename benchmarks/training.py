@@ -24,10 +24,13 @@ replayed through both versions, each layer against float32) and ``training_sampl
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import faulthandler
 import functools
 import gc
 import os
+import signal
 import sys
 import time
 
@@ -58,6 +61,35 @@ IMPLS = {
     "torch.compile reduce-overhead": ("torch", "reduce-overhead"),
     "course + torch.compile reduce-overhead": ("course", "reduce-overhead"),
 }
+
+
+BUILD_LIMIT_S = 200       # a version that has not compiled and warmed up by then is reported, not waited for
+
+
+class BuildTimeout(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int):
+    """Raise :class:`BuildTimeout` in the main thread after ``seconds`` (SIGALRM), and print every thread's
+    stack to stderr just before, so the log says where a build was stuck."""
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise BuildTimeout(f"did not build (compile and warm up) within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    faulthandler.dump_traceback_later(max(seconds - 2, 1), exit=False)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, old)
 
 
 def _log(msg: str, t0: float) -> None:  # what took how long, on stderr (make bench's log)
@@ -304,8 +336,9 @@ def _time_config(key: str, quick: bool, t0: float):
         before = _sync_gib()
         torch.cuda.reset_peak_memory_stats()
         try:  # over the build (a graph's capture allocates its activations) and one more step
-            steps[name] = build(name, cfg, data, batch=batch)
-            steps[name]()
+            with _time_limit(BUILD_LIMIT_S):
+                steps[name] = build(name, cfg, data, batch=batch)
+                steps[name]()
             torch.cuda.synchronize()
             own_peak[name] = torch.cuda.max_memory_allocated() / 2**30 - before
         except Exception as e:  # reported in the table, the other rows go on

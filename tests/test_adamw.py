@@ -14,8 +14,15 @@ from course_utils import check
 from course_utils.kernels import adamw as teaching
 from course_utils.tuned import adamw as tuned
 
-
 DTYPES = (torch.float32, torch.float16)
+
+
+def step_t(t: int) -> torch.Tensor:
+    return torch.tensor([float(t)], device=cu.DEVICE)
+
+
+def lr_t() -> torch.Tensor:
+    return torch.tensor([LR], device=cu.DEVICE)
 SIZES = (1, 7, 1000, 4099)
 SHAPES = ((1,), (7,), (0,), (1000,), (33, 65), (4099,))     # several tensors in one call, one empty
 LR, BETAS, EPS = 1e-2, (0.9, 0.95), 1e-8
@@ -82,11 +89,12 @@ def test_teaching_kernel_respects_eps_for_tiny_gradients():
     """Gradients of 1e-9: sqrt(v) is ~eps, so where eps sits in the denominator decides the step."""
     n = 1000
     init = check.randn((n,))
-    master, m, v, weight = init.clone(), torch.zeros(n, device=cu.DEVICE), torch.zeros(n, device=cu.DEVICE), torch.empty(n, device=cu.DEVICE)
+    master, weight = init.clone(), torch.empty(n, device=cu.DEVICE)
+    m, v = torch.zeros(n, device=cu.DEVICE), torch.zeros(n, device=cu.DEVICE)
     ref, ropt = _torch_adamw([init], 0.0)
     for t in range(1, STEPS + 1):
         g = _grad((n,), torch.float32, scale=1e-9)
-        teaching.adamw_teaching(g, master, m, v, weight, torch.tensor([float(t)], device=cu.DEVICE), torch.tensor([LR], device=cu.DEVICE), betas=BETAS,
+        teaching.adamw_teaching(g, master, m, v, weight, step_t(t), lr_t(), betas=BETAS,
                                 eps=EPS, weight_decay=0.0)
         ref[0].grad = g.double()
         ropt.step()

@@ -35,7 +35,7 @@ against it in ``tests/test_dram_traffic.py``.
 from __future__ import annotations
 
 from . import backward  # chapter 11's calculators: traffic.backward.<name>)
-from .classifier import HeadVersion, lm_head_loss, lm_head_table, measure_peak_memory
+from .classifier import HeadVersion, lm_head_loss, lm_head_table
 from .launch import (
     LAUNCH_OVERHEAD_FALLBACK_US,
     LAUNCH_OVERHEAD_SOURCE,
@@ -70,5 +70,5 @@ __all__ = ["LAUNCH_OVERHEAD_US", "LAUNCH_OVERHEAD_SOURCE", "LAUNCH_OVERHEAD_FALL
            "gemm_epilogue", "flash_kv_rows", "KV_READS", "attention", "l2_hit_fraction", "dram_bytes_cold",
            "Machine", "machine", "machine_from_ceilings", "TimeEstimate", "estimate_time", "speedup",
            "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward",
-           "HeadVersion", "lm_head_loss", "lm_head_table", "measure_peak_memory",
+           "HeadVersion", "lm_head_loss", "lm_head_table",
            "autocast_adamw_bytes_per_param", "master_adamw_bytes_per_param", "optimizer_step"]

@@ -11,7 +11,7 @@
   them in the compute dtype, one fused kernel computes the loss and each row's logsumexp, the logits
   are saved, and one fused backward kernel reads them and writes dlogits in the compute dtype (this is
   :mod:`course_utils.kernels.cross_entropy` after ``F.linear``; torch.compile's generated code is
-  measured by :func:`measure_peak_memory`, not modelled here).
+  measured by :func:`course_utils.tuned.linear_cross_entropy.measure_peak_memory`, not modelled here).
 - ``"chunked fused"``: :mod:`course_utils.tuned.linear_cross_entropy`: per chunk of ``c`` rows the head's
   GEMM into one reused (c x vocab) buffer, the fused classifier kernel (loss, and the gradient in
   place), dh_c = g @ weight, and dweight += g.T @ h_c into a float32 accumulator (first chunk: written,
@@ -26,7 +26,7 @@ Targets (int64) and per-row float32 values are counted; the 0-d results are not.
 Memory (bytes above the inputs h, weight and targets, gradients dh and dweight included): ``saved`` is
 what stays allocated between the forward and the backward; ``peak`` the most allocated at once,
 from the tensors alive at each step (the caching allocator's rounding is ignored;
-:func:`measure_peak_memory` measures it on a GPU).
+:func:`course_utils.tuned.linear_cross_entropy.measure_peak_memory` measures it on a GPU).
 """
 
 from __future__ import annotations
@@ -152,47 +152,5 @@ def lm_head_table(rows, vocab, d, dtype="bfloat16", *, chunk_rows=None) -> list[
             for hv in lm_head_loss(rows, vocab, d, dtype, chunk_rows=chunk_rows).values()]
 
 
-def measure_peak_memory(rows, vocab, d, dtype="bfloat16", *, versions=("eager", "compile", "course"),
-                        device="cuda", repeats: int = 2) -> dict[str, int]:
-    """Measured bytes above the inputs (h, W, targets) that one forward + backward of each version
-    allocates at its peak (``torch.cuda.max_memory_allocated``), on ``device`` (a CUDA GPU).
-
-    ``"eager"``: F.linear + F.cross_entropy(logits.float()); ``"compile"``: that function under
-    ``torch.compile``; ``"course"``: :func:`course_utils.ops.linear_ce.linear_cross_entropy`. Each runs
-    ``repeats`` times first (compilation, cuBLAS workspaces), then once measured; gradients are set to
-    None between runs, so each measurement includes dh and dW.
-    """
-    import torch  # noqa: PLC0415  (the calculators above stay free of torch)
-
-    from ..ops.linear_ce import linear_cross_entropy
-    from ..tuned.linear_cross_entropy import linear_cross_entropy_ref
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure_peak_memory: needs a CUDA GPU (torch.cuda.max_memory_allocated)")
-    tdt = getattr(torch, dtype_name(dtype))
-    fns = {"eager": linear_cross_entropy_ref, "compile": torch.compile(linear_cross_entropy_ref),
-           "course": linear_cross_entropy}
-    unknown = set(versions) - set(fns)
-    if unknown:
-        raise ValueError(f"measure_peak_memory: unknown versions {sorted(unknown)}; expected some of {sorted(fns)}")
-    gen = torch.Generator(device=device).manual_seed(0)
-    h = torch.randn(rows, d, device=device, generator=gen).to(tdt).requires_grad_(True)
-    w = (torch.randn(vocab, d, device=device, generator=gen) * d ** -0.5).to(tdt).requires_grad_(True)
-    t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
-    out = {}
-    for name in versions:
-        for i in range(repeats + 1):
-            h.grad = w.grad = None
-            torch.cuda.synchronize(device)
-            if i == repeats:
-                base = torch.cuda.memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            fns[name](h, w, t).backward()
-            torch.cuda.synchronize(device)
-        out[name] = torch.cuda.max_memory_allocated(device) - base
-    h.grad = w.grad = None
-    return out
-
-
 __all__ = ["VERSIONS", "CHUNK_BYTES", "ROW_MULTIPLE", "HeadVersion", "chunk_rows_for", "lm_head_loss",
-           "lm_head_table", "measure_peak_memory"]
+           "lm_head_table"]

@@ -180,3 +180,43 @@ def linear_cross_entropy_ref(h: torch.Tensor, weight: torch.Tensor, targets: tor
     logits = F.linear(h, weight)
     return F.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), targets.long(),
                            ignore_index=ignore_index)
+
+
+def measure_peak_memory(rows, vocab, d, dtype="bfloat16", *, versions=("eager", "compile", "course"),
+                        device="cuda", repeats: int = 2) -> dict[str, int]:
+    """Measured bytes above the inputs (h, W, targets) that one forward + backward of each version
+    allocates at its peak (``torch.cuda.max_memory_allocated``), on ``device`` (a CUDA GPU).
+
+    ``"eager"``: F.linear + F.cross_entropy(logits.float()); ``"compile"``: that function under
+    ``torch.compile``; ``"course"``: :func:`course_utils.ops.linear_ce.linear_cross_entropy`. Each runs
+    ``repeats`` times first (compilation, cuBLAS workspaces), then once measured; gradients are set to
+    None between runs, so each measurement includes dh and dW.
+    """
+    from ..ops.linear_ce import linear_cross_entropy
+    from ..traffic.units import dtype_name
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_peak_memory: needs a CUDA GPU (torch.cuda.max_memory_allocated)")
+    tdt = getattr(torch, dtype_name(dtype))
+    fns = {"eager": linear_cross_entropy_ref, "compile": torch.compile(linear_cross_entropy_ref),
+           "course": linear_cross_entropy}
+    unknown = set(versions) - set(fns)
+    if unknown:
+        raise ValueError(f"measure_peak_memory: unknown versions {sorted(unknown)}; expected some of {sorted(fns)}")
+    gen = torch.Generator(device=device).manual_seed(0)
+    h = torch.randn(rows, d, device=device, generator=gen).to(tdt).requires_grad_(True)
+    w = (torch.randn(vocab, d, device=device, generator=gen) * d ** -0.5).to(tdt).requires_grad_(True)
+    t = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+    out = {}
+    for name in versions:
+        for i in range(repeats + 1):
+            h.grad = w.grad = None
+            torch.cuda.synchronize(device)
+            if i == repeats:
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            fns[name](h, w, t).backward()
+            torch.cuda.synchronize(device)
+        out[name] = torch.cuda.max_memory_allocated(device) - base
+    h.grad = w.grad = None
+    return out

@@ -11,7 +11,8 @@
    course's version; and the course's chunked path with other chunk sizes (the default is
    ``chunk_rows_for``: the fewest chunks of at most 256 MiB of logits).
 3. Peak memory above the inputs of one forward + backward, measured (``torch.cuda.max_memory_allocated``,
-   :func:`course_utils.traffic.measure_peak_memory`) next to the model's (:func:`course_utils.traffic.lm_head_loss`).
+   ``tuned.linear_cross_entropy.measure_peak_memory``)
+   next to the model's (:func:`course_utils.traffic.lm_head_loss`).
 
 The table printed last has one row per (rows, version). Run from the repository root (a few minutes,
 most of them torch.compile):
@@ -177,7 +178,7 @@ def main(argv) -> int:
     for rows in ROWS:
         times = time_versions(rows, compiled)
         model = traffic.lm_head_loss(rows, VOCAB, WIDTH, str(DTYPE))
-        peaks = (traffic.measure_peak_memory(rows, VOCAB, WIDTH, str(DTYPE)) if cu.on_gpu() else {})
+        peaks = (T.measure_peak_memory(rows, VOCAB, WIDTH, str(DTYPE)) if cu.on_gpu() else {})
         modelled = {"eager": model["eager"].peak_bytes, "course": model["chunked fused"].peak_bytes,
                     "torch.compile": model["unchunked fused"].peak_bytes}
         for name, ms in times.items():
