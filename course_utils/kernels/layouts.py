@@ -12,6 +12,10 @@ Version ladder (the layouts of chapter 4's ``bias_gelu_dropout_kernel``):
 - v2 :func:`bias_gelu_strided_kernel`: tiles of BLOCK_M logical rows x BLOCK_N columns; each row's
   address comes from its coordinates in x's leading dims (:func:`row_offsets`, once per row, not per
   element) and each column's from x's last stride. Reads x and writes y in place, in x's strides.
+  Its loads are coalesced where x's last dim is the fastest in memory (a permutation of the leading
+  dims); where another dim is (a transpose, channels-last), a tile's row is read with a stride, and
+  whether that beats copying x first is for a GPU to say (``tools/gpu_checks/elementwise_layouts.py``
+  times both; not measured yet).
 
 Pure GELU needs no index at all: a dense x and ``torch.empty_like(x)`` are flat blocks of memory with
 the same strides, and the flat GELU kernel walks both in memory order (``gelu_teaching``, tuned ``gelu``).
