@@ -295,3 +295,19 @@ def test_dropout_discontiguous_inputs(op, memory_format):
         assert out.layout == disc.layout
         check.compare(f"{op} discontiguous {memory_format} p={p}", out, ew.bias_gelu_scale_ref(
             disc.double(), b.double(), 1.0 / (1.0 - p)))
+
+
+def test_lead_layout_walks_the_leading_dims_smallest_stride_innermost():
+    x = _dense("channels_last")                       # (3, 5, 7, 9), strides (315, 1, 45, 5)
+    n1, n2, s0, s1, s2, r0, r1, r2, col_stride = layouts.lead_layout(x)
+    assert (s2, r2, n2) == (1, 7, 5) and col_stride == 5   # C innermost: neighbouring tile rows are neighbours
+    rows = torch.arange(3 * 5 * 7)
+    i2, i1, i0 = rows % n2, rows // n2 % n1, rows // n2 // n1
+    logical = i0 * r0 + i1 * r1 + i2 * r2
+    assert sorted(logical.tolist()) == list(range(3 * 5 * 7))   # every logical row once
+    flat = x.reshape(-1, 9)   # a copy in logical order: row k of it is logical row k of x
+    for t, k in enumerate(logical.tolist()):
+        off = int(i0[t]) * s0 + int(i1[t]) * s1 + int(i2[t]) * s2
+        got = x.as_strided((9,), (col_stride,), x.storage_offset() + off)
+        assert torch.equal(got, flat[k]), (t, k)
+    assert layouts.lead_layout(check.randn((2, 3, 4, 5, 6)).permute(0, 2, 4, 1, 3)) is None   # 4 leading dims

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layouts import is_dense, lead_layout, row_offsets
+from .layouts import NO_LAYOUT, is_dense, lead_layout, row_offsets
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)   # sqrt(2 / pi)
 INV_SQRT_2 = tl.constexpr(0.7071067811865476)       # 1 / sqrt(2)
@@ -54,9 +54,9 @@ def gelu_grad(z, APPROXIMATE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["seed"])
 def bias_gelu_backward_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_partial_ptr, n_rows, n_cols,
-                              p, keep_scale, seed, n1, n2, s0, s1, s2, col_stride, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr, APPROXIMATE: tl.constexpr, DROPOUT: tl.constexpr,
-                              STRIDED: tl.constexpr):
+                              p, keep_scale, seed, n1, n2, s0, s1, s2, r0, r1, r2, col_stride,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, APPROXIMATE: tl.constexpr,
+                              DROPOUT: tl.constexpr, STRIDED: tl.constexpr):
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -67,7 +67,9 @@ def bias_gelu_backward_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_partial_ptr, n
     offsets = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
     addr = offsets                   # contiguous: the address is the flat index
     if STRIDED:                      # x, dy and dx share one dense layout: addresses from x's strides
-        addr = row_offsets(rows.to(tl.int64), n1, n2, s0, s1, s2)[:, None] + cols.to(tl.int64)[None, :] * col_stride
+        offset, row = row_offsets(rows.to(tl.int64), n1, n2, s0, s1, s2, r0, r1, r2)
+        addr = offset[:, None] + cols.to(tl.int64)[None, :] * col_stride
+        offsets = row[:, None] * n_cols + cols[None, :]       # the tile's rows in memory order: their logical index
     x = tl.load(x_ptr + addr, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + addr, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -133,7 +135,7 @@ def bias_gelu_backward_teaching(dy: torch.Tensor, x: torch.Tensor, bias: torch.T
     partial = torch.empty((grid[0], n_cols), device=x.device, dtype=torch.float32)
     keep_scale = 1.0 / (1.0 - p)
     bias_gelu_backward_kernel[grid](dy, x, bias, dx, partial, n_rows, n_cols, p, keep_scale, seed,
-                                    *((1, 1, 0, 0, 0, 1) if x.is_contiguous() else lead_layout(x)),
+                                    *(NO_LAYOUT if x.is_contiguous() else lead_layout(x)),
                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, APPROXIMATE=approximate == "tanh",
                                     DROPOUT=p > 0.0, STRIDED=not x.is_contiguous())
     return dx, partial.sum(dim=0).to(bias.dtype)    # the second reduction: grid[0] rows of partial sums

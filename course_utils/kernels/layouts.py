@@ -9,13 +9,13 @@ gets (the backward regenerates it the same way).
 
 Version ladder (the layouts of chapter 4's ``bias_gelu_dropout_kernel``):
 - v1 a non-contiguous x is copied once (``x.contiguous()``) and the output is contiguous.
-- v2 :func:`bias_gelu_strided_kernel`: tiles of BLOCK_M logical rows x BLOCK_N columns; each row's
-  address comes from its coordinates in x's leading dims (:func:`row_offsets`, once per row, not per
-  element) and each column's from x's last stride. Reads x and writes y in place, in x's strides.
-  Its loads are coalesced where x's last dim is the fastest in memory (a permutation of the leading
-  dims); where another dim is (a transpose, channels-last), a tile's row is read with a stride, and
-  whether that beats copying x first is for a GPU to say (``tools/gpu_checks/elementwise_layouts.py``
-  times both; not measured yet).
+- v2 :func:`bias_gelu_strided_kernel`: tiles of BLOCK_M rows x BLOCK_N columns; each row's address
+  and logical index come from its coordinates in x's leading dims (:func:`row_offsets`, once per row,
+  not per element), each column's address from x's last stride. Reads x and writes y in place, in x's
+  strides. The tile's rows walk the leading dims smallest stride innermost (:func:`lead_layout`), so
+  where x's last dim is not the fastest in memory (a transpose, channels-last) neighbouring rows of a
+  tile are neighbours in memory and each row is read with a stride; whether that beats copying x first
+  is for a GPU to say (``tools/gpu_checks/elementwise_layouts.py`` times both; not measured yet).
 
 Pure GELU needs no index at all: a dense x and ``torch.empty_like(x)`` are flat blocks of memory with
 the same strides, and the flat GELU kernel walks both in memory order (``gelu_teaching``, tuned ``gelu``).
@@ -35,17 +35,21 @@ STRIDED_BLOCK_N = 64    # columns per tile
 
 
 @triton.jit
-def row_offsets(rows, n1, n2, s0, s1, s2):
-    """Memory offset of each logical row ``rows`` (int64) of x viewed as (n0, n1, n2, n_cols):
-    row = (i0 * n1 + i1) * n2 + i2, offset = i0 * s0 + i1 * s1 + i2 * s2."""
+def row_offsets(rows, n1, n2, s0, s1, s2, r0, r1, r2):
+    """Memory offset and logical row of each tile row ``rows`` (int64). A tile row walks x's leading
+    dims in the order :func:`lead_layout` chose (the smallest stride innermost, so that neighbouring
+    tile rows are neighbours in memory): rows = (i0 * n1 + i1) * n2 + i2, offset = i0 s0 + i1 s1 + i2 s2,
+    logical row (x.view(-1, n_cols)'s) = i0 r0 + i1 r1 + i2 r2."""
     i2 = rows % n2
     rest = rows // n2
-    return (rest // n1) * s0 + (rest % n1) * s1 + i2 * s2
+    i1 = rest % n1
+    i0 = rest // n1
+    return i0 * s0 + i1 * s1 + i2 * s2, i0 * r0 + i1 * r1 + i2 * r2
 
 
 @triton.jit(do_not_specialize=["seed"])
-def bias_gelu_strided_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_rows, n_cols, n1, n2, s0, s1, s2, col_stride,
-                             scale, p, keep_scale, seed, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def bias_gelu_strided_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_rows, n_cols, n1, n2, s0, s1, s2, r0, r1, r2,
+                             col_stride, scale, p, keep_scale, seed, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              APPROXIMATE: tl.constexpr, DROPOUT: tl.constexpr, SEED_IN_MEMORY: tl.constexpr,
                              TIMES_INVERSE: tl.constexpr):
     """``y = dropout(gelu(x + bias), p) * scale`` of a dense x of any strides, y with x's strides.
@@ -57,14 +61,15 @@ def bias_gelu_strided_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_rows, n_cols, n
     cols = tl.program_id(axis=1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    addr = row_offsets(rows, n1, n2, s0, s1, s2)[:, None] + cols.to(tl.int64)[None, :] * col_stride
+    offset, row = row_offsets(rows, n1, n2, s0, s1, s2, r0, r1, r2)
+    addr = offset[:, None] + cols.to(tl.int64)[None, :] * col_stride
     x = tl.load(x_ptr + addr, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = gelu_math(x + b[None, :], APPROXIMATE) * scale
     if DROPOUT:
         if SEED_IN_MEMORY:
             seed = tl.load(seed_ptr)
-        index = rows[:, None] * n_cols + cols[None, :]           # the logical flat index, int64
+        index = row[:, None] * n_cols + cols[None, :]            # the logical flat index, int64
         kept = y * keep_scale if TIMES_INVERSE else y / (1.0 - p)
         y = tl.where(tl.rand(seed, index) >= p, kept, 0.0)
     tl.store(y_ptr + addr, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -83,22 +88,32 @@ def is_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def lead_layout(t: torch.Tensor) -> tuple[int, int, int, int, int, int] | None:
-    """``(n1, n2, s0, s1, s2, col_stride)`` for :func:`row_offsets`: t's leading dims, merged where one
-    steps through memory as the next does, as at most MAX_LEAD_DIMS dims (n0 is implied), and the
-    stride of its last dim; None when more dims remain (the launcher copies)."""
-    dims = [(n, s) for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1]
+def lead_layout(t: torch.Tensor) -> tuple[int, ...] | None:
+    """``(n1, n2, s0, s1, s2, r0, r1, r2, col_stride)`` for :func:`row_offsets`: t's leading dims, merged
+    where one steps through memory (and through the logical rows) as the next does, at most
+    MAX_LEAD_DIMS of them (n0 is implied), ordered by decreasing memory stride, with their memory
+    strides s and logical row strides r; and the stride of t's last dim. None when more dims remain
+    (the launcher copies)."""
+    lead = t.shape[:-1]
+    row_strides = [1] * len(lead)
+    for d in range(len(lead) - 2, -1, -1):            # x.view(-1, n_cols)'s row index, row-major
+        row_strides[d] = row_strides[d + 1] * lead[d + 1]
     merged: list[list[int]] = []
-    for n, s in dims:
+    for n, s, r in zip(lead, t.stride()[:-1], row_strides):
+        if n == 1:
+            continue
         if merged and merged[-1][1] == s * n:          # the outer dim steps over exactly this one
-            merged[-1] = [merged[-1][0] * n, s]
+            merged[-1] = [merged[-1][0] * n, s, r]
         else:
-            merged.append([n, s])
+            merged.append([n, s, r])
     if len(merged) > MAX_LEAD_DIMS:
         return None
-    merged = [[1, 0]] * (MAX_LEAD_DIMS - len(merged)) + merged
-    (_, s0), (n1, s1), (n2, s2) = merged
-    return n1, n2, s0, s1, s2, t.stride(-1) if t.dim() else 1
+    merged = [[1, 0, 0]] * (MAX_LEAD_DIMS - len(merged)) + sorted(merged, key=lambda d: -d[1])
+    (_, s0, r0), (n1, s1, r1), (n2, s2, r2) = merged
+    return n1, n2, s0, s1, s2, r0, r1, r2, t.stride(-1) if t.dim() else 1
+
+
+NO_LAYOUT = (1, 1, 0, 0, 0, 0, 0, 0, 1)   # the layout arguments of a STRIDED=False launch (unused)
 
 
 def in_place(x: torch.Tensor) -> bool:
@@ -139,3 +154,6 @@ def compile_cases(info):
         seed = empty(1, dtype=torch.int64)
         yield (f"bias_gelu_strided {dtype_name(dt)} seed in memory",
                lambda x=x, b=b: bias_gelu_strided(x, b, torch.empty_like(x), 1.0, 0.1, 0, seed))
+    big = empty(1024, 2**21, dtype=torch.float16).t()   # 2^31 elements, transposed: int64 rows and addresses
+    yield "bias_gelu_strided 2^31", lambda: bias_gelu_strided(big, empty(1024, dtype=torch.float16),
+                                                              torch.empty_like(big), 1.0, 0.1, 7)

@@ -21,7 +21,14 @@ import triton.language as tl
 
 from ..kernels.elementwise import gelu_math
 from ..kernels.gelu_backward import gelu_grad
-from ..kernels.layouts import bias_gelu_strided, in_place, lead_layout, output_like, row_offsets  # noqa: F401
+from ..kernels.layouts import (
+    NO_LAYOUT,
+    bias_gelu_strided,
+    in_place,
+    lead_layout,
+    output_like,  # noqa: F401  (the layout the op returns: ops/dropout.py's fakes)
+    row_offsets,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -43,8 +50,9 @@ def bias_gelu_dropout_seeded_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_elements
 
 @triton.jit
 def bias_gelu_dropout_seeded_bwd_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_partial_ptr, seed_ptr, n_rows, n_cols,
-                                        p, keep_scale, n1, n2, s0, s1, s2, col_stride, BLOCK_M: tl.constexpr,
-                                        BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr, STRIDED: tl.constexpr):
+                                        p, keep_scale, n1, n2, s0, s1, s2, r0, r1, r2, col_stride,
+                                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+                                        STRIDED: tl.constexpr):
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -54,7 +62,9 @@ def bias_gelu_dropout_seeded_bwd_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_part
     offsets = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]   # the logical flat index: the mask's
     addr = offsets
     if STRIDED:   # x, dy and dx share one dense layout: addresses from x's strides
-        addr = row_offsets(rows.to(tl.int64), n1, n2, s0, s1, s2)[:, None] + cols.to(tl.int64)[None, :] * col_stride
+        offset, row = row_offsets(rows.to(tl.int64), n1, n2, s0, s1, s2, r0, r1, r2)
+        addr = offset[:, None] + cols.to(tl.int64)[None, :] * col_stride
+        offsets = row[:, None] * n_cols + cols[None, :]       # the tile's rows in memory order: their logical index
     x = tl.load(x_ptr + addr, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + addr, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -102,7 +112,7 @@ def bias_gelu_dropout(x, bias, p: float, seed: torch.Tensor, *, block: int = 102
 
 def _layout(x: torch.Tensor) -> tuple:
     """The STRIDED kernel's layout arguments (unused for a contiguous x: no Python work per call then)."""
-    return (1, 1, 0, 0, 0, 1) if x.is_contiguous() else lead_layout(x)
+    return NO_LAYOUT if x.is_contiguous() else lead_layout(x)
 
 
 def bias_gelu_dropout_backward(dy, x, bias, p: float, seed: torch.Tensor, *, block_m: int = 32, block_n: int = 64):
