@@ -63,7 +63,7 @@ IMPLS = {
 }
 
 
-BUILD_LIMIT_S = 200       # a version that has not compiled and warmed up by then is reported, not waited for
+BUILD_LIMIT_S = 120       # a version that has not compiled and warmed up by then is reported, not waited for
 
 
 class BuildTimeout(RuntimeError):
@@ -308,6 +308,18 @@ def layer_report(step: int, cfg, x, y, weights) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PARTS = ("versions", "ladder", "losses")
+
+
+def _parts() -> set[str]:
+    """``COURSE_TRAINING_PARTS`` (comma-separated :data:`PARTS`, default all): what a call records (the
+    headline's ladder and losses take minutes, a lent GPU's call at most ten)."""
+    got = {p.strip() for p in os.environ.get("COURSE_TRAINING_PARTS", ",".join(PARTS)).split(",") if p.strip()}
+    if got - set(PARTS):
+        raise ValueError(f"COURSE_TRAINING_PARTS: unknown {sorted(got - set(PARTS))}; the parts are {PARTS}")
+    return got
+
+
 def _selected() -> list[str]:
     keys = [k.strip() for k in os.environ.get("COURSE_TRAINING_CONFIGS", ",".join(CONFIGS)).split(",") if k.strip()]
     unknown = [k for k in keys if k not in CONFIGS]
@@ -390,42 +402,48 @@ def _merge_recorded(df: pd.DataFrame, name: str, keys: list[str]) -> pd.DataFram
 def sweep(quick: bool = False) -> pd.DataFrame:
     t0 = time.perf_counter()
     suffix = "_quick" if quick else ""
-    keys = _selected()
+    keys, parts = _selected(), _parts()
     rows, categories, kernels, host = [], [], [], []
     loss_summary = {}
     for key in keys:
-        r, c, k, steps = _time_config(key, quick, t0)
-        rows += r
-        categories += c
-        kernels += k
         cfg, batch, _ = CONFIGS[key]
-        if key == HEADLINE:
-            for name in [n for n in ("eager", "course") if n in steps]:
-                split = profile.host_split(steps[name])
-                host.append(pd.DataFrame({"impl": name, "who": list(split), "ms_under_cprofile": list(split.values())}))
-        steps.clear()
-        gc.collect()
-        torch.cuda.empty_cache()
+        if "versions" in parts:
+            r, c, k, steps = _time_config(key, quick, t0)
+            rows += r
+            categories += c
+            kernels += k
+            if key == HEADLINE:
+                for name in [n for n in ("eager", "course") if n in steps]:
+                    split = profile.host_split(steps[name])
+                    host.append(pd.DataFrame({"impl": name, "who": list(split),
+                                              "ms_under_cprofile": list(split.values())}))
+            steps.clear()
+            gc.collect()
+            torch.cuda.empty_cache()
+            if key == HEADLINE:
+                try:
+                    from course_utils import ops
+                    bench.save(ops.host_overhead_table(), f"training_overhead{suffix}")
+                except Exception as e:
+                    _log(f"host_overhead_table failed: {type(e).__name__}: {e}", t0)
         if key != HEADLINE:
             continue
-        try:
-            from course_utils import ops
-            bench.save(ops.host_overhead_table(), f"training_overhead{suffix}")
-        except Exception as e:
-            _log(f"host_overhead_table failed: {type(e).__name__}: {e}", t0)
         data = gpt.tokens()
-        bench.save(ladder(cfg, data, batch), f"training_ladder{suffix}")
-        _log("ladder", t0)
-        curve, report = losses(QUICK_LOSS_STEPS if quick else LOSS_STEPS, cfg, data, sample=SAMPLE_PROMPT, batch=batch)
-        bench.save(curve, f"training_loss{suffix}")
-        bench.save(pd.DataFrame([{"prompt": SAMPLE_PROMPT, "text": curve.attrs.get("sample", ""), "version": "course",
-                                  "trained_steps": len(curve)}]), f"training_sample{suffix}")
-        if not report.empty:
-            bench.save(report, f"training_divergence{suffix}")
-        loss_summary = {"loss_steps": len(curve), "loss_max_rel_diff": curve["rel_diff"].max(),
-                        "loss_steps_over_tolerance": int((curve["rel_diff"] > LOSS_TOLERANCE).sum()),
-                        **{f"loss_{k}": v for k, v in loss_agreement(curve).items()}}
-        _log("losses", t0)
+        if "ladder" in parts:
+            bench.save(ladder(cfg, data, batch), f"training_ladder{suffix}")
+            _log("ladder", t0)
+        if "losses" in parts:
+            curve, report = losses(QUICK_LOSS_STEPS if quick else LOSS_STEPS, cfg, data, sample=SAMPLE_PROMPT,
+                                   batch=batch)
+            bench.save(curve, f"training_loss{suffix}")
+            bench.save(pd.DataFrame([{"prompt": SAMPLE_PROMPT, "text": curve.attrs.get("sample", ""),
+                                      "version": "course", "trained_steps": len(curve)}]), f"training_sample{suffix}")
+            if not report.empty:
+                bench.save(report, f"training_divergence{suffix}")
+            loss_summary = {"loss_steps": len(curve), "loss_max_rel_diff": curve["rel_diff"].max(),
+                            "loss_steps_over_tolerance": int((curve["rel_diff"] > LOSS_TOLERANCE).sum()),
+                            **{f"loss_{k}": v for k, v in loss_agreement(curve).items()}}
+            _log("losses", t0)
     for name, frames in (("categories", categories), ("kernels", kernels), ("host", host)):
         if frames:
             df = pd.concat(frames, ignore_index=True)
@@ -433,6 +451,13 @@ def sweep(quick: bool = False) -> pd.DataFrame:
                 df = _merge_recorded(df, f"training_{name}", keys)
             bench.save(df, f"training_{name}{suffix}")
     df = pd.DataFrame(rows)
+    if df.empty:   # no versions timed in this call: the recorded table (its provenance kept), this call's losses
+        df = bench.recorded("training")
+        if df is None or "config_key" not in df:
+            raise RuntimeError("COURSE_TRAINING_PARTS without 'versions' needs a recorded training.csv")
+        for k, v in loss_summary.items():
+            df.loc[df["config_key"] == HEADLINE, k] = v
+        return df
     for k, v in loss_summary.items():
         df.loc[df["config_key"] == HEADLINE, k] = v
     return df if quick else _merge_recorded(df, "training", keys)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.gelu_backward import bias_gelu_backward_teaching
+from ..kernels.layouts import is_dense, lead_layout
 from ..tuned import elementwise
 
 AMP = torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.bfloat16)  # under autocast: bf16 in
@@ -23,7 +24,9 @@ class BiasGeluDropout(torch.autograd.Function):
     @staticmethod
     @AMP
     def forward(ctx, x, bias, p: float, seed: int, approximate: str):
-        x, bias = x.contiguous(), bias.contiguous()
+        if not (x.is_contiguous() or (is_dense(x) and lead_layout(x) is not None)):
+            x = x.contiguous()           # a slice with gaps: one copy; a dense x keeps its layout, so does y
+        bias = bias.contiguous()
         if p > 0.0:
             y = elementwise.bias_gelu_dropout(x, bias, p, seed, approximate=approximate)
         else:
@@ -36,8 +39,10 @@ class BiasGeluDropout(torch.autograd.Function):
     @AMP_BWD
     def backward(ctx, dy):
         x, bias = ctx.saved_tensors
-        dx, db = bias_gelu_backward_teaching(dy.contiguous().to(x.dtype), x, bias, p=ctx.p, seed=ctx.seed,
-                                             approximate=ctx.approximate)
+        dy = dy.to(x.dtype)
+        if dy.stride() != x.stride() and not (dy.is_contiguous() and x.is_contiguous()):
+            dy = torch.empty_like(x).copy_(dy)   # dy in x's layout (dx gets it too)
+        dx, db = bias_gelu_backward_teaching(dy, x, bias, p=ctx.p, seed=ctx.seed, approximate=ctx.approximate)
         return dx, db, None, None, None
 
 

@@ -10,12 +10,10 @@ Version ladder:
   kernel (Philox, from the seed and the element's index): no mask tensor is ever stored or read.
   ``keep_mask_kernel`` writes that same mask out, for the references and the checks.
 
-This file is the shelf a student reads: the kernels, plain ``kernel[grid](...)`` launchers
-(``*_teaching``) and the references. Offsets are int64 (``pid.to(tl.int64)``), so every kernel
-indexes correctly past 2^31 elements. The production path that ``make bench`` times, with tiles
-chosen per GPU, int32 offsets where they are safe and cheaper bias loads, is
-:mod:`course_utils.tuned.elementwise` (``gelu``, ``bias_gelu_scale``, ``bias_gelu_dropout``,
-``dropout_keep_mask``), which imports this shelf; this shelf never imports it.
+The shelf a student reads: kernels, plain ``kernel[grid](...)`` launchers (``*_teaching``), references.
+Offsets are int64 (``pid.to(tl.int64)``): correct past 2^31 elements. The path ``make bench`` times (tiles
+per GPU, int32 offsets where safe, cheaper bias loads) is :mod:`course_utils.tuned.elementwise`, which
+imports this shelf; this shelf never imports it. Inputs of any dense layout: :mod:`.layouts`.
 """
 
 from __future__ import annotations
@@ -118,7 +116,7 @@ def keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr):
 
 # --- Plain launchers: check, allocate, one kernel[grid](...) call --------------------------------
 
-def _check(name: str, t, like: torch.Tensor | None = None, copy: bool = False) -> torch.Tensor:
+def _check(name: str, t, like: torch.Tensor | None = None, copy: bool = False, dense: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != env.DEVICE.type:
@@ -127,7 +125,7 @@ def _check(name: str, t, like: torch.Tensor | None = None, copy: bool = False) -
         raise TypeError(f"{name} has dtype {t.dtype}; expected float32, float16 or bfloat16")
     if like is not None and t.dtype != like.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but x has {like.dtype}: pass them in the same dtype")
-    if not t.is_contiguous():
+    if not t.is_contiguous() and not (dense and layouts.in_place(t)):  # dense: read in place, y in its strides
         if not copy:
             raise ValueError(f"{name} is not contiguous: the kernels index it as one flat array ({name}.contiguous())")
         t = t.contiguous()  # a transposed or sliced x: one copy, then the flat kernel (an extra read and write)
@@ -171,10 +169,10 @@ def add_teaching(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def gelu_teaching(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """GELU of ``x`` with :func:`gelu_kernel` (``approximate``: 'tanh' or 'none').
 
-    The GELU launchers copy a non-contiguous x (a transpose, a slice) once, then index it as one flat
-    array; the output is contiguous. (The tuned ``gelu`` reads most layouts in place.)"""
+    A dense x of any strides and ``torch.empty_like(x)`` are flat blocks with the same strides: the flat
+    kernel walks both, y keeps x's layout. A slice with gaps (``x[:, ::2]``) is copied once (y contiguous)."""
     flag = _approximate(approximate)
-    x = _check("x", x, copy=True)
+    x = _check("x", x, copy=True, dense=True)
     y = torch.empty_like(x)
     n = x.numel()
     if n > 0:
@@ -184,15 +182,17 @@ def gelu_teaching(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 
 def bias_gelu_scale_teaching(x: torch.Tensor, bias: torch.Tensor, scale: float,
                              approximate: str = "tanh") -> torch.Tensor:
-    """``gelu(x + bias) * scale`` with :func:`bias_gelu_scale_kernel`; ``bias`` has x.shape[-1] values."""
+    """``gelu(x + bias) * scale`` with :func:`bias_gelu_scale_kernel` (a dense strided x: see layouts.py)."""
     flag = _approximate(approximate)
-    x = _check("x", x, copy=True)
+    x = _check("x", x, copy=True, dense=True)
     n_cols = _check_bias(x, bias)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
     y = torch.empty_like(x)
     n = x.numel()
-    if n > 0:
+    if n > 0 and not x.is_contiguous():
+        layouts.bias_gelu_strided(x, bias, y, scale, 0.0, approximate=flag)
+    elif n > 0:
         bias_gelu_scale_kernel[(triton.cdiv(n, TEACHING_BLOCK),)](x, bias, y, n, n_cols, float(scale),
                                                               BLOCK_SIZE=TEACHING_BLOCK, APPROXIMATE=flag)
     return y
@@ -203,15 +203,18 @@ def bias_gelu_dropout_teaching(x: torch.Tensor, bias: torch.Tensor, p: float, se
     """``dropout(gelu(x + bias), p)`` with :func:`bias_gelu_dropout_kernel`; the mask comes from ``seed``.
 
     Element i is kept when Philox(seed, i) >= p, then scaled by 1 / (1 - p). Use a new seed for
-    every call, layer and training step: the same seed draws the same mask.
+    every call, layer and training step: the same seed draws the same mask. i is the logical index
+    (a dense strided x, read in place by layouts.py's kernel, gets x.contiguous()'s mask).
     """
     flag = _approximate(approximate)
-    x = _check("x", x, copy=True)
+    x = _check("x", x, copy=True, dense=True)
     n_cols = _check_bias(x, bias)
     _check_dropout(p, seed)
     y = torch.empty_like(x)
     n = x.numel()
-    if n > 0:
+    if n > 0 and not x.is_contiguous():
+        layouts.bias_gelu_strided(x, bias, y, 1.0, float(p), seed, approximate=flag, times_inverse=False)
+    elif n > 0:
         bias_gelu_dropout_kernel[(triton.cdiv(n, TEACHING_BLOCK),)](x, bias, y, n, n_cols, float(p), seed,
                                                                 BLOCK_SIZE=TEACHING_BLOCK, APPROXIMATE=flag)
     return y
@@ -253,3 +256,5 @@ def bias_gelu_dropout_ref(x: torch.Tensor, bias: torch.Tensor, p: float, seed: i
     keep = dropout_keep_mask_teaching(x.shape, p, seed, device=x.device)
     return F.gelu(x + bias, approximate=approximate) * keep.to(x.dtype) / (1.0 - p)
 
+
+from . import layouts  # noqa: E402  (imported last: layouts.py imports gelu_math from here)

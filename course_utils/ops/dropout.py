@@ -20,7 +20,7 @@ def bias_gelu_dropout_fwd(x: torch.Tensor, bias: torch.Tensor, p: float, seed_te
 
 def _fake_fwd(x, bias, p, seed_tensor):
     K.check(x, bias, p, seed_tensor)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return K.output_like(x)   # the real op's layout: x's strides when dense, else contiguous
 
 
 def bias_gelu_dropout_bwd(dy, x, bias, p: float, seed_tensor):
@@ -28,7 +28,7 @@ def bias_gelu_dropout_bwd(dy, x, bias, p: float, seed_tensor):
 
 
 def _fake_bwd(dy, x, bias, p, seed_tensor):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(bias)
+    return K.output_like(x), torch.empty_like(bias)
 
 
 def _setup(ctx, inputs, output):

@@ -8,7 +8,9 @@ read by the kernel from a one-element int64 tensor. The caller bumps that tensor
 each replay then draws a new mask, and the backward regenerates the forward's mask because it reads
 the same value. Element i of the flat (rows x columns) tensor is kept when Philox(seed, i) >= p, as
 in chapter 4, so ``course_utils.kernels.elementwise.bias_gelu_dropout_ref(x, b, p, int(seed))`` is
-the reference.
+the reference. Outputs keep the input's layout, as PyTorch's elementwise ops do: a dense x of any
+strides (transposed, permuted, channels-last) is read in place and y, dx get its strides
+(:func:`output_like`); a slice with gaps is copied once and the outputs are contiguous.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ import triton.language as tl
 
 from ..kernels.elementwise import gelu_math
 from ..kernels.gelu_backward import gelu_grad
+from ..kernels.layouts import (
+    NO_LAYOUT,
+    bias_gelu_strided,
+    in_place,
+    lead_layout,
+    output_like,  # noqa: F401  (the layout the op returns: ops/dropout.py's fakes)
+    row_offsets,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -40,23 +50,29 @@ def bias_gelu_dropout_seeded_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_elements
 
 @triton.jit
 def bias_gelu_dropout_seeded_bwd_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_partial_ptr, seed_ptr, n_rows, n_cols,
-                                        p, keep_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                        DROPOUT: tl.constexpr):
+                                        p, keep_scale, n1, n2, s0, s1, s2, r0, r1, r2, col_stride,
+                                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+                                        STRIDED: tl.constexpr):
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     mask = (rows[:, None] < n_rows) & col_mask[None, :]
-    offsets = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    offsets = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]   # the logical flat index: the mask's
+    addr = offsets
+    if STRIDED:   # x, dy and dx share one dense layout: addresses from x's strides
+        offset, row = row_offsets(rows.to(tl.int64), n1, n2, s0, s1, s2, r0, r1, r2)
+        addr = offset[:, None] + cols.to(tl.int64)[None, :] * col_stride
+        offsets = row[:, None] * n_cols + cols[None, :]       # the tile's rows in memory order: their logical index
+    x = tl.load(x_ptr + addr, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + addr, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dz = dy * gelu_grad(x + b[None, :], True)
     if DROPOUT:
         seed = tl.load(seed_ptr)
         dz = tl.where(tl.rand(seed, offsets) >= p, dz * keep_scale, 0.0)
-    tl.store(dx_ptr + offsets, dz.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + addr, dz.to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(db_partial_ptr + pid_m * n_cols + cols, tl.sum(tl.where(mask, dz, 0.0), axis=0), mask=col_mask)
 
 
@@ -79,24 +95,35 @@ def check(x, bias, p, seed, what: str = "bias_gelu_dropout") -> None:
 
 
 def bias_gelu_dropout(x, bias, p: float, seed: torch.Tensor, *, block: int = 1024, num_warps: int = 4):
-    """``dropout(gelu_tanh(x + bias), p)``, the seed read from the device tensor ``seed``."""
+    """``dropout(gelu_tanh(x + bias), p)``, the seed read from the device tensor ``seed``; y in x's
+    layout (:func:`output_like`)."""
     check(x, bias, p, seed)
-    x, bias = x.contiguous(), bias.contiguous()
+    x, bias = (x if in_place(x) else x.contiguous()), bias.contiguous()
     y = torch.empty_like(x)
     n = x.numel()
-    if n:
+    if n and not x.is_contiguous():   # dense, any strides: the strided kernel, the mask by logical index
+        bias_gelu_strided(x, bias, y, 1.0, float(p), seed_tensor=seed)
+    elif n:
         bias_gelu_dropout_seeded_kernel[(triton.cdiv(n, block),)](x, bias, y, seed, n, x.shape[-1], float(p),
                                                                  1.0 / (1.0 - float(p)), BLOCK_SIZE=block,
                                                                  DROPOUT=p > 0, num_warps=num_warps)
     return y
 
 
+def _layout(x: torch.Tensor) -> tuple:
+    """The STRIDED kernel's layout arguments (unused for a contiguous x: no Python work per call then)."""
+    return NO_LAYOUT if x.is_contiguous() else lead_layout(x)
+
+
 def bias_gelu_dropout_backward(dy, x, bias, p: float, seed: torch.Tensor, *, block_m: int = 32, block_n: int = 64):
-    """(dx, db) of :func:`bias_gelu_dropout`, the mask regenerated from the same device seed."""
+    """(dx, db) of :func:`bias_gelu_dropout`, the mask regenerated from the same device seed; dx in x's
+    layout (:func:`output_like`), dy read in place when it has that layout, else copied into it."""
     check(x, bias, p, seed, "bias_gelu_dropout backward")
     if dy.shape != x.shape:
         raise ValueError(f"bias_gelu_dropout backward: dy must have x's shape {tuple(x.shape)}, got {tuple(dy.shape)}")
-    x, dy = x.contiguous(), dy.to(x.dtype).contiguous()
+    x, bias = (x if in_place(x) else x.contiguous()), bias.contiguous()
+    if dy.dtype != x.dtype or (dy.stride() != x.stride() and not (dy.is_contiguous() and x.is_contiguous())):
+        dy = torch.empty_like(x).copy_(dy)   # one copy, into x's layout and dtype
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else 0
     dx = torch.empty_like(x)
@@ -105,8 +132,8 @@ def bias_gelu_dropout_backward(dy, x, bias, p: float, seed: torch.Tensor, *, blo
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))
     partial = torch.empty((grid[0], n_cols), device=x.device, dtype=torch.float32)
     bias_gelu_dropout_seeded_bwd_kernel[grid](dy, x, bias, dx, partial, seed, n_rows, n_cols, float(p),
-                                              1.0 / (1.0 - float(p)), BLOCK_M=block_m, BLOCK_N=block_n,
-                                              DROPOUT=p > 0)
+                                              1.0 / (1.0 - float(p)), *_layout(x), BLOCK_M=block_m,
+                                              BLOCK_N=block_n, DROPOUT=p > 0, STRIDED=not x.is_contiguous())
     return dx, partial.sum(dim=0).to(bias.dtype)
 
 
@@ -121,3 +148,8 @@ def compile_cases(info):
                    lambda x=x, b=b, p=p: bias_gelu_dropout(x, b, p, seed))
             yield (f"bias_gelu_dropout seeded backward {dtype_name(dt)} p={p}",
                    lambda x=x, b=b, p=p: bias_gelu_dropout_backward(x, x, b, p, seed))
+        xt = empty(3000, 1000, dtype=dt).t()   # a dense layout: the strided forward, the STRIDED backward
+        yield (f"bias_gelu_dropout seeded strided {dtype_name(dt)}",
+               lambda xt=xt, b=b: bias_gelu_dropout(xt, b, 0.1, seed))
+        yield (f"bias_gelu_dropout seeded strided backward {dtype_name(dt)}",
+               lambda xt=xt, b=b: bias_gelu_dropout_backward(xt, xt, b, 0.1, seed))

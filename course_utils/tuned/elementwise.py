@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .. import env
 from ..kernels.elementwise import gelu_math, keep_mask_kernel  # the mask kernel is the teaching one
+from ..kernels.layouts import bias_gelu_strided
 from .elementwise_config import (  # noqa: F401  (names users import from here)
     DROPOUT_MAX_BLOCK,
     FLOAT_DTYPES,
@@ -191,15 +192,21 @@ def gelu(x: torch.Tensor, approximate: str = "tanh", out: torch.Tensor | None = 
 
 def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approximate: str = "tanh",
                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1])."""
+    """``gelu(x + bias) * scale`` in one kernel; ``bias`` has one value per column (x.shape[-1]).
+
+    A dense, non-contiguous x (transposed, permuted, channels-last) is read in place by the teaching
+    shelf's ``bias_gelu_strided_kernel`` and the output has x's strides; a slice with gaps is copied
+    once (one more read and write) and the output is contiguous."""
     flag = _approximate_flag(approximate)
-    x = _flat("x", x)  # a non-contiguous x is copied once (the kernel indexes it as one flat array)
+    x = _flat("x", x)
     n_cols = _check_bias(x, bias)
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
     out = _output(x, out)
-    if x.numel() > 0:
+    if x.numel() > 0 and not x.is_contiguous():
+        bias_gelu_strided(x, bias, out, scale, 0.0, approximate=flag)
+    elif x.numel() > 0:
         cfg = config_for(x, x.dtype)
         bias_gelu_scale_tuned_kernel[cfg.grid](x, bias, out, x.numel(), n_cols, scale, BLOCK_SIZE=cfg.BLOCK_SIZE,
                                                APPROXIMATE=flag, INT64=cfg.int64,
@@ -213,14 +220,17 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed: int, 
 
     Element i is kept when Philox(seed, i) >= p and then scaled by 1 / (1 - p): the same seed gives
     the same mask on any GPU and under the interpreter, whatever BLOCK_SIZE is. Use a new seed for
-    every call, layer and training step.
+    every call, layer and training step. i is the logical flat index: a dense, non-contiguous x (read
+    in place, the output in its strides, as :func:`bias_gelu_scale` does) gets x.contiguous()'s mask.
     """
     flag = _approximate_flag(approximate)
     p, seed = dropout_args(p, seed)
-    x = _flat("x", x)  # a non-contiguous x is copied once; the mask is drawn by logical index all the same
+    x = _flat("x", x)
     n_cols = _check_bias(x, bias)
     out = _output(x, out)
-    if x.numel() > 0:
+    if x.numel() > 0 and not x.is_contiguous():
+        bias_gelu_strided(x, bias, out, 1.0, p, seed, approximate=flag)
+    elif x.numel() > 0:
         cfg = config_for(x, x.dtype, DROPOUT_MAX_BLOCK)
         bias_gelu_dropout_tuned_kernel[cfg.grid](x, bias, out, x.numel(), n_cols, p, 1.0 / (1.0 - p), seed,
                                                  BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=flag, INT64=cfg.int64,

@@ -16,6 +16,7 @@ import torch
 import triton
 
 from .. import env, hardware
+from ..kernels.layouts import is_dense, lead_layout
 
 MAX_BLOCK_SIZE = 2**16
 # Offsets are int64 once a tile could reach 2^31 - 1: the margin (one largest tile) makes the
@@ -153,9 +154,10 @@ def _output(x: torch.Tensor, out) -> torch.Tensor:
 
 
 def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
-    """``t``, or one contiguous copy of it (documented: a strided input costs one more read and write)."""
+    """``t`` when contiguous, or dense with leading dims the strided bias kernel addresses (it is read
+    in place and the output gets its strides), else one contiguous copy (one more read and write)."""
     _check_tensor(name, t, any_layout=True)
-    return t if t.is_contiguous() else t.contiguous()
+    return t if t.is_contiguous() or (dense_in_memory(t) and lead_layout(t) is not None) else t.contiguous()
 
 
 def _approximate_flag(approximate: str) -> bool:
@@ -180,16 +182,10 @@ def _check_bias(x: torch.Tensor, bias) -> int:
 
 # How an input's elements lie in memory (the GELU launchers accept any layout)
 
-def dense_in_memory(t: torch.Tensor) -> bool:
-    """True when ``t``'s elements fill one block of memory without gaps or overlaps: contiguous, or a
-    transpose or permutation of a contiguous tensor. An elementwise kernel may then walk the block in
-    memory order and write an output with the same strides."""
-    expect = 1
-    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
-        if stride != expect:
-            return False
-        expect *= size
-    return True
+# dense_in_memory(t): True when t's elements fill one block of memory without gaps or overlaps
+# (contiguous, or a transpose or permutation of a contiguous tensor). An elementwise kernel may then walk
+# the block in memory order and write an output with the same strides (the teaching shelf's is_dense).
+dense_in_memory = is_dense
 
 
 def rows_of(t: torch.Tensor) -> tuple[int, int, int] | None:
