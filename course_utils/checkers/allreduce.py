@@ -153,7 +153,8 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
     atol, rtol = check.tolerance(dtype)
     if fused:
         y64, s64 = _reference_fused(t, dtype)
-        pairs = [("y", t["y"][r].tensor, y64, r) for r in range(w)] + [("s", t["s"][r].tensor, s64, r) for r in range(w)]
+        pairs = ([("y", t["y"][r].tensor, y64, r) for r in range(w)]
+                 + [("s", t["s"][r].tensor, s64, r) for r in range(w)])
     else:
         ref = sum(v.double() for v in t["x"])
         pairs = [("out", t["out"][r].tensor, ref, r) for r in range(w)]

@@ -37,7 +37,7 @@ import triton.language as tl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK_N = 16384          # a row stays in registers
-SPINS_GPU = 2**30            # a wait that takes this many tries has lost a peer: give up, never hang
+SPINS_GPU = 2**26            # about a minute of tries: a lost peer ends the wait instead of hanging the job
 SPINS_SIMULATED = 2          # a simulated peer that has not signalled will not signal during this launch
 PROGRAMS_PER_SM = 4          # every program is resident at once: a waiting program never blocks a peer's
 PROGRAMS_SIMULATED = 3       # under the interpreter: a few programs, so rows wrap around the grid
@@ -193,9 +193,16 @@ class SymmetricRanks(Ranks):
     multicast). Collective: every rank of ``group`` constructs it with the same arguments."""
 
     def __init__(self, capacity: int, dtype=torch.bfloat16, group=None):
+        import warnings
+
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
         group = group or dist.group.WORLD
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)   # needed before torch 2.9, then a no-op
+        if enable is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                enable(group.group_name)
         device = torch.device("cuda", torch.cuda.current_device())
         programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
         super().__init__(dist.get_world_size(group), capacity, dtype, programs, SPINS_GPU)
@@ -204,11 +211,22 @@ class SymmetricRanks(Ranks):
         self.pad = symm_mem.empty(programs * self.world_size, dtype=torch.int32, device=device)
         self.pad.zero_()   # our own flags (not torch's signal pad, which torch's ops use)
         torch.cuda.synchronize()
-        handles = [symm_mem.rendezvous(t, group.group_name) for t in (self.buffer, self.pad)]
-        self.tables(handles[0].buffer_ptrs, handles[1].buffer_ptrs, device)
-        self.handles = handles
         self.local_ranks = [dist.get_rank(group)]
+        self.handles = [symm_mem.rendezvous(t, group.group_name) for t in (self.buffer, self.pad)]
+        self.tables(*(self._peer_ptrs(h, t, group) for h, t in zip(self.handles, (self.buffer, self.pad))), device)
         dist.barrier(group)   # every pad is zero before anyone signals
+
+    def _peer_ptrs(self, handle, t, group) -> list[int]:
+        """Every rank's address of ``t``: ``buffer_ptrs`` name each rank's allocation, and ``t`` may sit at an
+        offset inside it (torch's memory pool), the same offset on every rank or the layout is not symmetric."""
+        import torch.distributed as dist
+        offset = t.data_ptr() - handle.buffer_ptrs[self.local_ranks[0]]
+        offsets = [None] * self.world_size
+        dist.all_gather_object(offsets, offset, group)
+        if len(set(offsets)) != 1 or offset < 0:
+            raise RuntimeError(f"symmetric memory: the tensor sits at different offsets on the ranks ({offsets}); "
+                               "allocate the same tensors in the same order on every rank")
+        return [p + offset for p in handle.buffer_ptrs]
 
     def schedule(self):
         return [(self.local_ranks[0], True, True)]
