@@ -310,3 +310,27 @@ def all_reduce_add_rms_norm_ref(xs, residual, weight, eps: float = 1e-6, dtype=N
     s_n = s.to(dtype).double() if dtype is not None else s
     y = s_n * torch.rsqrt(s_n.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
     return y, s
+
+
+class _GpuRank(SimulatedRanks):
+    """Rank 0 of a W-rank group as a GPU launches it: publish and reduce in one launch (compile matrix)."""
+
+    def __init__(self, world_size, capacity, dtype):
+        super().__init__(world_size, capacity, dtype, device="cpu", max_programs=PROGRAMS_PER_SM * 132)
+        self.local_ranks, self.max_spins = [0], SPINS_GPU
+
+    def schedule(self):
+        return [(0, True, True)]
+
+
+def compile_cases(info):
+    """The launches the compile matrix compiles for ``info`` (course_utils/aot.py): one launch per rank."""
+    from ..aot import dtype_name, dtypes_for, empty
+    for dt in dtypes_for(info):
+        for world, (m, n) in ((2, (8192, 768)), (4, (7, 4099))):
+            ranks = _GpuRank(world, m * n, dt)
+            x, w = empty(m, n, dtype=dt), empty(n, dtype=dt)
+            name = f"{dtype_name(dt)} {world} ranks {m}x{n}"
+            yield f"one-shot all-reduce {name}", lambda x=x, ranks=ranks: one_shot_all_reduce_teaching([x], ranks)
+            yield (f"all-reduce + add + rms_norm {name}",
+                   lambda x=x, w=w, ranks=ranks: all_reduce_add_rms_norm_teaching([x], [x], w, ranks))
