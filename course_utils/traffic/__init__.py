@@ -32,7 +32,10 @@ against it in ``tests/test_dram_traffic.py``.
 
 from __future__ import annotations
 
-from . import backward  # chapter 11's calculators: traffic.backward.<name>)
+from . import (
+    backward,  # chapter 11's calculators: traffic.backward.<name>)
+    links,  # chapter 13: bytes across links, the alpha-beta model (traffic.links.<name>)
+)
 from .launch import (
     LAUNCH_OVERHEAD_FALLBACK_US,
     LAUNCH_OVERHEAD_SOURCE,
@@ -65,4 +68,4 @@ __all__ = ["LAUNCH_OVERHEAD_US", "LAUNCH_OVERHEAD_SOURCE", "LAUNCH_OVERHEAD_FALL
            "softmax", "MASK_MODES", "bias_gelu_dropout", "layernorm", "TRAILING_MODES", "matmul_chain",
            "gemm_epilogue", "flash_kv_rows", "KV_READS", "attention", "l2_hit_fraction", "dram_bytes_cold",
            "Machine", "machine", "machine_from_ceilings", "TimeEstimate", "estimate_time", "speedup",
-           "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward"]
+           "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward", "links"]
