@@ -365,11 +365,20 @@ def run_simulated(args) -> None:
     print("PASS simulated all-reduce and fused epilogue on 2 and 4 ranks")
     tp_block_simulated(dev)
     print("PASS tensor-parallel MLP block on 2 simulated ranks = the unsplit block")
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=0, world_size=1)
-    df = ddp_run(1, 0, torch.device(dev), steps=3, cfg=gpt.TINY, global_batch=4)
-    dist.destroy_process_group()
+    df = ddp_one_process(torch.device(dev), steps=3)
     print(f"PASS DDP step on one process: losses {[round(v, 3) for v in df['loss']]}")
+
+
+def ddp_one_process(device, steps: int = 3, global_batch: int = 4):
+    """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
+    same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch)
+        finally:
+            dist.destroy_process_group()
 
 
 def tp_block_simulated(dev, world: int = 2, rows: int = 9, width: int = 48) -> None:
@@ -396,7 +405,6 @@ def main(argv=None) -> None:
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
     ap.add_argument("--check-only", action="store_true", help="correctness and stress only, two sizes, no timing")
     ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
-    ap.add_argument("--port", type=int, default=29533, help="--simulate's local gloo port")
     args = ap.parse_args(argv)
     os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
     if args.simulate or "WORLD_SIZE" not in os.environ:
