@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_utils import gpt, ops, results
+from course_utils import gpt, ops, results, symmetric
 from course_utils.kernels import allreduce as K
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -95,7 +95,7 @@ def time_rounds(impls: dict) -> dict:
 class Pieces:
     """Every implementation of one size on this rank: the all-reduces, the epilogues, the TP block."""
 
-    def __init__(self, ranks: K.SymmetricRanks, rows: int, width: int, world: int, rank: int):
+    def __init__(self, ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int):
         dev, bf = "cuda", torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(1234 + rank)
         self.ranks, self.world = ranks, world
@@ -201,7 +201,7 @@ def reference_checks(p: Pieces, world: int) -> list[dict]:
     return rows
 
 
-def stress(ranks: K.SymmetricRanks, rows: int, width: int, world: int, rank: int, calls: int) -> dict:
+def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int, calls: int) -> dict:
     """``calls`` back-to-back calls, new data each: x_r = (i + call + 3 r) % 7 - 3, small integers whose sum
     is exact in bf16, so every output must equal the closed form bit for bit."""
     i = torch.arange(rows * width, device="cuda").view(rows, width)
@@ -279,7 +279,7 @@ def run_distributed(args) -> None:
     if not args.ddp_only:
         sizes = (1, 16) if args.quick or args.check_only else SIZES_MIB
         capacity = max(sizes) * MIB // 2
-        ranks = K.SymmetricRanks(capacity, torch.bfloat16)
+        ranks = symmetric.SymmetricRanks(capacity, torch.bfloat16)
         timing, checks, stresses = [], [], []
         for width in WIDTHS:
             for mib in sizes:
@@ -355,7 +355,7 @@ def run_simulated(args) -> None:
     check_no_multicast()
     dev, dtype = env.DEVICE, torch.float32
     for world in (2, 4):
-        ranks = K.SimulatedRanks(world, 64 * 129, dtype, device=dev)
+        ranks = symmetric.SimulatedRanks(world, 64 * 129, dtype, device=dev)
         for call in range(4):
             xs = [check.randn((37, 129), dtype) for _ in range(world)]
             for out in K.one_shot_all_reduce_teaching(xs, ranks):
@@ -389,7 +389,7 @@ def tp_block_simulated(dev, world: int = 2, rows: int = 9, width: int = 48) -> N
     fc, out = check.randn((4 * width, width), scale=width**-0.5), check.randn((width, 4 * width), scale=0.1)
     w = check.randn((width,), offset=1.0, scale=0.1)
     parts = [F.linear(F.gelu(F.linear(h, f)), o) for f, o in zip(fc.chunk(world, 0), out.chunk(world, 1))]
-    ranks = K.SimulatedRanks(world, rows * width, torch.float32, device=dev)
+    ranks = symmetric.SimulatedRanks(world, rows * width, torch.float32, device=dev)
     got = K.all_reduce_add_rms_norm_teaching(parts, [res] * world, w, ranks, EPS)
     whole = F.linear(F.gelu(F.linear(h.double(), fc.double())), out.double())
     y64, _ = K.all_reduce_add_rms_norm_ref([whole], res, w, EPS)

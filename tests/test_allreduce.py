@@ -9,15 +9,16 @@ import triton
 import triton.language as tl
 
 from course_utils import check, env
+from course_utils import symmetric as S
 from course_utils.checkers import allreduce as checks
 from course_utils.kernels import allreduce as K
 
 SHAPES = [(1, 1), (7, 37), (13, 100), (3, 5, 129)]
-DTYPES = [torch.float32, torch.float16]   # bf16 arithmetic is wrong under the interpreter
+DTYPES = list(env.supported_dtypes())   # fp32, fp16; bf16 too on a GPU (its arithmetic is wrong under the interpreter)
 
 
 def _ranks(world, dtype, capacity=2000):
-    return K.SimulatedRanks(world, capacity, dtype, device=env.DEVICE)
+    return S.SimulatedRanks(world, capacity, dtype, device=env.DEVICE)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -126,3 +127,26 @@ def test_bad_fused_inputs_get_clear_errors():
         K.all_reduce_add_rms_norm_teaching(xs, [torch.zeros(4, 8, device=env.DEVICE)], torch.ones(8), ranks)
     with pytest.raises(TypeError, match="ranks must be"):
         K.one_shot_all_reduce_teaching(xs, None)
+
+
+def test_symmetric_ranks_address_the_tensor_inside_each_peers_allocation(monkeypatch):
+    """torch's memory pool may place the tensor at an offset inside the symmetric allocation whose base
+    ``buffer_ptrs`` names: the table must hold base + offset for every rank, and refuse offsets that differ."""
+    import torch.distributed as dist
+
+    class Handle:
+        buffer_ptrs = [1000, 5000, 9000]
+
+    class Tensor:
+        def data_ptr(self):
+            return 5000 + 256          # rank 1's tensor, 256 bytes into its allocation
+
+    ranks = S.SymmetricRanks.__new__(S.SymmetricRanks)   # no GPU: only the address arithmetic
+    ranks.local_ranks, ranks.world_size = [1], 3
+    def gathered(offsets):
+        return lambda out, obj, group=None: out.__setitem__(slice(None), offsets(obj))
+    monkeypatch.setattr(dist, "all_gather_object", gathered(lambda obj: [obj] * 3))
+    assert ranks._peer_ptrs(Handle(), Tensor(), None) == [1256, 5256, 9256]
+    monkeypatch.setattr(dist, "all_gather_object", gathered(lambda obj: [0, obj, 0]))
+    with pytest.raises(RuntimeError, match="different offsets"):
+        ranks._peer_ptrs(Handle(), Tensor(), None)
