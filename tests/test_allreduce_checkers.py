@@ -55,6 +55,11 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                             tries += 1
     if REDUCE:
         ready = 0
+        if FAULT == "reads before the wait":   # every rank's first row loaded before the wait, used after it
+            early = tl.zeros((BLOCK_N,), tl.float32)
+            for r in tl.static_range(WORLD):
+                buf = tl.load(buf_table_ptr + r).to(tl.pointer_type(dtype)) + buf_offset
+                early += tl.load(buf + pid * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         if FAULT != "no barrier":
             pad = _peer_pad(pad_table_ptr, rank) + pid * WORLD
             for peer in tl.static_range(WORLD):
@@ -85,6 +90,9 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                         src = rank
                     buf = tl.load(buf_table_ptr + src).to(tl.pointer_type(dtype)) + peer_offset
                     acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
+                if FAULT == "reads before the wait":
+                    if row == pid:
+                        acc = early   # the first row as it was read before the flags came
                 if FUSED:
                     s = (acc + tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
                     tl.store(s_ptr + base + cols, s, mask=mask)
@@ -117,11 +125,12 @@ def test_right_kernels_pass(capsys):
 
 
 @pytest.mark.parametrize("fault", ["no barrier", "barrier before the writes", "only the own buffer read",
-                                   "wrong peer offset", "signal pad never reset"])
+                                   "wrong peer offset", "signal pad never reset", "reads before the wait"])
 @pytest.mark.parametrize("fused", [False, True], ids=["all-reduce", "fused"])
 def test_each_fault_is_named(fault, fused):
     check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
-    with pytest.raises(check.CheckFailure, match=fault):
+    words = "before their flags came" if fault == "reads before the wait" else fault
+    with pytest.raises(check.CheckFailure, match=words):
         check_fn(bound(fault, fused))
 
 

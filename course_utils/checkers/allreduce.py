@@ -16,8 +16,11 @@ outputs with NaN inside guard zones, and runs a schedule a GPU could run: first 
 *before any rank published* (a correct kernel's wait gives up after ``max_spins`` tries and writes
 nothing), then every publish, then every reduce in reverse order; then it checks that the pads are
 all zero again. Several calls back to back, with new data and alternating buffer halves. A wrong
-answer is matched against the usual faults, each named. The interpreter cannot see a missing
-release or acquire (it runs one program at a time): that one the lecture measures on GPUs.
+answer is matched against the usual faults, each named; under the interpreter the loads of that early
+reduce are recorded too, so a kernel that reads the peers' buffers before its wait (and keeps the
+result only if the wait succeeds) is caught as well. What the interpreter cannot see, since it runs
+one program at a time: a missing release or acquire (``sem="relaxed"``), or a signal placed before
+the stores of the same half. Those show on GPUs, in the stress loop of benchmarks/multigpu.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from .. import check, env
 from ..symmetric import SimulatedRanks
 from . import answer_keys
+from .loads import span
 
 EPS = 1e-6
 CALLS = 3            # back-to-back calls: the second reuses the pads, the third the first call's half
@@ -36,8 +40,8 @@ HINT = ("publish half: copy your rows of x into your buffer (tl.load(buf_table_p
         "tl.atomic_cas(flag, 1, 0, sem='acquire', scope='sys') (at most max_spins tries), and only if every "
         "peer's flag came, read every rank's buffer at the same offset and sum in float32.")
 FAULTS = {
-    "no barrier": "your reduce half read the peers' buffers and wrote the output while no peer had published. "
-                  "Wait for every peer's flag before reading, and skip the reduce if a flag did not come",
+    "no barrier": "your reduce half read the peers' buffers while no peer had published. Wait for every "
+                  "peer's flag before the first load of a peer's buffer, and skip the reduce if a flag did not come",
     "barrier before the writes": "the flags said 'published' before the rows were in the buffer: a peer read "
                                  "the old contents. Store your rows into your buffer first, then signal",
     "only the own buffer read": "the sum holds your own rows only: load each rank r's buffer address from "
@@ -136,8 +140,13 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
     stale = [b[offset:offset + n].view(n_rows, n_cols).double().cpu() for b in ranks.buffers]
     other_half = [b[other:other + n].view(n_rows, n_cols).double().cpu() for b in ranks.buffers]
     pads_before = [p.clone() for p in ranks.pads]
-    # a reduce before anyone published: a correct kernel waits, gives up, and writes nothing
-    _launch(kernel, fused, ranks, 0, False, True, t, 0, n_rows, n_cols, offset, case)
+    # a reduce before anyone published: a correct kernel waits, gives up, and reads and writes nothing
+    with check.track_loads() as loads:
+        _launch(kernel, fused, ranks, 0, False, True, t, 0, n_rows, n_cols, offset, case)
+    early = _peer_reads(loads, ranks, rank=0)
+    if early:
+        _fail(case + f", rank 0's reduce launched before any rank published: it loaded {early} element(s) of the "
+                     "peers' buffers before their flags came", "no barrier")
     written = [o for o in _outputs(t, fused)[0::w]]
     if not all(bool(o.isnan().all()) for o in written):
         _fail(case + ", rank 0's reduce launched before any rank published", "no barrier")
@@ -171,6 +180,19 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
                                      "overwrites rows a slower peer is still reading).\nHint: " + HINT)
     if any(bool(p.any()) for p in ranks.pads):
         _fail(case + ", after the call", "signal pad never reset")
+
+
+def _peer_reads(loads, ranks, rank: int) -> int:
+    """How many loaded lanes (recorded under the interpreter; none on a GPU) fell in a peer's buffer."""
+    addr = loads.flat()
+    if addr.size == 0:
+        return 0
+    hits = 0
+    for r, buf in enumerate(ranks.buffers):
+        if r != rank:
+            start, end = span(buf)
+            hits += int(((addr >= start) & (addr < end)).sum())
+    return hits
 
 
 def _reference_fused(t, dtype):
