@@ -58,17 +58,35 @@ def check_no_multicast() -> None:
 # ------------------------------------------------------------------------------------------ timing
 
 
-def time_per_call(fn, iters: int = ITERS) -> float:
-    """ms per call of ``iters`` back-to-back calls between two CUDA events, all ranks started together."""
+def time_per_call(fn, iters: int = ITERS) -> tuple[float, float]:
+    """(GPU ms, host ms) per call of ``iters`` back-to-back calls between two CUDA events, all ranks started
+    together; the host's time to issue them beside: where it is the larger, the host set the pace."""
     dist.barrier()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
     start.record()
     for _ in range(iters):
         fn()
     end.record()
+    host = (time.perf_counter() - t0) * 1e3
     end.synchronize()
-    return start.elapsed_time(end) / iters
+    return start.elapsed_time(end) / iters, host / iters
+
+
+def graphed(fn, calls: int = ITERS):
+    """``calls`` back-to-back calls of ``fn`` captured in one CUDA graph (chapter 1): replaying it costs the
+    host one launch. An even count keeps the one-shot's buffer halves alternating from replay to replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
 
 
 def slowest(ms: float) -> float:
@@ -77,16 +95,22 @@ def slowest(ms: float) -> float:
     return float(t)
 
 
-def time_rounds(impls: dict) -> dict:
-    """Median over ROUNDS interleaved rounds (A, B, C, A, B, C...) of each impl's ms per call, slowest rank."""
+def time_rounds(impls: dict, graphs: bool = False) -> dict:
+    """``{impl: (ms, host_ms)}``: the median over ROUNDS interleaved rounds (A, B, C, A, B, C...) of each
+    impl's time per call, the slowest rank's. With ``graphs``, each impl is timed as replays of a CUDA graph
+    of ITERS calls (host_ms is then the host's time per replay divided by ITERS)."""
     for fn in impls.values():
         for _ in range(WARMUP):
             fn()
+    if graphs:
+        impls = {k: graphed(fn).replay for k, fn in impls.items()}   # the bound method holds its graph
     got = {k: [] for k in impls}
     for _ in range(ROUNDS):
         for k, fn in impls.items():
-            got[k].append(time_per_call(fn))
-    return {k: slowest(statistics.median(v)) for k, v in got.items()}
+            gpu, host = time_per_call(fn, 1 if graphs else ITERS)
+            got[k].append((gpu / (ITERS if graphs else 1), host / (ITERS if graphs else 1)))
+    return {k: (slowest(statistics.median(g for g, _ in v)), slowest(statistics.median(h for _, h in v)))
+            for k, v in got.items()}
 
 
 # ------------------------------------------------------------------------------------------ the pieces
@@ -288,17 +312,18 @@ def run_distributed(args) -> None:
                 for row in reference_checks(p, world):
                     checks.append({"width": width, "mib": mib, **row})
                 if not args.check_only:
-                    for impl, ms in time_rounds(p.impls()).items():
+                    for impl, (ms, host_ms) in time_rounds(p.impls(), graphs=args.graphs).items():
                         nbytes = mib * MIB
                         timing.append({"impl": impl, "width": width, "rows": n_rows, "mib_per_rank": mib,
-                                       "ms": ms, "algbw_gbs": nbytes / (ms * 1e-3) / 1e9,
+                                       "ms": ms, "host_ms": host_ms, "cuda_graph": args.graphs,
+                                       "algbw_gbs": nbytes / (ms * 1e-3) / 1e9,
                                        "busbw_gbs": nbytes / (ms * 1e-3) / 1e9 * 2 * (world - 1) / world})
                 del p
         for width, calls in ((768, STRESS_CALLS), (4096, 20)):
             stresses.append(stress(ranks, min(8192, capacity // width), width, world, rank, calls))
         tables += [("multigpu_checks", pd.DataFrame(checks)), ("multigpu_stress", pd.DataFrame(stresses))]
         if timing:
-            tables.append(("multigpu_allreduce", pd.DataFrame(timing)))
+            tables.append(("multigpu_allreduce" + ("_graphs" if args.graphs else ""), pd.DataFrame(timing)))
     if not (args.no_ddp or args.check_only):
         tables.append(("multigpu_ddp", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS)))
     if rank == 0:
@@ -318,8 +343,10 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
         for _, row in c[~c["ok"]].iterrows():
             print(f"  FAILED {row['impl']} at {row['mib']} MiB x {row['width']}: "
                   f"excess error {row['max_excess_error']:.3g}")
-    if "multigpu_allreduce" in tables:
-        t = tables["multigpu_allreduce"].pivot_table(index=["width", "mib_per_rank"], columns="impl", values="ms")
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs"):
+        if name not in tables:
+            continue
+        t = tables[name].pivot_table(index=["width", "mib_per_rank"], columns="impl", values="ms")
         base = "nccl + course add_layer_norm"
         summary = pd.DataFrame({
             "nccl us": t["nccl all_reduce"] * 1e3,
@@ -329,8 +356,14 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
                                            if "torch symm_mem one_shot_all_reduce" in t else float("nan")),
             "tp mlp speedup": t["tp mlp, nccl + separate kernels"] / t["tp mlp, fused epilogue"],
         })
-        print(f"\nper call, {world} GPUs (targets: fused >= 1.5x at 1-16 MiB, one-shot >= 1.0x, tp mlp >= 1.2x)")
+        how = "CUDA graphs of 20 calls" if name.endswith("graphs") else "20 calls back to back"
+        print(f"\nper call, {world} GPUs, {how} (targets: fused >= 1.5x at 1-16 MiB, one-shot >= 1.0x, "
+              "tp mlp >= 1.2x)")
         print(summary.round(2).to_string())
+        df = tables[name]
+        host = sorted(set(df.loc[df["host_ms"] > df["ms"], "impl"]))
+        if host:
+            print("the host, not the GPU, set the pace (host_ms > ms) somewhere for: " + ", ".join(host))
     if "multigpu_ddp" in tables:
         d = tables["multigpu_ddp"]
         line = f"\nDDP, {world} GPU(s): {d['tokens_per_s_per_gpu'].iloc[0]:.0f} tokens/s per GPU, last loss " \
@@ -403,6 +436,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="two sizes and a short DDP run")
     ap.add_argument("--ddp-only", action="store_true", help="only the DDP step (for the 1-GPU baseline)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA graphs of 20 calls (names end in _graphs)")
     ap.add_argument("--check-only", action="store_true", help="correctness and stress only, two sizes, no timing")
     ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
     args = ap.parse_args(argv)
