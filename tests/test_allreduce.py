@@ -111,6 +111,7 @@ def test_empty_input_returns_empty_without_launching():
     (lambda d: [torch.zeros(100, 100, device=d)] * 2, "do not fit"),
     (lambda d: [torch.zeros(1, 20000, device=d)] * 2, "at most 16384 columns"),
     (lambda d: [1.0, 2.0], "torch.Tensor"),
+    (lambda d: [torch.zeros(4, 8, device=d, dtype=torch.int32)] * 2, "float32, float16 or bfloat16"),
 ])
 def test_bad_inputs_get_clear_errors(xs, words):
     ranks = _ranks(2, torch.float32, capacity=4000)

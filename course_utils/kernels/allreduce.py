@@ -158,6 +158,8 @@ def _rows(what: str, xs, ranks: Ranks, name: str = "xs") -> tuple[list, int, int
     for x in xs:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{what}: {name} must hold torch.Tensors, got {type(x).__name__}")
+        if x.dtype not in DTYPES:
+            raise TypeError(f"{what}: {name} must be float32, float16 or bfloat16, got {x.dtype}")
         if x.dtype != ranks.dtype or x.device != ranks.device:
             raise TypeError(f"{what}: the group holds {ranks.dtype} on {ranks.device}, got {x.dtype} on {x.device}")
         if x.shape != xs[0].shape or x.dim() == 0:
