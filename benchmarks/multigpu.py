@@ -3,6 +3,8 @@
     torchrun --nproc_per_node=2 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=1 -m benchmarks.multigpu --ddp-only --out ...   # the 1-GPU DDP baseline
+    torchrun --nproc_per_node=2 -m benchmarks.multigpu --graphs --no-ddp --out ...   # CUDA-graph timings
+    python -m benchmarks.multigpu --judge --out results/h100-80gb-hbm3   # issue 28's targets from the CSVs
     python -m benchmarks.multigpu --simulate       # no torchrun: simulated ranks, CPU or one GPU
 
 NVLink multicast is switched off in every process (``NCCL_NVLS_ENABLE=0``,
@@ -18,7 +20,8 @@ output is compared bit for bit). Times: ``ITERS`` calls back to back between two
 median of ``ROUNDS`` interleaved rounds, the slowest rank's. NCCL's bus bandwidth over sizes feeds
 the alpha-beta fit. Then chapter 12's GPT step under DistributedDataParallel at a fixed global batch:
 tokens/s per GPU and the loss of every step. Rank 0 writes ``multigpu_*_w<W>.csv`` (provenance
-columns gpu, torch, triton, date, world_size) and prints a short table last.
+columns gpu, torch, triton, date, world_size), judges issue 28's targets from every CSV in the folder
+(``multigpu_targets.csv``) and prints a short table last.
 """
 
 from __future__ import annotations
@@ -329,6 +332,8 @@ def run_distributed(args) -> None:
     if rank == 0:
         for name, df in tables:
             print(f"wrote {save(df, name, out, world)}")
+        if not args.check_only:
+            judge(out)
         print_summary(dict(tables), world, out)
     dist.barrier()
     dist.destroy_process_group()
@@ -376,6 +381,63 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
             rel = abs((d["loss"].values[:n] - d1["loss"].values[:n]) / d1["loss"].values[:n]).max()
             line += f"; scaling efficiency {eff:.1%} of 1 GPU (target 90%), losses within {rel:.2%} (target 2%)"
         print(line)
+
+
+# ------------------------------------------------------------------------------------------ targets
+
+ISSUE = 28
+TARGET_MIB = (1, 2, 4, 8, 16)   # the one-shot's targets hold at 1-16 MiB per rank; past that the ring may win
+
+
+def targets(tables: dict) -> list:
+    """Issue 28's targets as measured ratios, from ``{(name, world): DataFrame}`` of recorded CSVs (CUDA-graph
+    times where recorded): fused epilogue >= 1.5x NCCL + add_layer_norm and one-shot >= 1.0x torch's at
+    1-16 MiB per rank, TP block >= 1.2x, DDP >= 90% per-GPU throughput with losses within 2%."""
+    from course_utils.bench import Target
+    found = []
+    for world in (2, 4):
+        t = tables.get(("multigpu_allreduce_graphs", world), tables.get(("multigpu_allreduce", world)))
+        if t is not None:
+            ms = t.pivot_table(index=["width", "mib_per_rank"], columns="impl", values="ms")
+            for (width, mib), r in ms.iterrows():
+                where = f"{world} GPUs, {mib} MiB x {width}"
+                if mib in TARGET_MIB:
+                    fused = r["course fused all-reduce + add + rms_norm"]
+                    found.append(Target(ISSUE, f"fused all-reduce + add + RMSNorm vs NCCL + add_layer_norm, {where}",
+                                        r["nccl + course add_layer_norm"] / fused, 1.5))
+                    if "torch symm_mem one_shot_all_reduce" in r and r["torch symm_mem one_shot_all_reduce"] > 0:
+                        found.append(Target(ISSUE, f"course one-shot vs torch symm_mem one_shot_all_reduce, {where}",
+                                            r["torch symm_mem one_shot_all_reduce"] / r["course one-shot"], 1.0))
+                found.append(Target(ISSUE, f"TP MLP block, fused epilogue vs NCCL + separate kernels, {where}",
+                                    r["tp mlp, nccl + separate kernels"] / r["tp mlp, fused epilogue"], 1.2))
+        one, d = tables.get(("multigpu_ddp", 1)), tables.get(("multigpu_ddp", world))
+        if one is not None and d is not None:
+            n = min(len(one), len(d))
+            rel = abs((d["loss"].values[:n] - one["loss"].values[:n]) / one["loss"].values[:n]).max()
+            found.append(Target(ISSUE, f"DDP per-GPU tokens/s vs 1 GPU, {world} GPUs",
+                                d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
+            found.append(Target(ISSUE, f"DDP losses within 2% of 1 GPU (1 - largest relative difference), {world} GPUs",
+                                1 - rel, 0.98))
+    return found
+
+
+def judge(out: Path) -> pd.DataFrame:
+    """Read ``out/multigpu_*_w<W>.csv``, print issue 28's targets, write ``out/multigpu_targets.csv``."""
+    tables = {}
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs", "multigpu_ddp"):
+        for world in (1, 2, 4):
+            path = out / f"{name}_w{world}.csv"
+            if path.exists():
+                tables[name, world] = pd.read_csv(path)
+    rows = pd.DataFrame([t.row() for t in targets(tables)])
+    if rows.empty:
+        print(f"no multi-GPU results under {out}: nothing to judge")
+        return rows
+    rows.to_csv(out / "multigpu_targets.csv", index=False)
+    passed = int((rows["status"] == "pass").sum())
+    print(f"\nissue {ISSUE} targets ({out}): {passed}/{len(rows)} pass")
+    print(rows.drop(columns=["issue"]).to_string(index=False))
+    return rows
 
 
 def run_simulated(args) -> None:
@@ -437,11 +499,14 @@ def main(argv=None) -> None:
     ap.add_argument("--ddp-only", action="store_true", help="only the DDP step (for the 1-GPU baseline)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
     ap.add_argument("--graphs", action="store_true", help="time CUDA graphs of 20 calls (names end in _graphs)")
+    ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")
     ap.add_argument("--check-only", action="store_true", help="correctness and stress only, two sizes, no timing")
     ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
     args = ap.parse_args(argv)
     os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
-    if args.simulate or "WORLD_SIZE" not in os.environ:
+    if args.judge:
+        judge(Path(args.out or results.RESULTS / results.gpu_slug()))
+    elif args.simulate or "WORLD_SIZE" not in os.environ:
         run_simulated(args)
     else:
         run_distributed(args)
