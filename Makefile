@@ -53,14 +53,20 @@ test-unit: $(SETUP)
 
 # On an H100 host (16 cores), cold Triton cache: see the README for the measured time. Three runs:
 # the tests in parallel, the notebooks in parallel (file by file), then the few tests that hold
-# 8-20 GiB of GPU memory (marked bigmem), one at a time with nothing else on the card.
+# 8-20 GiB of GPU memory (marked bigmem), one at a time with nothing else on the card. On a GPU the
+# compile-only matrix for sm_75/80/90 is left to the CPU suite, and the longest tests start first
+# (tests/conftest.py). The first run lists its slowest tests; the last line gives each run's seconds.
 test-gpu: $(SETUP)
-	@rc=0; \
+	@rc=0; t0=$$(date +%s); \
 	$(GPU_ENV) $(PY) -m pytest -n $(GPU_WORKERS) --dist worksteal tests -m "not browser and not bigmem" \
-	  $(PYTEST_ARGS) || rc=1; \
+	  --durations=25 $(PYTEST_ARGS) || rc=1; \
+	t1=$$(date +%s); \
 	$(GPU_ENV) $(PY) -m pytest -n $(NB_WORKERS) --dist loadfile --nbval-lax --nbval-current-env notebooks \
 	  $(PYTEST_ARGS) || rc=1; \
+	t2=$$(date +%s); \
 	$(GPU_ENV) $(PY) -m pytest -p no:xdist tests -m bigmem $(PYTEST_ARGS) || rc=1; \
+	t3=$$(date +%s); \
+	echo "make test-gpu: $$((t3 - t0)) s (tests $$((t1 - t0)) s, notebooks $$((t2 - t1)) s, bigmem $$((t3 - t2)) s)"; \
 	exit $$rc
 
 test-browser: $(SETUP) chromium

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
 import course_utils as cu
 from course_utils import bench
@@ -42,6 +43,7 @@ SCALE = 0.5
 LAUNCH_BOUND_MIB = 16  # sizes up to this also get wall-clock and CUDA-graph rows
 ROUNDS = 3             # interleaved rounds per case (5 for the GELU sizes that carry targets)
 GRAPH_CALLS = 20       # calls captured in one graph for timing='graph'
+CHAIN_NEEDS = {"eager": 2.5, "torch.compile": 1.0}  # the chain's speed-up targets (issue 4)
 
 
 def _dtypes():
@@ -231,35 +233,47 @@ def plot(df):
     return fig
 
 
-def _ratio(df, case, dtype, size, impl, other, timing="events"):
+def _rows(df, case, dtype, size, impl, other, timing="events"):
+    """The results rows of ``impl`` and ``other`` for one case, or None when either is missing."""
     sel = df[(df.case == case) & (df.dtype == dtype) & (df.size_mib == size) & (df.timing == timing)]
     a = sel[sel.impl == impl]
     b = sel[sel.impl == other]
     if a.empty or b.empty:
         return None
-    return float(b.ms.iloc[0] / a.ms.iloc[0])  # >1 means impl is faster
+    return a.iloc[0], b.iloc[0]
 
 
 def targets(df) -> list:
-    """Issue 4's speed targets as ratios measured in this run (events timing, L2 flushed)."""
+    """Issue 4's speed targets as ratios measured in this run (events timing, L2 flushed): ``other``'s
+    time over triton's, so > 1 means triton is faster; a tie at the copy ceiling is told from a loss."""
     out = []
     for dtype in sorted(set(df[df.case == "gelu"].dtype)):
         for size in (256, 1024):
             for other, need in (("copy_", 0.95), ("F.gelu", 1.0)):
-                r = _ratio(df, "gelu", dtype, size, "triton", other)
-                if r is not None:
+                pair = _rows(df, "gelu", dtype, size, "triton", other)
+                if pair is not None:
                     what = "bandwidth" if other == "copy_" else "speed"
-                    out.append(bench.Target(ISSUE, f"gelu {dtype} {size} MiB {what} vs {other}", r, need))
+                    out.append(bench.Target.between(ISSUE, f"gelu {dtype} {size} MiB {what} vs {other}", *pair,
+                                                    need))
     for dtype in sorted(set(df[df.case == "chain"].dtype)):
         for size in sorted(set(df[df.case == "chain"].size_mib)):
-            # launch-bound sizes: what the caller pays (host clock) and the device time (CUDA graph)
-            timings = ("wall", "graph") if size <= LAUNCH_BOUND_MIB else ("events",)
-            for timing in timings:
-                for other, need in (("eager", 2.5), ("torch.compile", 1.0)):
-                    r = _ratio(df, "chain", dtype, size, "triton", other, timing=timing)
-                    if r is not None:
-                        out.append(bench.Target(ISSUE, f"bias+gelu+scale {dtype} {size} MiB vs {other} "
-                                                       f"({timing})", r, need))
+            # Launch-bound sizes are judged on the device (CUDA graph), and on the host clock only against
+            # torch.compile (a launch each). No host-clock target against eager: there a 1-16 MiB kernel
+            # runs no longer than its launch, so the wall clock measures the host's launch path (one
+            # Python-launched Triton kernel against three C++-dispatched torch ops), not the fusion;
+            # chapter 1 teaches why, and the `wall` rows are still recorded and shown in chapter 4.
+            judged = ((("wall", ["torch.compile"]), ("graph", list(CHAIN_NEEDS))) if size <= LAUNCH_BOUND_MIB
+                      else (("events", list(CHAIN_NEEDS)),))
+            for timing, others in judged:
+                for other in others:
+                    pair = _rows(df, "chain", dtype, size, "triton", other, timing=timing)
+                    if pair is None:
+                        continue
+                    t = bench.Target.between(ISSUE, f"bias+gelu+scale {dtype} {size} MiB vs {other} ({timing})",
+                                             *pair, CHAIN_NEEDS[other])
+                    # no tie off the events timing: a graph's 20 calls share L2, whose ceiling is not the
+                    # copy's (graph rows pass 100% of it), and the wall clock has no percentiles
+                    out.append(t if timing == "events" else replace(t, noise=None, ceiling=None))
     return out
 
 

@@ -234,9 +234,11 @@ def ratios(df):
 
 
 def targets(df) -> list:
-    """The speed targets of issue 15 as measured ratios (ours / theirs, from one run)."""
+    """The speed targets of issue 15 as measured ratios (ours / theirs, from one run); each race against
+    a peer carries both rows' spread and % of copy, so a tie at the ceiling is told from a loss."""
     found = []
     peers = {"ln": "F.layer_norm", "rms": "F.rms_norm"}
+    timed = df.set_index(["op", "dtype", "n_cols", "impl"])
     for _, r in ratios(df).iterrows():
         op, d, n = r["op"], r["dtype"], int(r["n_cols"])
         what = {"ln_fwd": "LayerNorm fwd", "ln_fwd_bwd": "LayerNorm fwd+bwd", "rms_fwd": "RMSNorm fwd",
@@ -252,7 +254,8 @@ def targets(df) -> list:
             if peer == "torch.compile" and r["compile"] != "compiled":
                 continue  # an eager fallback (or a failure) is no torch.compile measurement: never a verdict
             if r[f"vs_{peer}"] == r[f"vs_{peer}"]:  # not NaN (Liger may be missing)
-                found.append(bench.Target(15, f"{what} {d} N={n} vs {name}", r[f"vs_{peer}"], 1.0))
+                found.append(bench.Target.between(15, f"{what} {d} N={n} vs {name}", timed.loc[(op, d, n, "ours")],
+                                                  timed.loc[(op, d, n, peer)], 1.0))
     return found
 
 

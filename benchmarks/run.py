@@ -11,8 +11,9 @@ Steps: measure the ceilings once (device-to-device copy and a dense matmul, writ
 ``sweep``, run it, add % of the measured ceilings, save ``results/<gpu>/<topic>.csv`` with
 provenance and ``<topic>.png`` plots, and judge its speed targets; last, write the summary
 ``results/<gpu>/targets.csv`` and ``targets.md`` (every target: required ratio, measured ratio,
-pass or short). A topic that raises is reported in the summary and the others go on; the exit code
-is 1 when any topic failed to run (a target that is short does not change it).
+pass, tie at the ceiling, or short; see :data:`STATUS_RULE`). A topic that raises is reported in
+the summary and the others go on; the exit code is 1 when any topic failed to run (a target that is
+short does not change it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ from course_utils import bench
 TIME_BUDGET_S = 600      # what `make bench` promises on an H100
 QUICK_FOLDER = "quick"   # results/<gpu>/quick/: --quick runs, never read as the recorded results
 SKIP = {"run", "__init__"}
+SUMMARY_COLUMNS = ["topic", "issue", "target", "required", "measured", "status", "noise", "at_ceiling"]
+#: How a status is decided (``bench.Target``), printed under the table of targets.md.
+STATUS_RULE = (
+    "Status: **pass** when measured >= required. A target short of it is a **tie at ceiling** when the "
+    "ratio is 1.0 within the run's noise and both sides run at the hardware's limit: `noise` is the "
+    "ratio's range from the two sides' 20th-80th percentile times (their fastest over our slowest, "
+    "their slowest over our fastest, from each one's median interleaved round) and must contain 1.0; "
+    "`at_ceiling` is the fraction of the measured copy bandwidth (or matmul rate) ours / theirs "
+    f"reach, both at least {bench.TIE_CEILING_FRACTION:.0%}. Everything else short of its ratio is "
+    "**short**: a loss, or a race within noise below the ceiling, where there is still room to win.")
 METRIC_COLUMNS = {"ms", "p20_ms", "p80_ms", "ms_p20", "ms_p80", "p20", "p80", "reps", "gbps", "tflops", "us",
                   "bytes", "flops", "pct_of_copy", "pct_of_matmul", "cuda_graph", "error", "note"}
 
@@ -177,7 +188,7 @@ def summary_frame(results: list[TopicResult], slug: str):
         if r.status == "error":
             rows.append({"topic": r.name, "issue": None, "target": f"(topic failed: {r.message[:150]})",
                          "required": None, "measured": None, "status": "error"})
-    return pd.DataFrame(rows, columns=["topic", "issue", "target", "required", "measured", "status"])
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def to_markdown(df, title: str) -> str:
@@ -252,6 +263,9 @@ def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir:
         title = (f"Speed targets on {ceilings.gpu} (torch {v['torch']}, triton {v['triton']}, {v['date']}, "
                  f"commit {commit()}{', --quick' if quick else ''})")
     text = to_markdown(summary, title)
+    counts = summary["status"].value_counts()
+    text += "\n" + ", ".join(f"{counts[s]} {s}" for s in ("pass", bench.TIE, "short", "not measured", "error")
+                              if s in counts) + ". " + STATUS_RULE + "\n"
     text += (f"\nCeilings: copy {ceilings.copy_gbps:.0f} GB/s, {ceilings.matmul_dtype} matmul "
              f"{ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note}).\n\n")
     text += to_markdown(runs, f"Topics run ({sum(r.seconds for r in results):.0f} s)").replace("# Topics", "## Topics")
@@ -329,14 +343,14 @@ def report(results: list[TopicResult], ceilings: bench.Ceilings, total_s: float)
              f"{ceilings.matmul_dtype} matmul {ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note})", "",
              f"{'topic':18s} {'status':8s} {'rows':>5s} {'s':>6s}  targets"]
     for r in results:
-        passed = sum(t.passed for t in r.targets)
-        tgt = f"{passed}/{len(r.targets)} pass" if r.targets else "-"
+        passed, tied = sum(t.passed for t in r.targets), sum(t.tied for t in r.targets)
+        tgt = f"{passed}/{len(r.targets)} pass, {tied} tie at ceiling" if r.targets else "-"
         lines.append(f"{r.name:18s} {r.status:8s} {r.rows:5d} {r.seconds:6.1f}  {tgt}"
                      + (f"  ({r.message[:90]})" if r.message else ""))
     for r in results:
         for t in r.targets:
-            lines.append(f"  [{'pass' if t.passed else 'SHORT'}] {r.name}: {t.claim}: {t.measured:.3f} "
-                         f"(needs {t.required})")
+            lines.append(f"  [{t.status if t.passed or t.tied else 'SHORT'}] {r.name}: {t.claim}: "
+                         f"{t.measured:.3f} (needs {t.required})")
     lines.append(f"total {total_s:.0f} s" + ("" if total_s <= TIME_BUDGET_S else
                                            f" -- over the {TIME_BUDGET_S} s budget: use --quick or fewer sizes"))
     return "\n".join(lines)

@@ -13,13 +13,29 @@ Each job lives in its own module; this one only gathers their names (import from
   :func:`plot_roofline`.
 - :mod:`course_utils.simulator`: :class:`SimulatedGPU` (the protocol on a CPU).
 - :mod:`course_utils.results`: :func:`recorded`, :func:`save`, :func:`provenance`, :func:`gpu_slug`,
-  :class:`Target`.
+  :class:`Target` (pass, tie at the ceiling, or short; :meth:`Target.between` builds one from two
+  timed rows).
 """
 
 from __future__ import annotations
 
 from .ceilings import Ceilings, attainable_tflops, ridge_point, roofline_seconds
-from .results import RESULTS, Target, gpu_slug, provenance, provenance_line, recorded, recorded_gpus, save, topic
+from .results import (
+    RESULTS,
+    TIE,
+    TIE_CEILING_FRACTION,
+    Target,
+    ceiling_fraction,
+    gpu_slug,
+    provenance,
+    provenance_line,
+    ratio_noise,
+    recorded,
+    recorded_gpus,
+    save,
+    tie_evidence,
+    topic,
+)
 from .roofline import ceilings_for, measure_ceilings, plot_roofline, roofline_frame, with_ceilings
 from .simulator import SimEvent, SimKernel, SimulatedGPU
 from .sweeps import plot_sweep, sizes, sweep, verify_callable
@@ -41,4 +57,5 @@ __all__ = ["RESULTS", "L2_FLUSH_BYTES", "ROUNDS", "TIMING_COLUMNS", "BenchmarkEr
            "ridge_point", "roofline_seconds", "measure_ceilings", "ceilings_for", "with_ceilings",
            "attainable_tflops", "roofline_frame", "plot_roofline", "plot_sweep", "SimulatedGPU", "SimKernel",
            "SimEvent", "topic", "provenance", "provenance_line", "gpu_slug", "recorded_gpus", "recorded", "save",
-           "Target"]
+           "Target", "TIE", "TIE_CEILING_FRACTION", "ceiling_fraction", "ratio_noise",
+           "tie_evidence"]

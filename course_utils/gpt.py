@@ -8,6 +8,7 @@ downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -23,6 +24,7 @@ from .autograd.registry import ops as make_ops
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 256  # byte-level tokens
+GPT2_VOCAB = 50304  # GPT-2's 50257 tokens padded to a multiple of 128 (nanoGPT's and llm.c's size)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,11 @@ class GPTConfig:
 
 
 TINY = GPTConfig()                                                       # the CPU interpreter: seconds
-GPU = GPTConfig(n_layer=6, n_head=12, d_model=768, seq_len=1024)         # GPT-2 small's width, 6 layers
+GPU = GPTConfig(n_layer=6, n_head=12, d_model=768, seq_len=1024)         # GPT-2 small's width, 6 layers, 256 tokens
+# GPT-2 small, the shape llm.c and nanoGPT report: 12 layers, width 768, 12 heads, a vocabulary of 50304.
+# The course's text is bytes, so only ids 0-255 ever appear: the head, the loss and the embedding's
+# gradient still cost what a 50304-token tokenizer's would (every row is a full softmax over 50304).
+GPT2 = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024, vocab=GPT2_VOCAB)
 
 
 class Block(nn.Module):
@@ -55,7 +61,12 @@ class Block(nn.Module):
     def attend(self, h: torch.Tensor, ops: Ops, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         """proj(attention(q, k, v)) with q, k, v read from the packed projection as strided views."""
         B, N, d = h.shape
-        qkv = self.qkv(h).view(B, N, 3, self.cfg.n_head, self.cfg.head_dim)
+        packed = self.qkv(h)
+        if cache is None and ops.attention_qkv is not None:
+            # q, k, v read from the packed projection by strides; dq, dk, dv written back into its layout
+            o = ops.attention_qkv(packed, self.cfg.n_head, True)
+            return self.proj(o.transpose(1, 2).reshape(B, N, d))
+        qkv = packed.view(B, N, 3, self.cfg.n_head, self.cfg.head_dim)
         # (B, H, N, hd) views, no copies; unbind's backward stacks dq, dk, dv into dqkv in one kernel
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
         if cache is not None:
@@ -135,17 +146,33 @@ class GPT(nn.Module):
             h, x = ops.add_layer_norm(block.mlp(h, ops), x, nxt.weight, nxt.bias, eps)
         if cache is not None:
             cache.length += N
-        logits = F.linear(h, self.wte.weight)
         if targets is None:
-            return logits
-        return logits, ops.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+            return F.linear(h, self.wte.weight)
+        # the tied head and the loss in one op: the course's never writes the (tokens x vocab) logits whole
+        return None, ops.linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.wte.weight, targets.reshape(-1))
 
 
-def twins(cfg: GPTConfig, device, seed: int = 0) -> tuple[GPT, GPT]:
-    """The torch version and the course version of one model: identical parameters."""
+def bf16_weights(model: GPT) -> GPT:
+    """The model's parameters in bfloat16, llm.c's mixed precision: the forward and backward read bf16
+    weights (no autocast, no casts), and :func:`optimizer` keeps float32 master weights and moments, made
+    here from the exact float32 values, in one fused kernel (:mod:`course_utils.tuned.adamw`)."""
+    model.master = [p.detach().float().clone() for p in model.parameters()]
+    return model.to(torch.bfloat16)
+
+
+def uses_autocast(model: nn.Module) -> bool:
+    """float32 parameters: the step runs under bf16 autocast (PyTorch's recipe); bf16 ones: it does not."""
+    return next(model.parameters()).dtype == torch.float32
+
+
+def twins(cfg: GPTConfig, device, seed: int = 0, bf16: bool | None = None) -> tuple[GPT, GPT]:
+    """The torch version and the course version of one model: identical parameters. On a GPU the course
+    version holds bf16 weights with float32 masters (:func:`bf16_weights`) unless ``bf16=False``."""
     base = GPT(cfg, seed).to(device)
-    twin = copy.deepcopy(base)
-    return base.use("torch"), twin.use("course")
+    twin = copy.deepcopy(base).use("course")
+    if bf16 if bf16 is not None else torch.device(device).type == "cuda":
+        bf16_weights(twin)
+    return base.use("torch"), twin
 
 
 def model_flops(cfg: GPTConfig, batch: int) -> dict:
@@ -223,9 +250,16 @@ def _autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
+def _precision(model: nn.Module, device: torch.device, cache_enabled: bool = True):
+    if uses_autocast(model) and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache_enabled)
+    return contextlib.nullcontext()
+
+
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One step: forward under bf16 autocast on a GPU (float32 master weights), backward, AdamW."""
-    with _autocast(x.device):
+    """One step: forward (float32 weights under bf16 autocast on a GPU, or bf16 weights as they are),
+    backward, AdamW (torch's, or the course's on float32 masters for bf16 weights)."""
+    with _precision(model, x.device):
         _, loss = model(x, y)
     loss.backward()
     opt.step()
@@ -235,9 +269,15 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
 
 def optimizer(model: nn.Module, lr: float = 3e-4, capturable: bool = False,
               fused: bool | None = None) -> torch.optim.Optimizer:
-    """AdamW, on a GPU fused into a few multi-tensor kernels (``fused=True``: the ecosystem's own fused
-    optimizer, the same for both versions; ``fused=False``: the foreach kernels chapter 11 used);
-    ``capturable=True`` keeps its step counts on the GPU so that a CUDA graph can hold it."""
+    """AdamW. float32 weights: torch's, on a GPU fused into a few multi-tensor kernels (``fused=True``;
+    ``fused=False``: the foreach kernels chapter 11 used; ``capturable=True`` keeps its step counts on
+    the GPU so that a CUDA graph can hold it). bf16 weights (:func:`bf16_weights`): the course's
+    ``MasterAdamW``, float32 masters and moments and the bf16 copy in one launch (always capturable)."""
+    if not uses_autocast(model):
+        from .tuned.adamw import MasterAdamW
+        masters = getattr(model, "master", None)
+        return MasterAdamW(list(model.parameters()), lr=lr, betas=(0.9, 0.95), weight_decay=0.0,
+                           master_from=masters)
     fused = next(model.parameters()).is_cuda if fused is None else fused
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, capturable=capturable,
                              fused=fused or None)
@@ -265,7 +305,7 @@ def graphed_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, warmup: int
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+        with _precision(model, x.device, cache_enabled=False):
             _, loss = model(x, y)
         loss.backward()
         opt.step()

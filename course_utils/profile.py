@@ -10,6 +10,7 @@ GPU, for the lecture cells that show what ran.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -125,7 +126,7 @@ CATEGORIES = ("GEMM", "attention", "norm", "loss", "optimizer", "cast", "copy", 
 _KERNEL_RULES = (
     ("optimizer", ("adam", "multi_tensor_apply")),
     ("attention", ("flash", "attn", "attention", "fmha", "sdpa")),
-    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmaxforward", "softmaxbackward")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmaxforward", "softmaxbackward", "fused_classifier")),
     ("norm", ("layer_norm", "layernorm", "gammabetabackward")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "cublas", "splitk", "linear_gelu")),
     ("copy", ("memcpy", "catarraybatchedcopy")),
@@ -143,14 +144,38 @@ _OP_RULES = (
 )
 
 
+# The operators an Inductor kernel's name lists (``triton_poi_fused__to_copy_clone_3``) that move or view
+# data without computing: a kernel that does nothing else is a cast (if it converts) or a copy.
+_DATA_MOVES = {"clone", "view", "unsafe", "permute", "transpose", "t", "copy", "expand", "squeeze", "unsqueeze",
+               "slice", "select", "cat", "split", "with", "sizes", "alias", "reshape", "contiguous"}
+
+
+def _fused_move(name: str) -> str | None:
+    """"cast" or "copy" for a generated kernel whose fused operators only convert, copy or view, by what
+    the kernel does (its name lists its operators), whichever aten op launched it; else None."""
+    if "fused_" not in name:
+        return None
+    ops = re.sub(r"_\d+$", "", name.split("fused_", 1)[1])
+    converts = "_to_copy" in ops
+    rest = [t for t in ops.replace("_to_copy", "_").split("_") if t and t not in _DATA_MOVES]
+    if rest:
+        return None
+    return "cast" if converts else "copy"
+
+
 def categorize(kernel: str, ops=()) -> str:
     """The category of one kernel launch, from its name, else from the operators above it (nearest
-    first): one of :data:`CATEGORIES`. A kernel nothing names is elementwise glue (adds, the
-    embeddings' gathers, fills, reductions of gradients)."""
+    first): one of :data:`CATEGORIES`. A generated (Inductor) kernel that only converts dtypes counts as
+    a cast, one that only copies as a copy, like eager's ``aten::_to_copy`` and ``aten::clone``. A
+    kernel nothing names is elementwise glue (adds, the embeddings' gathers, fills, reductions of
+    gradients)."""
     name = kernel.lower()
     for category, keys in _KERNEL_RULES:
         if any(k in name for k in keys):
             return category
+    moved = _fused_move(name)
+    if moved is not None:
+        return moved
     # nearest operator first, but a copy_ names a category only when nothing above it does (a cast is
     # aten::_to_copy calling aten::copy_; a copy inside an attention backward belongs to attention)
     for rules in (_OP_RULES[:-1], _OP_RULES[-1:]):
@@ -280,7 +305,9 @@ def host_split(fn, calls: int = 1) -> dict:
 
 #: The fusion ladder's steps, in order (benchmarks/training.py measures each one).
 FUSIONS = ("+ AdamW(fused=True)", "+ attention reads q, k, v by strides", "+ residual add + LayerNorm in one kernel",
-           "+ bias + GELU in the GEMM epilogue", "+ fused cross-entropy (the course's step)")
+           "+ bias + GELU fused with the MLP's first GEMM", "+ fused cross-entropy",
+           "+ LM head and loss in one op (logits never written whole)",
+           "+ bf16 weights, float32 masters in one AdamW kernel (the course's step)")
 
 
 def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
@@ -337,4 +364,18 @@ def fusion_accounts(cfg, batch: int, n_params: int) -> dict:
             ("log_softmax backward", 8 * mv, 4 * mv, 0, 4 * mv), ("cast back", 4 * mv, 2 * mv, 0, 4 * mv)]
     out[FUSIONS[4]] = pair(FUSIONS[4], loss, [("loss, online softmax", 2 * mv + 8 * M, 8 * M), ("mean", 4 * M, 4),
                                               ("gradient", 2 * mv + 8 * M, 2 * mv)])
+    # the head's GEMM writes the bf16 logits either way; the fused op's one kernel per chunk reads them, writes
+    # the loss and the gradient in place (its second pass over a row re-reads it from the cache), instead of
+    # a loss kernel and a gradient kernel that each read the logits from HBM
+    out[FUSIONS[5]] = pair(FUSIONS[5], [("loss, online softmax", 2 * mv + 8 * M, 8 * M),
+                                        ("gradient", 2 * mv + 8 * M, 2 * mv)],
+                           [("loss and gradient in place, per chunk", 2 * mv + 8 * M, 2 * mv + 4 * M, 0, 2 * mv)])
+    # float32 weights under autocast: each weight cast to bf16 once per forward (read 4 P, write 2 P), each
+    # gradient back to float32 (read 2 P, write 4 P), AdamW on float32 (reads p, g, m, v; writes p, m, v);
+    # bf16 weights: one kernel reads g (bf16), the float32 master, m and v, writes them and the bf16 weight
+    P = n_params
+    out[FUSIONS[6]] = pair(FUSIONS[6], [("weights to bf16 (autocast)", 4 * P, 2 * P),
+                                        ("gradients to float32", 2 * P, 4 * P),
+                                        ("fused AdamW, float32", 16 * P, 12 * P)],
+                           [("AdamW on float32 masters, writes the bf16 weights", 14 * P, 14 * P)])
     return out

@@ -87,27 +87,97 @@ def save(df, name: str, gpu: str | None = None, root: Path | None = None) -> Pat
     return path
 
 
+#: A side of a comparison "runs at the ceiling" from this fraction of a measured ceiling on (the copy
+#: bandwidth or the matmul rate of ``ceilings.csv``, as the row's ``pct_of_copy`` / ``pct_of_matmul``).
+TIE_CEILING_FRACTION = 0.9
+#: ``Target.status`` of a target short of its ratio only by a tie at the ceiling (see :class:`Target`).
+TIE = "tie at ceiling"
+
+
+def ceiling_fraction(row) -> float:
+    """The fraction of a measured ceiling one results row reaches: the larger of its ``pct_of_copy``
+    and ``pct_of_matmul`` over 100 (NaN when it has neither)."""
+    pcts = [float(row[c]) for c in ("pct_of_copy", "pct_of_matmul") if c in row and row[c] == row[c]]
+    return max(pcts) / 100 if pcts else float("nan")
+
+
+def ratio_noise(ours, theirs) -> tuple[float, float]:
+    """The interval the speed ratio theirs.ms / ours.ms spans within both sides' measured spread.
+
+    Each row's ``ms_p20`` and ``ms_p80`` are the 20th and 80th percentiles of the repetitions of
+    its median interleaved round (``bench.time_rounds``). The ratio's low end pairs their fastest
+    with our slowest, the high end the other way round:
+        low = theirs.ms_p20 / ours.ms_p80,   high = theirs.ms_p80 / ours.ms_p20
+    so the interval contains 1.0 exactly when the two p20-p80 ranges overlap. NaN when a row
+    has no percentiles (a wall-clock timing).
+    """
+    def get(row, col):
+        return float(row[col]) if col in row else float("nan")
+
+    return get(theirs, "ms_p20") / get(ours, "ms_p80"), get(theirs, "ms_p80") / get(ours, "ms_p20")
+
+
+def tie_evidence(ours, theirs) -> dict:
+    """``noise=`` and ``ceiling=`` for a :class:`Target` racing the results row ``ours`` against
+    ``theirs``: what decides a tie at the ceiling (missing columns give NaN: never a tie)."""
+    return {"noise": ratio_noise(ours, theirs), "ceiling": (ceiling_fraction(ours), ceiling_fraction(theirs))}
+
+
 @dataclass(frozen=True)
 class Target:
     """One speed target of a chapter issue, as ``make bench`` judges it.
 
     ``measured`` and ``required`` are ratios measured in one run on one GPU (ours / theirs).
+    ``noise`` (the ratio's interval from both sides' p20/p80, :func:`ratio_noise`) and ``ceiling``
+    (the fraction of a measured ceiling each side reaches, ours then theirs) are given for a race
+    between two timed implementations (:meth:`between`, or ``**tie_evidence(ours, theirs)``); they
+    decide a tie.
+
+    Status: ``pass`` when measured >= required. Otherwise a *tie at the ceiling* when the ratio is
+    1.0 within the run's noise (``noise`` contains 1.0) and both sides reach at least
+    :data:`TIE_CEILING_FRACTION` of a measured ceiling: two kernels that both run at the hardware's
+    limit cannot beat each other by more than the noise, whatever the target asked. Else ``short``:
+    a loss, or a ratio within noise of 1.0 while off the ceiling (there is room left to win).
     """
 
     issue: int
     claim: str      # e.g. "gelu bf16 256 MiB vs copy_ bandwidth"
     measured: float
     required: float
+    noise: tuple[float, float] | None = None
+    ceiling: tuple[float, float] | None = None
+
+    @classmethod
+    def between(cls, issue: int, claim: str, ours, theirs, required: float) -> Target:
+        """The target "ours at least ``required`` times as fast as theirs" from the two results rows
+        (mappings with ``ms``, ``ms_p20``, ``ms_p80`` and ``pct_of_copy`` and/or ``pct_of_matmul``)."""
+        return cls(issue, claim, float(theirs["ms"]) / float(ours["ms"]), required, **tie_evidence(ours, theirs))
 
     @property
     def passed(self) -> bool:
         return self.measured >= self.required
 
-    def row(self) -> dict:
-        return {"issue": self.issue, "target": self.claim, "required": self.required,
-                "measured": round(self.measured, 3), "status": "pass" if self.passed else "short"}
+    @property
+    def tied(self) -> bool:
+        """Short of ``required``, but a tie at the ceiling (see the class's docstring)."""
+        if self.passed or self.noise is None or self.ceiling is None:
+            return False
+        low, high = self.noise
+        return low <= 1.0 <= high and all(c >= TIE_CEILING_FRACTION for c in self.ceiling)  # NaN: never
 
+    @property
+    def status(self) -> str:
+        return "pass" if self.passed else TIE if self.tied else "short"
+
+    def row(self) -> dict:
+        noise = f"{self.noise[0]:.3f}-{self.noise[1]:.3f}" if self.noise and all(
+            v == v for v in self.noise) else ""
+        ceiling = " / ".join(f"{100 * c:.0f}%" if c == c else "-" for c in self.ceiling) if self.ceiling else ""
+        return {"issue": self.issue, "target": self.claim, "required": self.required,
+                "measured": round(self.measured, 3), "status": self.status, "noise": noise,
+                "at_ceiling": ceiling}
 
 
 __all__ = ["RESULTS", "topic", "provenance", "provenance_line", "gpu_slug", "recorded_gpus", "recorded", "save",
-           "Target"]
+           "Target", "TIE", "TIE_CEILING_FRACTION", "ceiling_fraction", "ratio_noise",
+           "tie_evidence"]

@@ -9,6 +9,8 @@ internals is tooling:
   would, for a target GPU that is not there (``create_function_from_signature``, ``_pack_args``,
   ``ASTSource``, ``make_backend``, ``GPUTarget``);
 - launch counting (``course_utils.profile``) wraps ``run`` of the classes ``kernel[grid]`` calls;
+- checkers see a kernel's loads (:func:`interpreter_load_hook`) and run the last programs of a grid
+  past 2**31 elements (:func:`interpreter_programs_from`) under the interpreter;
 - the interpreter on NumPy >= 2.4 needs :func:`patch_interpreter_index`.
 
 Every internal is listed in :data:`INTERNALS` with the Triton version it was written for and the
@@ -70,6 +72,11 @@ INTERNALS = {i.name: i for i in (
              "create_masked_load(self, ptrs, mask, ...) (the rest passed through: Triton 3.9 renamed them); "
              "ptrs.data and mask.data are NumPy arrays, ptrs.get_element_ty().primitive_bitwidth the element bits",
              "interpreter_load_hook (checkers: loads outside the inputs, passes over a row)"),
+    Internal("InterpreterBuilder.set_grid_idx", WRITTEN_FOR,
+             "under the interpreter a launch calls InterpreterBuilder.set_grid_dim(self, nx, ny, nz) once, then "
+             "set_grid_idx(self, x, y, z) before each program (it refuses x >= grid_dim[0]); tl.program_id "
+             "reads builder.grid_idx",
+             "interpreter_programs_from (checkers: the last programs of a grid past 2**31 elements)"),
     Internal("interpreter._patch_lang_tensor", WRITTEN_FOR,
              "triton.runtime.interpreter._patch_lang_tensor(tensor, scope) installs the methods of "
              "tl.tensor under the interpreter (scope.set_attr(tensor, name, fn)); its __index__ calls "
@@ -147,6 +154,14 @@ def _check(name: str) -> str:
                                   InterpreterBuilder.create_masked_load))
             want = ["self", "ptrs", "mask"]  # the hook passes everything after these through (3.9 renamed some)
             return "" if got[:3] == want else f"its parameters are now {got}, expected {want} first"
+        if name == "InterpreterBuilder.set_grid_idx":
+            from triton.runtime.interpreter import InterpreterBuilder
+            idx, dim = InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim
+            got = (_params(getattr(idx, "_course_original", idx)), _params(getattr(dim, "_course_original", dim)))
+            if got != (["self", "x", "y", "z"], ["self", "nx", "ny", "nz"]):
+                return f"set_grid_idx / set_grid_dim's parameters are now {got[0]} / {got[1]}"
+            reads = InterpreterBuilder.create_get_program_id.__code__.co_names
+            return "" if "grid_idx" in reads else "tl.program_id no longer reads builder.grid_idx"
         if name == "interpreter._patch_lang_tensor":
             from triton.runtime import interpreter
             original = getattr(interpreter, "_patch_lang_tensor", None)
@@ -289,6 +304,36 @@ def interpreter_load_hook(on_load: Callable[[object, object], None]) -> Iterator
         yield True
     finally:
         InterpreterBuilder.create_masked_load = original
+
+
+@contextlib.contextmanager
+def interpreter_programs_from(first: int, n_programs: int) -> Iterator[bool]:
+    """Under the interpreter, a 1-D launch ``kernel[(k,)]`` of the block runs programs ``first`` to
+    ``first + k - 1`` of a grid of ``n_programs`` (``tl.program_id(0)`` and ``tl.num_programs(0)`` say
+    so): the last programs of a grid too long to interpret, with its offsets past 2**31. Yields True
+    when in place, False where it cannot be (no interpreter, or the internal changed)."""
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # pragma: no cover - no triton
+        yield False
+        return
+    if _check("InterpreterBuilder.set_grid_idx"):
+        yield False
+        return
+    set_idx, set_dim = InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim
+
+    def set_grid_idx(self, x, y, z):
+        set_idx(self, x + first, y, z)
+
+    def set_grid_dim(self, nx, ny, nz):
+        set_dim(self, n_programs, ny, nz)
+
+    set_grid_idx._course_original, set_grid_dim._course_original = set_idx, set_dim
+    InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim = set_grid_idx, set_grid_dim
+    try:
+        yield True
+    finally:
+        InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim = set_idx, set_dim
 
 
 def patch_interpreter_index() -> bool:

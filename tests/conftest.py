@@ -1,5 +1,7 @@
 import course_utils  # noqa: F401, I001  (chooses the mode, and sets TRITON_INTERPRET before any kernel exists)
 
+import itertools  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -16,3 +18,61 @@ def nan_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", poison(torch.empty))
     monkeypatch.setattr(torch, "empty_like", poison(torch.empty_like))
     monkeypatch.setattr(torch.Tensor, "new_empty", poison(torch.Tensor.new_empty))
+
+
+# ---- make test-gpu: the longest tests first, each at the head of its own worker's share ----------------
+# pytest-xdist's worksteal hands each worker a contiguous share of the collected tests and later lets
+# idle workers steal from the end of the longest queue. A test of two or three minutes that sits deep
+# in a share starts late and sets the end of the run; two tests that compile the same kernels in two
+# workers at once compile them twice. So on a GPU host these groups go first, one group at the head
+# of each share (longest first), and the tests of a group run one after another in one process,
+# where the kernels the first one compiled and the tile choice it timed are in memory for the rest.
+# Seconds: make test-gpu on an H100 from a cold Triton cache, 16 workers
+# (results/h100-80gb-hbm3/test-gpu.log, slowest durations). Only the order changes, never a check.
+_ATTN_F32 = "tests/test_attention_backward.py::test_gradients_match_float64_autograd[(1, 3, 1, 33, 20, 80, True)-{}]"
+GPU_HEAVY = (
+    ("tests/test_gemm.py::test_gpu_every_candidate[dtype0]",),                                        # 175 s
+    ("tests/test_attention_backward.py::test_gpu_float32_gradients_at_float32_tolerance"
+     "[(1, 8, 2, 1100, 500, 128, True)]",),                                                            # 133 s
+    ("tests/test_attention_backward.py::test_gpu_float32_gradients_at_float32_tolerance"
+     "[(1, 8, 1, 500, 1100, 96, True)]",),                                                             # 132 s
+    ("tests/test_gemm.py::test_gpu_every_candidate[dtype1]",),                                        # 129 s
+    # 129 s and 79 s (tuned, autograd): the float32 choice of forward and backward tiles, timed and
+    # compiled once for the four of them
+    tuple(_ATTN_F32.format(impl) for impl in ("tuned", "autograd", "tuned-atomic-dq", "tuned-tall-tiles")),
+    ("tests/test_elementwise.py::test_cuda_cpp_version_says_why_it_is_unavailable",),                  # 109 s
+    ("tests/test_grading.py::test_solution_passes_every_check[09_gemm_epilogue.ipynb]",),             # 73 s
+    ("tests/test_training_checkers.py::test_right_launcher_passes",),                                 # 58 s
+    ("tests/test_grading.py::test_solution_passes_every_check[07_flash_attention.ipynb]",),           # 54 s
+    ("tests/test_grading.py::test_solution_passes_every_check[10_layernorm.ipynb]",),                 # 48 s
+)
+
+
+def worksteal_shares(n_items: int, workers: int) -> list[int]:
+    """How many tests worksteal first sends each worker: the pending tests split evenly, in order."""
+    sizes, left = [], n_items
+    for i in range(workers):
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    return sizes
+
+
+def heavy_first(items: list, workers: int, heavy=GPU_HEAVY) -> list:
+    """``items`` reordered so that each group of ``heavy`` (node ids, longest first) opens its own
+    worker's share; every other test keeps its relative order."""
+    by_id = {item.nodeid: item for item in items}
+    groups = [g for g in ([by_id[n] for n in group if n in by_id] for group in heavy) if g][:workers]
+    placed = {id(item) for group in groups for item in group}
+    rest = iter([item for item in items if id(item) not in placed])
+    out = []
+    for k, size in enumerate(worksteal_shares(len(items), workers)):
+        head = groups[k] if k < len(groups) else []
+        out += head + list(itertools.islice(rest, max(0, size - len(head))))
+    return out + list(rest)
+
+
+@pytest.hookimpl(trylast=True)  # after -m deselects: the shares are of the tests that run
+def pytest_collection_modifyitems(config, items):
+    workers = getattr(config, "workerinput", {}).get("workercount")  # set in pytest-xdist's workers only
+    if workers and course_utils.env.on_gpu():
+        items[:] = heavy_first(items, int(workers))

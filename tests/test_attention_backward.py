@@ -73,6 +73,42 @@ def test_gradients_match_float64_autograd(impl, case):
     _close(IMPLS[impl](q, k, v, do, causal), ref, dtype, f"{impl} {case}")
 
 
+# whole tiles in every head (the descriptor path's condition), causal with more and with fewer keys, GQA, MQA
+TMA_CASES = [(1, 2, 2, 64, 64, 16, False), (2, 4, 2, 64, 96, 32, True), (1, 3, 1, 96, 64, 16, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("atomic", [False, True])
+@pytest.mark.parametrize("case", TMA_CASES, ids=str)
+def test_tma_backward_matches_float64(monkeypatch, case, atomic, dtype):
+    """The tensor-descriptor loads (q, dO in the dK/dV pass; k, v in the dQ pass), into NaN-filled outputs."""
+    cfg = TB.BwdConfig(16, 32, 32, 16, 4, 1, atomic, tma=True)
+    q, k, v, do = _inputs(*case[:6], dtype)
+    assert TB._use_tma(cfg, q, k, v, do)
+    ref = AB.attention_backward_ref(q.double(), k.double(), v.double(), do.double(), causal=case[6])
+    o, lse = TA.flash_attention(q, k, v, causal=case[6], return_lse=True)
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: (lambda t: t.fill_(float("nan")) if t.is_floating_point()
+                                                          else t)(real(*a, **kw)))
+    got = TB.flash_attention_backward(q, k, v, o, lse, do, causal=case[6], config=cfg)
+    _close(got, ref, dtype, f"tma atomic={atomic} {case}")
+
+
+def test_tma_backward_falls_back_to_pointers_where_descriptors_do_not_fit():
+    cfg = TB.BwdConfig(16, 32, 32, 16, 4, 1, tma=True)
+    even = _inputs(1, 2, 2, 64, 64, 16, torch.float32)
+    assert TB._use_tma(cfg, *even)
+    for why, (q, k, v, do) in {"ragged rows": _inputs(1, 2, 2, 40, 64, 16, torch.float32),
+                               "ragged keys": _inputs(1, 2, 2, 64, 40, 16, torch.float32),
+                               "padded head dim": _inputs(1, 2, 2, 64, 64, 24, torch.float32),
+                               "strided dO": (*even[:3], even[3].transpose(1, 2).contiguous().transpose(1, 2))}.items():
+        assert not TB._use_tma(cfg, q, k, v, do), why
+        ref = AB.attention_backward_ref(q.double(), k.double(), v.double(), do.double(), causal=True)
+        o, lse = TA.flash_attention(q, k, v, causal=True, return_lse=True)
+        _close(TB.flash_attention_backward(q, k, v, o, lse, do, causal=True, config=cfg), ref, torch.float32, why)
+    assert not TB._use_tma(TB.BwdConfig(16, 32, 32, 16, 4, 1), *even)
+
+
 @pytest.mark.parametrize("impl", ["teaching", "autograd"])
 def test_float16_and_scale(impl):
     q, k, v, do = _inputs(1, 2, 1, 24, 24, 32, torch.float16)

@@ -59,7 +59,10 @@ def _gelu(z):
 def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
                    FAULT: tl.constexpr):
     pid = tl.program_id(0)
-    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    if FAULT == "int32 offsets":  # wrap past 2**31 elements
+        offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    else:
+        offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + offsets % n_cols, mask=mask).to(tl.float32)
@@ -93,6 +96,8 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
     ("no rescale", "1 / \\(1 - p\\)"),
     ("no mask", "regenerate the forward's mask"),
     ("mask repeats every tile", "same \\(seed, flat offset\\)"),
+    # 8 GiB on a GPU: run where nothing else holds the card (make test-gpu's serial bigmem run)
+    pytest.param("int32 offsets", "past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* BLOCK_SIZE", marks=pytest.mark.bigmem),
 ])
 def test_gelu_backward_checker_names_each_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -176,7 +181,10 @@ def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_hea
             offs = (row0 + rows[:, None]) * head_dim + offs_d[None, :]
             q = tl.load(q_ptr + offs, mask=mask, other=0.0)
             do = tl.load(do_ptr + offs, mask=mask, other=0.0)
-            lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+            if FAULT == "lse unmasked in the dK/dV pass":  # padded rows read past lse: P is 0 there all the same
+                lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows)
+            else:
+                lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
             delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
             p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
             if FAULT == "16-bit P":  # P rounded through float16 on its way to the products
@@ -186,6 +194,8 @@ def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_hea
             ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     dk = dk * _grad_scale(sm_scale, FAULT)
+    if FAULT == "dK and dV swapped":
+        dk, dv = dv, dk
     tl.store(dk_ptr + kv_offs, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
@@ -201,14 +211,25 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
     offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_q) & (offs_d[None, :] < head_dim)
     offs = pid_bh.to(tl.int64) * n_q * head_dim + rows[:, None] * head_dim + offs_d[None, :]
-    q = tl.load(q_ptr + offs, mask=mask, other=0.0)
-    do = tl.load(do_ptr + offs, mask=mask, other=0.0)
+    if FAULT == "dQ pass rows unmasked":  # padded rows read past q and do: never stored all the same
+        q = tl.load(q_ptr + offs)
+        do = tl.load(do_ptr + offs)
+    else:
+        q = tl.load(q_ptr + offs, mask=mask, other=0.0)
+        do = tl.load(do_ptr + offs, mask=mask, other=0.0)
     stat_head = b * n_heads + (h_kv if FAULT == "lse of the k/v head" else h)
     lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
     delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
     kv_head = (b * (n_heads // group) + h_kv).to(tl.int64) * n_kv * head_dim
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(0, n_kv, BLOCK_N):
+    if FAULT == "dQ accumulated in the inputs' dtype":
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=dq_ptr.dtype.element_ty)
+    end_n = n_kv  # the key tiles a causal query tile sees: keys < (pid_m + 1) * BLOCK_M + causal_offset
+    if CAUSAL and FAULT == "causal tile skip":
+        end_n = tl.minimum(n_kv, (pid_m + 1) * BLOCK_M + causal_offset)
+    if CAUSAL and FAULT == "causal tile skip off by one":
+        end_n = tl.minimum(n_kv, (pid_m + 1) * BLOCK_M + causal_offset - 1)
+    for start_n in range(0, end_n, BLOCK_N):
         cols = start_n + offs_n
         kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
         k = tl.load(k_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -216,7 +237,7 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
         p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC).to(dq.dtype)
     dq = dq * _grad_scale(sm_scale, FAULT)
     if FAULT == "rows with no key not written":
         mask = mask & (rows[:, None] + causal_offset >= 0)
@@ -242,8 +263,9 @@ def make_flash_backward(fault: str):
     return flash_backward
 
 
-def test_flash_backward_checker_passes_the_right_kernels(capsys):
-    checks.check_flash_backward(make_flash_backward("none"))
+@pytest.mark.parametrize("variant", ["none", "causal tile skip"])
+def test_flash_backward_checker_passes_the_right_kernels(variant, capsys):
+    checks.check_flash_backward(make_flash_backward(variant))
     assert capsys.readouterr().out.startswith("PASS ")
 
 
@@ -261,6 +283,14 @@ def test_flash_backward_checker_passes_the_right_kernels(capsys):
     ("exp2 of a natural lse", "wrong base"),
     ("lse of the k/v head", "wrong row"),
     ("16-bit P", "precision loss"),
+    ("dK and dV swapped", "dK and dV are swapped"),
+    # wrong when n_kv - n_q = 1 (mod BLOCK_N): the last key a query tile sees starts a tile
+    ("causal tile skip off by one", f"q 1x2x{checks.ATTN_CASES[4][3]}x"),
+    ("dQ accumulated in the inputs' dtype", "dQ's sum over the key tiles lost precision"),
+    pytest.param("dQ pass rows unmasked", "loaded .* outside q",
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")),
+    pytest.param("lse unmasked in the dK/dV pass", "loaded .* outside lse",
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")),
 ])
 def test_flash_backward_checker_names_each_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -370,3 +400,21 @@ def test_the_checkers_float64_reference_is_autograds():
         want = AB.attention_backward_ref(q, k, v, do, causal=causal, sm_scale=0.3)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+
+@triton.jit
+def _program_ids(out_ptr, first):
+    pid = tl.program_id(0)
+    tl.store(out_ptr + 2 * (pid - first), pid)
+    tl.store(out_ptr + 2 * (pid - first) + 1, tl.num_programs(0))
+
+
+@pytest.mark.skipif(cu.on_gpu(), reason="the interpreter runs a grid's last programs only")
+def test_the_last_programs_of_a_long_grid_run_with_their_own_ids():
+    # the 2**31 case of 11.2 runs the last 3 of millions of programs: each sees its own id and the whole grid
+    from course_utils.checkers import offsets64
+    n = 9_000_000
+    out = torch.full((6,), -1, dtype=torch.int32)
+    assert offsets64.launch_last_programs(_program_ids, n, 3, (out, n - 3), {})
+    assert out.tolist() == [n - 3, n, n - 2, n, n - 1, n]

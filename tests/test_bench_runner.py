@@ -189,3 +189,115 @@ def test_recorded_mode_judges_targets_without_a_gpu(pkg, tmp_path, capsys):
     (d / "ceilings.csv").unlink()
     with pytest.raises(SystemExit, match="ceilings"):
         runner.main(["--recorded", "fake-gpu"], package=pkg, out_root=tmp_path / "results")
+
+
+# ------------------------------------------------------------------ pass, tie at the ceiling, short
+
+def _timed(ms, spread=0.01, pct=95.0, ceiling="pct_of_copy"):
+    """One results row: median ``ms``, p20/p80 ``spread`` either side, ``pct`` of a ceiling."""
+    return {"ms": ms, "ms_p20": ms * (1 - spread), "ms_p80": ms * (1 + spread), ceiling: pct}
+
+
+def test_a_ratio_within_noise_of_one_with_both_at_the_ceiling_is_a_tie():
+    t = bench.Target.between(99, "ours vs theirs", _timed(1.0), _timed(0.995), 1.0)
+    assert t.measured == pytest.approx(0.995) and not t.passed
+    assert t.noise == pytest.approx((0.995 * 0.99 / 1.01, 0.995 * 1.01 / 0.99))
+    assert t.tied and t.status == bench.TIE == t.row()["status"]
+    assert t.row()["at_ceiling"] == "95% / 95%" and t.row()["noise"] == "0.975-1.015"
+    matmul = bench.Target.between(99, "gemm", _timed(1.0, ceiling="pct_of_matmul", pct=91),
+                                  _timed(0.99, ceiling="pct_of_matmul", pct=92), 1.0)
+    assert matmul.status == bench.TIE  # the matmul ceiling counts as the copy ceiling does
+
+
+def test_a_real_loss_at_the_ceiling_is_short():
+    # both at the copy ceiling, but 3% apart with 1% spreads: the p20-p80 ranges do not overlap
+    t = bench.Target.between(99, "ours vs theirs", _timed(1.0, pct=93), _timed(0.97, pct=96), 1.0)
+    assert t.noise[1] < 1.0 and not t.tied and t.status == "short"
+    big = bench.Target.between(99, "ours vs theirs", _timed(1.0, pct=60), _timed(0.7, pct=90), 1.0)
+    assert big.status == "short"
+
+
+def test_a_ratio_within_noise_but_off_the_ceiling_is_still_short():
+    for ours_pct, theirs_pct in ((89.0, 95.0), (95.0, 89.0), (40.0, 40.0)):
+        t = bench.Target.between(99, "ours vs theirs", _timed(1.0, pct=ours_pct), _timed(0.995, pct=theirs_pct), 1.0)
+        assert t.noise[0] <= 1.0 <= t.noise[1] and t.status == "short", (ours_pct, theirs_pct)
+
+
+def test_a_pass_stays_a_pass_and_missing_evidence_is_never_a_tie():
+    assert bench.Target.between(99, "x", _timed(1.0), _timed(1.5), 1.3).status == "pass"
+    assert bench.Target.between(99, "x", _timed(1.0), _timed(1.0), 1.0).status == "pass"
+    wall = {"ms": 1.0, "pct_of_copy": 95.0}  # a wall-clock row: no percentiles
+    assert bench.Target.between(99, "x", wall, {"ms": 0.999, "pct_of_copy": 95.0}, 1.0).status == "short"
+    no_ceiling = {"ms": 1.0, "ms_p20": 0.99, "ms_p80": 1.01}
+    assert bench.Target.between(99, "x", no_ceiling, {**no_ceiling, "ms": 0.999}, 1.0).status == "short"
+    assert bench.Target(99, "x", 0.999, 1.0).status == "short"  # a bare ratio carries no noise
+    assert bench.Target(99, "x", 0.999, 1.0).row()["noise"] == ""
+
+
+TIES = '''
+import pandas as pd
+from course_utils import bench
+TITLE = "ties"
+def sweep(quick=False):
+    rows = [dict(n_mib=n, impl=impl, ms=ms, ms_p20=ms * 0.99, ms_p80=ms * 1.01, gbps=gbps)
+            for n in (1, 2) for impl, ms, gbps in (("ours", 1.0, 950.0), ("peer", 0.995, 955.0), ("slow", 1.0, 500.0))]
+    return pd.DataFrame(rows)
+def targets(df):
+    by = df[df.n_mib == 2].set_index("impl")
+    return [bench.Target.between(99, "ours vs peer at the ceiling", by.loc["ours"], by.loc["peer"], 1.0),
+            bench.Target.between(99, "slow vs peer off the ceiling", by.loc["slow"], by.loc["peer"], 1.0)]
+'''
+
+
+def test_the_summary_tells_ties_from_losses_and_says_how(pkg, tmp_path, capsys):
+    import importlib
+
+    (tmp_path / "src" / pkg / "ties.py").write_text(textwrap.dedent(TIES))
+    importlib.invalidate_caches()
+    assert _main(pkg, tmp_path, "--only", "ties,good") == 0
+    out = capsys.readouterr().out
+    d = tmp_path / "results" / "fake-gpu"
+    summary = pd.read_csv(d / "targets.csv").set_index("target")
+    assert summary.loc["ours vs peer at the ceiling", "status"] == bench.TIE
+    assert summary.loc["ours vs peer at the ceiling", "at_ceiling"] == "95% / 96%"
+    assert summary.loc["slow vs peer off the ceiling", "status"] == "short"   # 50% of copy: room to win
+    assert summary.loc["ours vs theirs, largest size", "status"] == "pass"
+    md = (d / "targets.md").read_text()
+    assert "1 pass, 1 tie at ceiling, 2 short." in md and runner.STATUS_RULE in md
+    assert "[tie at ceiling] ties: ours vs peer at the ceiling" in out and "1/2 pass, 1 tie at ceiling" not in out
+    assert "0/2 pass, 1 tie at ceiling" in out and "[SHORT] ties: slow vs peer" in out
+
+
+def _recorded_h100():
+    if not (bench.RESULTS / "h100-80gb-hbm3" / "ceilings.csv").exists():
+        pytest.skip("no recorded H100 results")
+    return {name: {t.claim: t for t in bench.topic(name).targets(bench.recorded(name, gpu="h100-80gb-hbm3"))}
+            for name in ("elementwise", "layernorm", "softmax")}
+
+
+def test_recorded_h100_targets_are_judged_by_the_tie_rule():
+    judged = _recorded_h100()
+    ew, ln = judged["elementwise"], judged["layernorm"]
+    # both at the copy ceiling (98%), p20-p80 ranges overlapping: a tie, not a loss
+    assert ew["gelu bf16 256 MiB speed vs F.gelu"].status == bench.TIE
+    assert ln["LayerNorm fwd bfloat16 N=4096 vs Liger-Kernel"].status == bench.TIE
+    # within noise of 1.0 but ours at 89% of copy: short
+    off = ew["bias+gelu+scale fp32 64 MiB vs torch.compile (events)"]
+    assert off.noise[0] <= 1.0 <= off.noise[1] and off.status == "short"
+    # the wide-row backward: a real loss
+    assert ln["LayerNorm fwd+bwd bfloat16 N=16384 vs Liger-Kernel"].status == "short"
+    # every race against a peer timed by events carries its evidence; a CUDA graph's (data in L2, past
+    # the copy ceiling) and the wall clock's (no percentiles) never make a tie
+    launch_bound = ("(graph)", "(wall)")
+    assert all(t.noise is not None for name in judged for t in judged[name].values()
+               if "vs copy" not in t.claim and not any(w in t.claim for w in launch_bound))
+    assert all(t.noise is None and not t.tied for t in ew.values() if any(w in t.claim for w in launch_bound))
+
+
+def test_the_launch_bound_wall_clock_targets_against_eager_are_retired():
+    ew = _recorded_h100()["elementwise"]
+    assert not [c for c in ew if "(wall)" in c and "vs eager" in c]
+    for dtype in ("bf16", "fp32"):
+        for size in (1, 4, 16):
+            assert f"bias+gelu+scale {dtype} {size} MiB vs torch.compile (wall)" in ew
+            assert ew[f"bias+gelu+scale {dtype} {size} MiB vs eager (graph)"].required == 2.5

@@ -231,6 +231,8 @@ def test_shared_memory_over_the_device_limit_is_caught(fixture_matrix, arch):
 # ------------------------------------------------------------------------- the course's kernels
 
 @pytest.mark.slow
+@pytest.mark.skipif(env.on_gpu(), reason="compile-only for sm_75/80/90, no GPU needed: the CPU suite (make test, "
+                    "CI) runs it; on a GPU host the GPU tests compile and run every kernel for the GPU in hand")
 @pytest.mark.parametrize("arch", aot.ARCHS)
 def test_course_kernels_compile(arch, tmp_path):
     """Every kernel at its smallest and largest tile choice (``--smoke``); every choice with

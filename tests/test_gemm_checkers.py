@@ -295,9 +295,11 @@ def _student_prediction(mistake=None):
     mistake = mistake or {}
 
     def predict(m, n, k):
-        ops = [traffic.Op("add bias", ("col",)), traffic.Op("gelu", (), 9)]
+        ops = [traffic.Op("add bias", ("col",)), traffic.Op("gelu") if mistake.get("gelu_1_flop")
+               else traffic.Op("gelu", (), 9)]
         if not mistake.get("no_residual"):
-            ops.append(traffic.Op("add residual", (mistake.get("kind", "full"),)))
+            ops.insert(1 if mistake.get("residual_first") else 2,
+                       traffic.Op("add residual", (mistake.get("kind", "full"),)))
         comp = traffic.gemm_epilogue(m, n, k, ops, "bfloat16", trailing=mistake.get("trailing", "addmm"))
         if mistake.get("datasheet"):
             mach = traffic.machine("h100-sxm", "bfloat16", launch_us=0.0)
@@ -315,7 +317,7 @@ def _student_group_m(mistake=None):
 
     def choose(m, n, k, block_m, block_n, programs):
         best = None
-        for g in (1, 2, 4, 8, 16, 32, 64):
+        for g in mistake.get("groups", (1, 2, 4, 8, 16, 32, 64)):
             order = G.tile_order(-(-m // block_m), -(-n // block_n), g)
             nbytes = 0
             step = len(order) if mistake.get("whole_grid") else programs
@@ -340,6 +342,7 @@ def test_modelling_exercises_pass_a_correct_answer(capsys):
 @pytest.mark.parametrize("mistake, words", [
     ({"trailing": "eager"}, "addmm"), ({"no_residual": True}, "residual is missing"),
     ({"kind": "col"}, "'full'"), ({"datasheet": True}, "measured"), ({"launches": True}, "launch_us=0.0"),
+    ({"residual_first": True}, "residual is placed before GELU"), ({"gelu_1_flop": True}, "counts 1 FLOP"),
 ])
 def test_prediction_mistakes_are_named(mistake, words):
     from course_utils.checkers import gemm_model as cm
@@ -350,6 +353,8 @@ def test_prediction_mistakes_are_named(mistake, words):
 @pytest.mark.parametrize("mistake, words", [
     ({"only_b": True}, "count both operands"), ({"no_k": True}, "multiply by K"), ({"largest": True}, "smallest"),
     ({"first_only": True}, "count every wave"), ({"whole_grid": True}, "shared within a wave"),
+    ({"groups": (2, 4, 8, 16, 32, 64)}, "GROUP_M = 1 is a candidate too"),
+    ({"groups": (1, 2, 4, 8, 16, 32)}, "go up to GROUP_M = 64"),
 ])
 def test_group_m_mistakes_are_named(mistake, words):
     from course_utils.checkers import gemm_model as cm
@@ -365,8 +370,30 @@ def test_modelling_answer_keys_are_refused():
         cm.check_group_m(lambda m, n, k, bm, bn, p: cm.group_choice(m, n, k, bm, bn, p))
 
 
+def test_modelling_answer_keys_reached_through_importlib_are_refused():
+    """By behaviour: the function object is caught when it is called, whatever name reached it."""
+    from course_utils.checkers import gemm_model as cm
+
+    def key(name):
+        import importlib
+        return getattr(importlib.import_module("course_utils.checkers." + "gemm_model"), name)
+
+    with pytest.raises(check.CheckFailure, match="called reference prediction"):
+        cm.check_residual_prediction(lambda m, n, k: key("residual_" + "prediction")(m, n, k))
+    with pytest.raises(check.CheckFailure, match="called reference choice"):
+        cm.check_group_m(lambda m, n, k, bm, bn, p: key("group_" + "choice")(m, n, k, bm, bn, p))
+
+
+def test_gelu_flops_are_stated_where_the_student_finds_them():
+    from course_utils.checkers import gemm_model as cm
+    from course_utils.traffic.matmul import DEFAULT_EPILOGUE
+    gelu = [o for o in DEFAULT_EPILOGUE if o.name == "gelu"]
+    assert gelu and gelu[0].flops == cm.GELU_FLOPS
+
+
 # ---- exercise 9.1: the K loop of one split-K slice ----
-SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK = (tl.constexpr(i) for i in range(4))
+SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK, SLICE_REWALK, SLICE_DROP_TAIL, SLICE_ALIGNED = (
+    tl.constexpr(i) for i in range(7))
 SPLITS = 2
 
 
@@ -382,11 +409,20 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     for s in tl.static_range(SPLITS):
         k_start = s * k_per_split
         k_stop = tl.minimum(k_start + k_per_split, K)
+        k_first = k_start
+        k_end = k_stop
         if BUG == SLICE_FROM_ZERO:
             k_start = 0
-        for k0 in range(k_start, k_stop, BLOCK_K):
+            k_first = 0
+        if BUG == SLICE_REWALK:   # the whole K range walked, the tiles before k_start masked away: right sums
+            k_first = 0
+        if BUG == SLICE_ALIGNED:   # right: the tiles aligned to BLOCK_K, the first one masked below k_start
+            k_first = k_start // BLOCK_K * BLOCK_K
+        if BUG == SLICE_DROP_TAIL:   # whole tiles only
+            k_end = k_stop - BLOCK_K + 1
+        for k0 in range(k_first, k_end, BLOCK_K):
             k = k0 + offs_k
-            mask_k = k < k_stop
+            mask_k = (k >= k_start) & (k < k_stop)
             if BUG == SLICE_PAST_STOP:
                 mask_k = k < K
             if BUG == SLICE_NO_K_MASK:
@@ -412,8 +448,9 @@ def _slice_launcher(bug):
     return run
 
 
-def test_a_correct_slice_loop_passes(capsys):
-    cg.check_matmul(_slice_launcher(SLICE_OK), dtypes=FP, k_slices=SPLITS)
+@pytest.mark.parametrize("variant", [SLICE_OK, SLICE_ALIGNED])
+def test_a_correct_slice_loop_passes(variant, capsys):
+    cg.check_matmul(_slice_launcher(variant), dtypes=FP, k_slices=SPLITS)
     assert "PASS" in capsys.readouterr().out
 
 
@@ -421,9 +458,118 @@ def test_a_correct_slice_loop_passes(capsys):
     (SLICE_FROM_ZERO, ["starts at k_start"]),
     (SLICE_PAST_STOP, ["ends at k_stop", "counted twice"]),
     (SLICE_NO_K_MASK, ["k < k_stop"]),
+    (SLICE_DROP_TAIL, ["last, partial K tile", "never summed"]),
+    pytest.param(SLICE_REWALK, ["every lane masked off", "range(k_start, k_stop, BLOCK_K)"],
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
 ])
 def test_slice_loop_faults_are_named(bug, words):
     with pytest.raises(check.CheckFailure) as e:
         cg.check_matmul(_slice_launcher(bug), dtypes=FP, k_slices=SPLITS)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+# ---- exercise 9.2's epilogue on its own: its load masks, judged on a GPU as under the interpreter ----
+EPI_OK, EPI_NO_ROW_MASK, EPI_NO_COL_MASK, EPI_BIAS_NO_MASK, EPI_NO_OTHER = (tl.constexpr(i) for i in range(5))
+
+
+@triton.jit
+def _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, BUG: tl.constexpr):
+    bias_mask = offs_n < N
+    if BUG == EPI_BIAS_NO_MASK:
+        bias_mask = offs_n >= 0
+    bias = tl.load(bias_ptr + offs_n, mask=bias_mask, other=0.0).to(tl.float32)
+    y = gelu_math(acc + bias[None, :], True)
+    rows = offs_m[:, None] < M
+    cols = offs_n[None, :] < N
+    if BUG == EPI_NO_ROW_MASK:
+        rows = offs_m[:, None] >= 0
+    if BUG == EPI_NO_COL_MASK:
+        cols = offs_n[None, :] >= 0
+    if BUG == EPI_NO_OTHER:   # right: masked lanes left undefined (the store drops them)
+        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=rows & cols).to(tl.float32)
+    else:
+        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=rows & cols,
+                    other=0.0).to(tl.float32)
+    return y + r
+
+
+@triton.jit
+def _epi_ok(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_OK)
+
+
+@triton.jit
+def _epi_no_other(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_NO_OTHER)
+
+
+@triton.jit
+def _epi_no_row_mask(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_NO_ROW_MASK)
+
+
+@triton.jit
+def _epi_no_col_mask(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_NO_COL_MASK)
+
+
+@triton.jit
+def _epi_bias_no_mask(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_BIAS_NO_MASK)
+
+
+def _epilogue(bug):
+    return {EPI_OK: _epi_ok, EPI_NO_OTHER: _epi_no_other, EPI_NO_ROW_MASK: _epi_no_row_mask,
+            EPI_NO_COL_MASK: _epi_no_col_mask, EPI_BIAS_NO_MASK: _epi_bias_no_mask}[bug]
+
+
+@triton.jit
+def _epilogue_kernel(a_ptr, b_ptr, bias_ptr, r_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_rm, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tile_matmul(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, None)
+    acc = EPILOGUE(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _epilogue_launcher(epilogue):
+    def run(x, w, b, r):
+        M, K = x.shape
+        N = w.shape[1]
+        c = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        _epilogue_kernel[(triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))](
+            x, w, b, r, c, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), r.stride(0),
+            EPILOGUE=epilogue, BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK)
+        return c
+    return run
+
+
+@pytest.mark.parametrize("variant", [EPI_OK, EPI_NO_OTHER])
+def test_a_correct_epilogue_passes_its_mask_probe(variant, capsys):
+    cg.check_epilogue_masks("epilogue", _epilogue(variant))
+    epi = _epilogue(variant)
+    cg.check_linear_gelu_residual(_epilogue_launcher(epi), dtypes=FP, epilogue=epi)
+    assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bug, words", [
+    (EPI_NO_ROW_MASK, "residual load is not masked by rows"),
+    (EPI_NO_COL_MASK, "residual load is not masked by columns"),
+    (EPI_BIAS_NO_MASK, "bias load is not masked by columns"),
+])
+def test_the_epilogue_probe_names_a_missing_load_mask(bug, words):
+    """The probe alone: what a GPU check sees (no loads recorded there), run here under the interpreter too."""
+    with pytest.raises(check.CheckFailure, match=words):
+        cg.check_epilogue_masks("epilogue", _epilogue(bug))
+
+
+def test_a_residual_load_without_its_row_mask_fails_the_residual_check():
+    """Under the interpreter the loads name it first; on a GPU the probe does."""
+    epi = _epilogue(EPI_NO_ROW_MASK)
+    with pytest.raises(check.CheckFailure, match="residual load"):
+        cg.check_linear_gelu_residual(_epilogue_launcher(epi), dtypes=FP, epilogue=epi)

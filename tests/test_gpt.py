@@ -43,7 +43,8 @@ def test_course_ops_refuse_rather_than_fall_back(monkeypatch):
 
 def test_every_op_has_a_course_kernel_from_the_operator_module():
     table = registry.course_table()
-    assert [r["op"] for r in table] == ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy"]
+    assert [r["op"] for r in table] == ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy",
+                                        "linear_cross_entropy"]
     assert all(r["implementation"] != "missing" for r in table), table
     assert registry.uses_library_ops(), table  # every op from torch.ops.course, none from chapter 11's fallbacks
 
@@ -169,14 +170,14 @@ def training_bench():
 def test_losses_are_judged_step_by_step_and_a_divergent_step_replayed(training_bench, monkeypatch):
     original = gpt.twins
 
-    def twins(cfg, device, seed=0):  # torch ops twice, the second one's weights nudged: its loss differs
-        a, b = original(cfg, device, seed)
+    def twins(cfg, device, seed=0, bf16=None):  # torch ops twice, the second one's weights nudged: its loss differs
+        a, b = original(cfg, device, seed, bf16=False)
         with torch.no_grad():
             b.wte.weight.mul_(30.0)
         return a, b.use("torch")
     monkeypatch.setattr(gpt, "twins", twins)
-    curve, report = training_bench.losses(2, gpt.TINY, gpt.tokens(), device=cu.DEVICE)  # course kernels: on DEVICE
-    assert list(curve.columns) == ["step", "torch_ops", "course_ops", "rel_diff"] and len(curve) == 2
+    curve, report = training_bench.losses(2, gpt.TINY, gpt.tokens(), device=cu.DEVICE, floor=False)
+    assert list(curve.columns) == ["step", "torch_ops", "course_ops", "rel_diff", "signed_rel_diff"] and len(curve) == 2
     assert (curve["rel_diff"] > training_bench.LOSS_TOLERANCE).iloc[0]
     assert set(report["step"]) == {0} and set(report["version"]) == {"torch", "course"}
     assert {"blocks.0.proj", "blocks.1.out", "logits", "loss"} <= set(report["output"])
@@ -187,22 +188,38 @@ def test_losses_are_judged_step_by_step_and_a_divergent_step_replayed(training_b
         assert (err < 1e-6).all()  # on the CPU both run in float32: no rounding to find
 
 
-def test_targets_are_the_issues_ratios(training_bench):
+def test_targets_are_the_issues_ratios(training_bench, monkeypatch):
     import pandas as pd
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: None)   # no recorded overhead table
     rows = {"eager": (18.0, 10.0, 5.0), "torch.compile": (14.0, 9.0, 4.5), "course": (15.0, 7.5, 4.0),
             "course + torch.compile": (13.0, 7.0, 4.0), "eager + CUDA graph": (11.0, None, None),
             "course + CUDA graph": (8.0, None, None), "torch.compile reduce-overhead": (9.0, None, None),
             "course + torch.compile reduce-overhead": (8.5, None, None)}
-    df = pd.DataFrame([{"impl": k, "ms": ms, "gpu_busy_ms": busy, "peak_alone_gib": peak}
-                       for k, (ms, busy, peak) in rows.items()]).assign(loss_max_rel_diff=0.01, loss_steps=200)
-    got = {t.claim.split(":")[0] + ":" + t.claim.split(":")[1][:12]: t for t in training_bench.targets(df)}
-    measured = [round(t.measured, 4) for t in training_bench.targets(df)]
-    assert measured == [round(11 / 8, 4), round(9 / 8.5, 4), round(18 / 15, 4), round(14 / 13, 4), round(10 / 7.5, 4),
-                        round(5 / 4, 4), 2.0]
-    assert [t.required for t in training_bench.targets(df)] == [1.3, 1.0, 1.1, 1.0, 1.25, 1.0, 1.0]
-    assert len(got) == 7
+    one = pd.DataFrame([{"impl": k, "ms": ms, "gpu_busy_ms": busy, "peak_alone_gib": peak}
+                        for k, (ms, busy, peak) in rows.items()])
+    df = pd.concat([one.assign(config_key=key, config=key, judged=judged)
+                    for key, judged in (("gpt2-b8", True), ("toy-b8", False))], ignore_index=True)
+    df = df.assign(loss_max_rel_diff=0.01, loss_steps=200, loss_course_mean_abs=0.004, loss_course_mean_signed=-0.002,
+                   loss_torch_seed1_mean_abs=0.006)
+    targets = training_bench.targets(df)
+    assert [round(t.measured, 4) for t in targets] == [
+        round(14 / 15, 4), round(18 / 15, 4), round(9 / 8, 4), round(14 / 13, 4), round(9 / 8.5, 4),
+        round(9 / 7.5, 4), round(4.5 / 4, 4), 2.0, 1.5, 3.0]
+    assert [t.required for t in targets] == [1.0, 1.3, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert all(t.claim.startswith("gpt2-b8") for t in targets[:7])   # the toy row is recorded, never judged
     old = pd.DataFrame([{"impl": "eager", "ms": 14.5}])  # the earlier capstone's file: nothing is invented
-    assert all(t.measured != t.measured for t in training_bench.targets(old)[:6])
+    assert all(t.measured != t.measured for t in training_bench.targets(old)[:7])
+
+
+def test_loss_agreement_compares_the_course_with_the_noise_floor(training_bench):
+    import pandas as pd
+    steps = pd.Series(range(10))
+    curve = pd.DataFrame({"step": steps, "rel_diff": [0.05] * 5 + [0.01] * 5,
+                          "signed_rel_diff": [0.05] * 5 + [0.01] * 5,
+                          "torch_seed1_rel_diff": [0.02] * 10, "torch_seed1_signed_rel_diff": [0.02, -0.02] * 5})
+    got = training_bench.loss_agreement(curve)
+    assert got["course_max"] == 0.05 and abs(got["course_mean_abs"] - 0.01) < 1e-12     # the last half only
+    assert abs(got["course_mean_signed"] - 0.01) < 1e-12 and abs(got["torch_seed1_mean_signed"]) < 0.01
 
 
 def test_the_fusion_ladder_takes_each_op_from_the_library_or_chapter_11():

@@ -113,7 +113,8 @@ def test_wrong_forward_kernels_fail_naming_the_fault(mode, words):
 
 
 def test_wrong_row_stride_fails():
-    with pytest.raises(check.CheckFailure):
+    words = "rows of x 13 elements apart, the value of y_row_stride and of n_cols"
+    with pytest.raises(check.CheckFailure, match="differ" if cu.on_gpu() else words):
         checks.check_forward_kernel(_mode(6))
 
 
@@ -171,7 +172,8 @@ def test_untouched_exercise_raises_not_implemented():
 # MODE: 0 right, 1 wrong axis (tl.sum over axis 1), 2 every program sums every row, 3 no column mask
 # on the store, 4 x_hat without the mean subtracted, 5 a tile's rows masked with rows < n_rows instead of the
 # run's end (the last tile of a run counts rows of the next run again), 6 program 0 sums every row and the
-# others store 0 (the sum of the partial rows is right), 7 mean and rstd loaded without the row mask.
+# others store 0 (the sum of the partial rows is right), 7 mean and rstd loaded without the row mask, 8 the
+# accumulators in the input's dtype, 9 dy's rows found with x_row_stride.
 
 
 @triton.jit
@@ -192,7 +194,8 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
         row_mask = rows < (n_rows if MODE == 5 else end)
         mask = row_mask[:, None] & col_mask[None, :]
         x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy_stride = x_row_stride if MODE == 9 else dy_row_stride
+        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if MODE == 7:
             mean = tl.load(mean_ptr + rows)
             rstd = tl.load(rstd_ptr + rows)
@@ -206,6 +209,9 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
         if MODE == 1:
             dw += tl.sum(dy * x_hat, axis=1)
             db += tl.sum(dy, axis=1)
+        elif MODE == 8:
+            dw = (dw + tl.sum(dy * x_hat, axis=0)).to(x_ptr.dtype.element_ty).to(tl.float32)
+            db = (db + tl.sum(dy, axis=0)).to(x_ptr.dtype.element_ty).to(tl.float32)
         else:
             dw += tl.sum(dy * x_hat, axis=0)
             db += tl.sum(dy, axis=0)
@@ -242,10 +248,39 @@ def test_dw_db_check_refuses_the_answer_key(kernel):
     (5, "rows < end"),
     (6, "partial row 0 \\(the others 0\\) holds the dw sum of ALL rows"),
     (7, "outside its inputs|differ" if cu.on_gpu() else "outside its inputs"),  # GPU: the guard NaN reaches dw
+    (8, "accumulated \\(or rounded\\) in the input's dtype"),
+    (9, "differ" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_dw_db_kernel(_dw_mode(mode))
+
+
+@triton.jit
+def _dw_db_row_loop(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, x_row_stride,
+                    dy_row_stride, rows_per_program, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Valid compiled Triton, row by row: r.to(tl.int64) on the loop variable, which the interpreter refuses."""
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    first = pid_m * rows_per_program
+    for r in tl.range(first, tl.minimum(first + rows_per_program, n_rows)):
+        r64 = r.to(tl.int64)
+        x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=col_mask, other=0.0).to(tl.float32)
+        x_hat = (x - tl.load(mean_ptr + r64)) * tl.load(rstd_ptr + r64)
+        dw += dy * x_hat
+        db += dy
+    tl.store(dw_partial_ptr + pid_m * n_cols + cols, dw, mask=col_mask)
+    tl.store(db_partial_ptr + pid_m * n_cols + cols, db, mask=col_mask)
+
+
+@pytest.mark.skipif(cu.on_gpu(), reason="an interpreter limit: compiled, the kernel runs")
+def test_an_interpreter_limit_is_not_reported_as_the_students_error():
+    with pytest.raises(check.CheckFailure, match="a limit of the interpreter, not a fault of your kernel.*tl.cast"):
+        checks.check_dw_db_kernel(_dw_db_row_loop)
 
 
 def test_fresh_inputs_every_call():
@@ -314,17 +349,31 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
     (3, "x_hat \\* mean\\(g \\* x_hat\\)"),
     (4, "BLOCK_SIZE"),
     pytest.param(5, "outside its inputs", marks=INTERPRETER_ONLY),
-    (6, "outside its inputs|differ"),
+    (6, "dy read with x.s row stride" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
 ])
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_rms_backward_kernel(_rms_mode(mode))
 
 
+def test_a_stride_mixup_is_named_from_the_output_alone():
+    """What a GPU check sees (no loads recorded): dx computed with dy's rows read at x's row stride is named."""
+    x = checks._inputs(37, 300, torch.float32)[1]
+    dy = check.randn((40, 303))[:37, :300]   # rows past the view: a read at x's larger stride stays in memory
+    w = check.randn((300,), scale=0.5, offset=1.0)
+    dx = torch.empty((37, 300), device=x.device)
+    _rms_dx[(37,)](dx, dy, x, w, 300, x.stride(0), dy.stride(0), dx.stride(0), checks.EPS, BLOCK_SIZE=512, MODE=6)
+    x64, dy64, w64 = (t.to("cpu", torch.float64) for t in (x, dy, w))
+    hint = checks._rms_diagnose(dx.to("cpu", torch.float64), x64, dy64, w64, x, dy)
+    assert "dy read with x's row stride" in hint, hint
+
+
 # ----------------------------------------------------------------------------- forward in chunks (Welford)
 # MODE: 0 right (Welford's statistics per chunk, merged with Chan's formula; a second loop writes y),
 # 1 one-pass sums of x and x^2 over the chunks (E[x^2] - E[x]^2), 2 the last, partial chunk counted as
-# BLOCK_SIZE lanes, 3 its padded lanes in the chunk's M2, 4 Chan's merge without the delta^2 term.
+# BLOCK_SIZE lanes, 3 its padded lanes in the chunk's M2, 4 Chan's merge without the delta^2 term, 5 three passes
+# (the mean, then the centered squares, then y: right numbers, not Welford), 6 delta^2 taken from the mean after
+# its update, 7 eps outside the square root, 8 eps added after it.
 
 
 @triton.jit
@@ -338,7 +387,7 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
     for start in tl.range(0, n_cols, BLOCK_SIZE):
         mask = start + offsets < n_cols
         x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
-        if MODE == 1:
+        if MODE == 1 or MODE == 5:
             mean += tl.sum(x, axis=0)
             m2 += tl.sum(x * x, axis=0)
         else:
@@ -354,6 +403,8 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
             delta = mean_b - mean
             total = count + n_b
             mean += delta * n_b / total
+            if MODE == 6:
+                delta = mean_b - mean
             if MODE == 4:
                 m2 += tl.sum(xc * xc, axis=0)
             else:
@@ -362,7 +413,20 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
     if MODE == 1:
         mean = mean / n_cols
         m2 = m2 - mean * mean * n_cols
-    rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
+    if MODE == 5:   # the two-pass variance: a second read of the row for the centered squares
+        mean = mean / n_cols
+        m2 = 0.0
+        for start in tl.range(0, n_cols, BLOCK_SIZE):
+            mask = start + offsets < n_cols
+            x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, x - mean, 0.0)
+            m2 += tl.sum(xc * xc, axis=0)
+    if MODE == 7:
+        rstd = 1.0 / (tl.sqrt(m2 / n_cols) + eps)
+    elif MODE == 8:
+        rstd = 1.0 / tl.sqrt(m2 / n_cols) + eps
+    else:
+        rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
     for start in tl.range(0, n_cols, BLOCK_SIZE):
         mask = start + offsets < n_cols
         x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -387,7 +451,10 @@ def test_chunked_welford_kernel_passes_the_chunked_check(capsys):
 
 
 @pytest.mark.parametrize("mode, words", [(2, "partial last chunk as full"), (3, "masked lanes add to the variance"),
-                                         (4, "Chan's merge lost its delta")])
+                                         (4, "Chan's merge lost its delta"),
+                                         (6, "delta from the mean after its update"),
+                                         (7, "eps is outside the square root"), (8, "eps is outside the square root"),
+                                         pytest.param(5, "reads each element of x 3.00 times", marks=INTERPRETER_ONLY)])
 def test_wrong_chunked_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_forward_kernel(_chunked_mode(mode), chunk=64)

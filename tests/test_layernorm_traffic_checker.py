@@ -84,3 +84,27 @@ def test_untouched_exercise_raises_not_implemented():
 
     with pytest.raises(NotImplementedError):
         checks.check_backward_bytes(count)
+
+
+def test_the_traffic_model_reached_through_importlib_is_refused():
+    """The refusal is by behaviour: the module found by importlib and the function by getattr are caught
+    when the function object is called, whatever name reached it."""
+    def count(n_rows, n_cols, itemsize, rows_per_program):
+        import importlib
+        module = importlib.import_module("course_utils." + "traffic.backward")
+        c = getattr(module, "layernorm_" + "backward")(n_rows, n_cols, {2: "bfloat16", 4: "float32"}[itemsize],
+                                                      block_m=rows_per_program)
+        return c.fused.total_bytes, c.unfused.total_bytes
+
+    with pytest.raises(check.CheckFailure, match="called traffic.backward.layernorm_backward"):
+        checks.check_backward_bytes(count)
+
+
+def test_the_checkers_own_count_reached_through_importlib_is_refused():
+    def count(n_rows, n_cols, itemsize, rows_per_program):
+        import importlib
+        return getattr(importlib.import_module("course_utils.checkers.layernorm_traffic"), "refer" + "ence")(
+            n_rows, n_cols, itemsize, rows_per_program)
+
+    with pytest.raises(check.CheckFailure, match="called checkers.layernorm_traffic.reference"):
+        checks.check_backward_bytes(count)

@@ -92,6 +92,12 @@ def test_cuda_kernel_table_needs_a_gpu():
     ("triton_per_fused_add_native_layer_norm_0", ("CompiledFunction",), "norm"),
     ("Memcpy DtoD (Device -> Device)", (), "copy"),
     ("add_layer_norm_fwd_kernel", ("course::add_layer_norm",), "norm"),
+    # Inductor's kernels by what they do, whatever launched them: a fused dtype conversion is a cast
+    ("triton_poi_fused__to_copy_0", ("CompiledFunction",), "cast"),
+    ("triton_poi_fused__to_copy_clone_t_12", ("CompiledFunctionBackward",), "cast"),
+    ("triton_poi_fused_clone_3", ("CompiledFunction",), "copy"),
+    ("triton_red_fused__to_copy_add_native_layer_norm_4", ("CompiledFunction",), "norm"),
+    ("triton_per_fused__to_copy_sum_7", ("CompiledFunctionBackward",), "elementwise glue"),
 ])
 def test_categorize_names_a_kernel_by_its_name_else_the_nearest_operator(kernel, ops, category):
     assert profile.categorize(kernel, ops) == category
@@ -145,11 +151,15 @@ def test_fusion_accounts_count_the_glue_each_fusion_removes():
     # per site: the LayerNorm's re-read of s, the add of s's two gradients (reads 2, writes 1), less the
     # fused backward's read of the outside gradient of s
     assert ln.saved_bytes == 2 * L * (1 + 3 - 1) * M * d * 4
-    mlp = acc["+ bias + GELU in the GEMM epilogue"]
+    mlp = acc[profile.FUSIONS[3]]
     assert mlp.saved_bytes == L * 2 * M * 4 * d * 2 and (mlp.unfused.launches, mlp.fused.launches) == (2 * L, L)
-    loss = acc["+ fused cross-entropy (the course's step)"]
+    loss = acc[profile.FUSIONS[4]]
     assert (loss.unfused.launches, loss.fused.launches) == (6, 3)
     assert loss.saved_bytes == 30 * M * V - 8 * M   # 36 MV bytes of float32 round trips against 6 MV of bf16
+    head = acc[profile.FUSIONS[5]]   # one read of the bf16 logits from HBM instead of two (the other from cache)
+    assert (head.unfused.launches, head.fused.launches) == (2, 1) and head.saved_bytes == 2 * M * V + 12 * M
+    bf16 = acc[profile.FUSIONS[6]]   # autocast's two casts per weight, and 2 bytes less of gradient read
+    assert bf16.unfused.total_bytes == 40 * params and bf16.fused.total_bytes == 28 * params
 
 
 @pytest.mark.gpu

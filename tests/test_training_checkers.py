@@ -22,10 +22,27 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
     out_stride = d_row_stride
     if FAULT == "one stride":
         out_stride = row_stride
-    row = logits_ptr + pid.to(tl.int64) * in_stride
-    d_row = dlogits_ptr + pid.to(tl.int64) * out_stride
+    if FAULT == "int32 row offsets":  # wrap past 2**31 elements
+        row = logits_ptr + pid * in_stride
+        d_row = dlogits_ptr + pid * out_stride
+    else:
+        row = logits_ptr + pid.to(tl.int64) * in_stride
+        d_row = dlogits_ptr + pid.to(tl.int64) * out_stride
     offsets = tl.arange(0, BLOCK_SIZE)
     lse = tl.load(lse_ptr + pid)
+    if FAULT == "lse recomputed" or FAULT == "lse recomputed without the max":  # the saved lse ignored
+        m = tl.full((BLOCK_SIZE,), -float("inf"), tl.float32)
+        if FAULT == "lse recomputed":
+            for start in tl.range(0, n_cols, BLOCK_SIZE):
+                cols = start + offsets
+                m = tl.maximum(m, tl.load(row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32))
+        row_max = tl.maximum(tl.max(m, axis=0), 0.0)  # 0 without the max
+        total = tl.zeros((BLOCK_SIZE,), tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_SIZE):
+            cols = start + offsets
+            x = tl.load(row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+            total += tl.exp(x - row_max)
+        lse = row_max + tl.log(tl.sum(total, axis=0))
     if FAULT == "max not lse":
         m = tl.full((BLOCK_SIZE,), -float("inf"), tl.float32)
         for start in tl.range(0, n_cols, BLOCK_SIZE):
@@ -58,10 +75,15 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
         if FAULT == "plus onehot":
             onehot = -onehot
         d = (tl.exp(x - lse) - onehot) * scale
+        if FAULT == "target apart":  # a right variant: the target's column rewritten after the loop
+            d = tl.exp(x - lse) * scale
         if FAULT == "no store mask":
             tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty))
         else:
             tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty), mask=mask)
+    if FAULT == "target apart":  # reads one logit of the row twice: still one pass over the row
+        x_t = tl.load(row + target).to(tl.float32)
+        tl.store(d_row + target, ((tl.exp(x_t - lse) - 1.0) * scale).to(dlogits_ptr.dtype.element_ty))
 
 
 def bound(fault: str):
@@ -72,8 +94,9 @@ def bound(fault: str):
     return Bound()
 
 
-def test_right_kernel_passes(capsys):
-    checks.check_ce_backward_kernel(bound("none"))
+@pytest.mark.parametrize("variant", ["none", "target apart"])
+def test_right_kernel_passes(variant, capsys):
+    checks.check_ce_backward_kernel(bound(variant))
     assert capsys.readouterr().out.startswith("PASS cross-entropy backward kernel")
 
 
@@ -90,6 +113,10 @@ def test_right_kernel_passes(capsys):
     ("no store mask", "wrote"),
     ("rows n_cols apart", "row_stride apart"),
     ("one stride", "between the rows of dlogits"),
+    pytest.param("int32 row offsets", r"never wrote the last row(.|\n)*pid.to\(tl.int64\) \* row_stride",
+                 marks=pytest.mark.bigmem),  # 8 GiB on a GPU: make test-gpu's serial bigmem run
+    ("lse recomputed", "recomputes the row's logsumexp"),
+    ("lse recomputed without the max", "without subtracting the row's max(.|\n)*overflows"),
 ])
 def test_wrong_kernels_fail_naming_the_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -123,13 +150,14 @@ def test_an_untouched_stub_fails():
         checks.check_ce_backward_kernel(Stub())
 
 
-def _launcher(fault: str = "none", inv=None, dtype=None):
+def _launcher(fault: str = "none", inv=None, dtype=None, row_stride=None, cap=4096):
     def ce_backward(dloss, logits, targets, lse):
         n_rows, n_cols = logits.shape
         dlogits = torch.empty(logits.shape, dtype=dtype or logits.dtype, device=logits.device)
-        _ce_bwd[(n_rows,)](dlogits, logits, targets, lse, dloss, n_cols, logits.stride(0), dlogits.stride(0),
-                           1.0 / n_rows if inv is None else inv, BLOCK_SIZE=triton.next_power_of_2(n_cols),
-                           FAULT=fault)
+        stride = logits.stride(0) if row_stride is None else row_stride(logits)
+        _ce_bwd[(n_rows,)](dlogits, logits, targets, lse, dloss, n_cols, stride, dlogits.stride(0),
+                           1.0 / n_rows if inv is None else inv,
+                           BLOCK_SIZE=min(cap, triton.next_power_of_2(n_cols)), FAULT=fault)
         return dlogits
     return ce_backward
 
@@ -146,6 +174,14 @@ def test_launcher_faults_are_named():
         checks.check_ce_backward_launcher(_launcher(inv=0.5))            # some other wrong scale
     with pytest.raises(check.CheckFailure, match="the logits' dtype"):
         checks.check_ce_backward_launcher(_launcher(dtype=torch.float64))
+
+    with pytest.raises(check.CheckFailure, match="column slice(.|\n)*logits.stride\\(0\\)"):
+        checks.check_ce_backward_launcher(_launcher(row_stride=lambda logits: logits.shape[1]))  # contiguous assumed
+    with pytest.raises(check.CheckFailure, match="BLOCK_SIZE=8192 .* caps it at 4096"):
+        checks.check_ce_backward_launcher(_launcher(cap=1 << 30))                   # the stated cap dropped
+    if not cu.on_gpu():  # loads are inspected under the interpreter only
+        with pytest.raises(check.CheckFailure, match="recomputes the row's logsumexp"):
+            checks.check_ce_backward_launcher(_launcher("lse recomputed"))
 
     def in_torch(dloss, logits, targets, lse):
         p = torch.softmax(logits.float(), -1)

@@ -28,7 +28,11 @@ class Ops:
     - ``attention(q, k, v, causal)``: (batch, heads, seq, head_dim), any strides with a unit last one;
       with fewer queries than keys the causal mask is aligned bottom-right (the last query sees every
       key: decoding with a KV cache); returns o whose ``.transpose(1, 2)`` is (batch, seq, heads, d);
-    - ``cross_entropy(logits, targets)``: the mean loss of (rows, vocab) logits, float32.
+    - ``cross_entropy(logits, targets)``: the mean loss of (rows, vocab) logits, float32;
+    - ``linear_cross_entropy(h, weight, targets)``: the same loss of the logits ``h @ weight.T`` (the LM
+      head and the loss together: the course's op never writes the whole logits);
+    - ``attention_qkv(qkv, n_head, causal)``: ``attention`` on the q, k, v of a packed (B, N, 3 H hd)
+      projection, o as ``attention``'s (None: the model splits qkv and calls ``attention``).
     """
     name: str
     layer_norm: Callable
@@ -36,6 +40,8 @@ class Ops:
     linear_gelu: Callable
     attention: Callable
     cross_entropy: Callable
+    linear_cross_entropy: Callable
+    attention_qkv: Callable | None = None
 
 
 def _torch_add_layer_norm(x, residual, w, b, eps):
@@ -58,6 +64,7 @@ def torch_ops() -> Ops:
         linear_gelu=lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
         attention=_torch_attention,
         cross_entropy=lambda logits, targets: F.cross_entropy(logits.float(), targets),
+        linear_cross_entropy=lambda h, w, targets: F.cross_entropy(F.linear(h, w).float(), targets),
     )
 
 
@@ -84,6 +91,10 @@ COURSE_CANDIDATES: dict[str, list[tuple[str, str, str]]] = {
                        "one pass (online softmax)"),
                       ("course_utils.autograd.registry", "_torch_cross_entropy",
                        "PyTorch's cross_entropy (no course loss kernel in this checkout)")],
+    "linear_cross_entropy": [(OPS_MODULE, "linear_cross_entropy", "torch.ops.course.linear_cross_entropy: the "
+                              "LM head's GEMM and the loss by chunks of rows, logits never written whole"),
+                             ("course_utils.autograd.registry", "_linear_then_cross_entropy",
+                              "cuBLAS's logits, then the course's cross-entropy (or PyTorch's)")],
 }
 
 
@@ -105,6 +116,11 @@ def _attention_contiguous(q, k, v, causal=True, scale=None):
 
 def _torch_cross_entropy(logits, targets):
     return F.cross_entropy(logits.float(), targets)
+
+
+def _linear_then_cross_entropy(h, w, targets):
+    fn, _, _ = _find("cross_entropy")
+    return fn(F.linear(h, w), targets)
 
 
 def _unwritten(package, op: str) -> bool:
@@ -175,14 +191,23 @@ def course_ops(gemm_epilogue: bool = False, library=None) -> Ops:
         if unknown:
             raise ValueError(f"library: unknown op(s) {sorted(unknown)}; the ops are {list(COURSE_CANDIDATES)}")
         found = {op: _find_one(*COURSE_CANDIDATES[op][0 if op in library else 1]) for op in COURSE_CANDIDATES}
+    if library is not None and "linear_cross_entropy" not in library:
+        # the head and the loss as two ops: cuBLAS's logits, then the loss the library has (the course's or torch's)
+        loss = found["cross_entropy"][0]
+        found["linear_cross_entropy"] = (lambda h, w, t, loss=loss: loss(F.linear(h, w), t), "F.linear, then "
+                                         + found["cross_entropy"][1], [])
     if gemm_epilogue:
         found["linear_gelu"] = _find_one(*GEMM_EPILOGUE)
     missing = [f"{op} ({'; '.join(r)})" for op, (fn, _, r) in found.items() if fn is None]
     if missing:
         raise RuntimeError("the course has no kernel yet for: " + ", ".join(missing))
+    packed = None
+    if found["attention"][1] == COURSE_CANDIDATES["attention"][0][2]:   # the operator: its packed twin too
+        from course_utils.ops import attention_qkv as packed
     return Ops("course", layer_norm=found["layer_norm"][0], add_layer_norm=found["add_layer_norm"][0],
                linear_gelu=found["linear_gelu"][0], attention=_attention_causal(found["attention"][0]),
-               cross_entropy=found["cross_entropy"][0])
+               cross_entropy=found["cross_entropy"][0], linear_cross_entropy=found["linear_cross_entropy"][0],
+               attention_qkv=packed)
 
 
 def ops(name: str) -> Ops:

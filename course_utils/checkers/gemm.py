@@ -15,6 +15,13 @@ N or K, the bias past N) fails, named by operand. The function must launch exact
 of its own, and neither it nor the kernels it calls may use the course's answer (``tile_matmul``, the
 launchers, ``torch.mm``/``F.linear``/``addmm``): :func:`refuse_course_answers`. When a case fails the
 checker tries the usual faults against the output and names the one that fits.
+
+A load mask missing in 9.2's epilogue changes nothing the launcher stores (its store masks those lanes),
+so given the epilogue function the residual check also calls it in a kernel of its own
+(:func:`check_epilogue_masks`) on a tile that overhangs M and N and stores every lane: a lane past M or N
+that loaded from the NaN guard zone shows, on a GPU as under the interpreter. For 9.1's split-K slice,
+where a loop over the whole K range with a mask `k >= k_start` gives the right numbers, the loads show
+it (interpreter): a load with every lane masked off is a K tile outside the slice.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import re
 import numpy as np
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from .. import check, env
 from .gemm_faults import EXACT, diagnose, gelu_tanh, slice_faults
@@ -140,6 +149,20 @@ def _check_loads(case: str, loads, operands, what: str) -> None:
                              "masked-off lane must not load: past the end of a buffer there may be no memory at all.")
 
 
+def _check_slice_walk(case: str, loads, k_slices: int) -> None:
+    """9.1: a K tile walked outside its slice loads with every lane masked off (interpreter only). A loop
+    from k_start walks none; one aligned below k_start, or with a fixed trip count, a few (at most one a
+    slice). A loop over the whole K range masked with k >= k_start walks every earlier slice's tiles again."""
+    empty = sum(1 for a in loads.addresses if a.size == 0)
+    useful = len(loads.addresses) - empty
+    if k_slices > 1 and useful and 4 * empty > useful:
+        raise check.CheckFailure(
+            f"{case}: {empty} of your kernel's {empty + useful} loads had every lane masked off: the K loop walks "
+            "tiles outside its slice (from 0, or past k_stop) and masks them away, so each slice walks the tiles "
+            "of the slices before it again and the split saves no work. Walk only the slice: for k0 in "
+            "range(k_start, k_stop, BLOCK_K).")
+
+
 def _call(fn, args, case):
     try:
         with np.errstate(over="ignore"):   # the interpreter's exp overflows to inf in GELU: on purpose
@@ -150,7 +173,10 @@ def _call(fn, args, case):
         if "NotImplementedError" in repr(e):  # the interpreter wraps what a kernel raises
             found = re.search(r"NotImplementedError\((['\"])(.*?)\1\)", str(e))
             raise NotImplementedError(found.group(2) if found else f"not done yet ({e})") from None
-        raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
+        from .loads import interpreter_limit
+        limit = interpreter_limit(e)
+        raise check.CheckFailure(f"{case}: {limit}" if limit else
+                                 f"{case}: your function raised {type(e).__name__}: {e}") from e
 
 
 def _close(got, expected, atol, rtol) -> bool:
@@ -203,7 +229,7 @@ def refuse_course_answers(name: str, fn, epilogue: str = "none") -> None:
         check.refuse_answer_key(name, f, forbidden)
 
 
-def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1) -> None:
+def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, probe=None) -> None:
     refuse_course_answers(name, fn, epilogue)
     with_bias, with_res = epilogue != "none", epilogue == "gelu_residual"
     dtypes = tuple(dtypes or env.supported_dtypes())
@@ -248,9 +274,10 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1) -
             atol = per_sqrt_k * (k ** 0.5) * (16 if "cancelling" in what else 1)
             atol, rtol = EXACT_TOL if what == EXACT else (atol, GEMM_TOLERANCES[dtype][1])
             if not _close(got, expected, atol, rtol):
-                extra = slice_faults(a, b, k_slices) if k_slices > 1 else ()
+                extra = slice_faults(a, b, k_slices) if epilogue == "none" else ()
                 fault = _k_stop(diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0, extra), k_slices)
                 check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=fault or hint)
+            _check_slice_walk(case, loads, k_slices)
             passed += 1
     # one Triton kernel: the product and its epilogue in a single launch (torch.empty for the output is fine)
     dtype = dtypes[0]
@@ -262,10 +289,59 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1) -
         except check.CheckFailure as e:
             raise check.CheckFailure(f"{e} The matmul and its epilogue run in one kernel of yours: no second "
                                      "kernel, no loop of launches.") from None
+    if probe is not None:
+        check_epilogue_masks(name, probe)
     extra = {"none": "", "gelu": ", bias + tanh GELU in the epilogue",
              "gelu_residual": ", bias + tanh GELU + a strided residual in the epilogue"}[epilogue]
     check.verdict(name, f"matches the float64 reference on tile-multiple, ragged, odd and transposed shapes{extra}, "
                         "every dtype tried, no load outside the operands, one Triton launch")
+
+
+@triton.jit
+def _epilogue_probe_kernel(acc_ptr, bias_ptr, r_ptr, out_ptr, M, N, stride_rm, EPILOGUE: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One tile of 9.2's epilogue, offsets as the exercise's kernel makes them, every lane stored."""
+    offs_m = tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
+    tile = offs_m[:, None] * BLOCK_N + offs_n[None, :]
+    acc = tl.load(acc_ptr + tile)
+    y = EPILOGUE(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm)
+    tl.store(out_ptr + tile, y.to(tl.float32))
+
+
+#: the probe's tile and the ragged M x N inside it (the residual a view with 3 columns of padding)
+PROBE_TILE, PROBE_M, PROBE_N, PROBE_PAD = 16, 5, 11, 3
+
+
+def check_epilogue_masks(name: str, epilogue) -> None:
+    """Raise unless 9.2's ``epilogue(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm)`` masks its loads.
+
+    The launcher's store drops the lanes past M and N, so a load left unmasked there changes nothing it
+    stores, and a GPU records no loads. Here a kernel of the check's calls the epilogue on a 16 x 16 tile over
+    a 5 x 11 residual and bias inside NaN guard zones and stores every lane: each lane of the rows past M
+    (or of the columns past N) is NaN only if that lane loaded from the guard zone."""
+    t, m, n = PROBE_TILE, PROBE_M, PROBE_N
+    bias = _Operand("bias", check.randn((n,), torch.float32))
+    res = _Operand("residual", check.randn((m, n), torch.float32), pad_cols=PROBE_PAD)
+    acc = check.randn((t, t), torch.float32)
+    out = torch.zeros((t, t), dtype=torch.float32, device=acc.device)
+    case = f"{name} (your epilogue alone, on a {t} x {t} tile over M={m}, N={n}; every lane stored)"
+    _call(lambda: _epilogue_probe_kernel[(1,)](acc, bias.view, res.view, out, m, n, res.view.stride(0),
+                                               EPILOGUE=epilogue, BLOCK_M=t, BLOCK_N=t), [], case)
+    nan = torch.isnan(out.cpu())
+    if bool(nan[m:, :n].all()):
+        raise check.CheckFailure(f"{case}: every lane of the rows past M came out NaN, the NaN of the guard zone "
+                                 "below the residual: the residual load is not masked by rows. The launcher's store "
+                                 "hides it, but those lanes read past the end of r: mask the load with "
+                                 "(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0.")
+    if bool(nan[:m, n:].all()):
+        raise check.CheckFailure(f"{case}: every lane of the columns past N came out NaN, the NaN past the end of the "
+                                 "bias: the bias load is not masked by columns. Load it with mask=offs_n < N, "
+                                 "other=0.0.")
+    if bool(nan[:m, n:n + PROBE_PAD].all()):
+        raise check.CheckFailure(f"{case}: the lanes of the columns just past N came out NaN, the padding after each "
+                                 "row of the residual view: the residual load is not masked by columns. Mask it "
+                                 "with (offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0.")
 
 
 def _k_stop(message: str, k_slices: int) -> str:
@@ -286,7 +362,10 @@ def check_linear_gelu(fn, name: str = "fused bias + GELU epilogue", *, dtypes=No
 
 
 def check_linear_gelu_residual(fn, name: str = "bias + GELU + residual epilogue", *, dtypes=None,
-                               hint: str = "") -> None:
+                               hint: str = "", epilogue=None) -> None:
     """Raise unless ``fn(x, w, b, r)`` computes ``gelu(x @ w + b) + r`` (tanh GELU; ``r`` is an M x N view
-    whose row stride is not N)."""
-    _check(fn, name, "gelu_residual", dtypes, hint)
+    whose row stride is not N). ``epilogue``: the exercise's epilogue function, whose load masks are then
+    judged on their own as well (:func:`check_epilogue_masks`, GPU and interpreter alike)."""
+    if epilogue is not None:
+        refuse_course_answers(name, epilogue, "gelu_residual")
+    _check(fn, name, "gelu_residual", dtypes, hint, probe=epilogue)

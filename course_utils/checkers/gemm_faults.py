@@ -1,7 +1,7 @@
 """The usual faults of chapter 9's kernel exercises, recomputed in float64 and named (used by
 :mod:`course_utils.checkers.gemm`): the bias on the wrong axis, GELU before the bias, the erf form, the
-residual's row stride ignored, an accumulator in float16, a missing K mask and, for the split-K slice of
-exercise 9.1, a slice summed from 0 or past its end.
+residual's row stride ignored, an accumulator in float16, a missing K mask and, for the K loop (exercise
+9.1's split-K slice), a slice summed from 0 or past its end and a last partial K tile never summed.
 
 Not a checker itself: nothing here takes a student's function. Every check that uses it first refuses
 the course's answers (``checkers.gemm.refuse_course_answers``: the teaching and tuned kernels and
@@ -35,6 +35,14 @@ def slice_faults(a: torch.Tensor, b: torch.Tensor, slices: int) -> list[tuple[st
         ends = [min(start + math.ceil((stop - start) / block_k) * block_k, k) for start, stop in bounds]
         out.append(("a slice ends at k_stop: mask the K lanes of both loads with k < k_stop (other=0.0); the "
                     "last tile of a slice otherwise runs into the next slice, and those terms are counted twice",
+                    sum(a[:, start:end] @ b[start:end] for (start, _), end in zip(bounds, ends))))
+    for block_k in (16, 32, 64, 128, 256):   # whole tiles only: the partial tile at the end of a slice is missed
+        ends = [start + (stop - start) // block_k * block_k for start, stop in bounds]
+        if all(end == start for (start, _), end in zip(bounds, ends)):
+            continue   # no whole tile at all: an output of zeros has other causes
+        out.append((f"the last, partial K tile of each slice is never summed (with BLOCK_K={block_k} the terms "
+                    "from the last multiple of BLOCK_K to k_stop are missing): the loop must run while k0 < k_stop, "
+                    "for k0 in range(k_start, k_stop, BLOCK_K), and mask that tile's lanes with k < k_stop",
                     sum(a[:, start:end] @ b[start:end] for (start, _), end in zip(bounds, ends))))
     return out
 

@@ -4,6 +4,10 @@ Fresh inputs every call: odd row lengths; strided rows (the gap holds +/-3e4); e
 OFFSET = 1000 (E[x^2] - E[x]^2 cancels in float32, 16-bit sums overflow); one row in four with a variance
 below the non-default ``eps`` every check passes; NaN-poisoned outputs in guard zones; loads outside the
 inputs recorded under the interpreter; the course's kernels, launchers and torch's norms refused as answers.
+Under the interpreter the loads also show a tensor's rows read with another tensor's stride (named), and, for
+the forward in chunks (exercise 10.1, Welford's statistics), how many times the kernel reads each element of
+x: one pass for the statistics and one for y, where a mean pass, a variance pass and a y pass read it three
+times (the numbers alone cannot tell the methods apart: both are float32-accurate).
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ F32_EPS = float(torch.finfo(torch.float32).eps)
 ROWS_GPU = ((7, 13), (1, 1), (37, 1000), (5, 4097), (4, 12345))  # 7x13 first: names faults (1 col: rounding)
 FWD_HINT = ("compute in float32 (x.to(tl.float32)): mean = sum(x) / n_cols, then the variance of the centered "
             "values (x - mean, with masked lanes set to 0), rstd = 1 / sqrt(var + eps); store mean and rstd.")
+CHUNK_HINT = ("Welford's statistics, in float32, in one pass over the row: each chunk's count n_b (its lanes inside "
+              "the row), mean m_b and M2_b = sum((x - m_b)^2) over those lanes, merged with Chan's formula (delta = "
+              "m_b - m_a, taken before the mean moves); var = M2 / n_cols, rstd = 1 / sqrt(var + eps); then a second "
+              "pass over the chunks writes y.")
+#: exercise 10.1: reads of each element of x, the statistics' pass and y's
+CHUNK_PASSES = 2
 
 
 def answers() -> dict:
@@ -79,6 +89,21 @@ EPS_HINT = (f"the small rows (variance about {SMALL ** 2:g}) come out as if eps 
             f"passes eps={EPS:g}. Use the eps argument: rstd = 1 / sqrt(var + eps).")
 
 
+def _chan_m2(x64: torch.Tensor, block: int, late_delta: bool = False) -> torch.Tensor:
+    """M2 per row from Welford chunks merged with Chan's formula, in float64; ``late_delta``: the delta^2 term
+    taken from the mean after its update (m_b - m), the usual slip."""
+    count, mean, m2 = 0, torch.zeros_like(x64[:, 0]), torch.zeros_like(x64[:, 0])
+    for c in x64.split(block, -1):
+        n_b, m_b = c.shape[-1], c.mean(-1)
+        total = count + n_b
+        delta = m_b - mean
+        mean = mean + delta * n_b / total
+        d2 = (m_b - mean) if late_delta else delta
+        m2 = m2 + ((c - m_b[:, None]) ** 2).sum(-1) + d2 * d2 * count * n_b / total
+        count = total
+    return m2
+
+
 def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps: float = EPS, block=None) -> str:
     """Which known mistake the statistics a kernel stored look like ("" when none fits)."""
     x64, mean64, rstd64 = _stats64(x, eps)
@@ -97,6 +122,14 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
         return ("rstd matches 1 / sqrt(mean(x^2) + eps): the variance was computed without subtracting the mean. "
                 "var = sum((x - mean)^2) / n_cols.")
     small, var64 = slice(3, None, 4), 1.0 / rstd64 ** 2 - eps
+    near = lambda want: bool((_rel(rstd, want) <= 2 * rstd_rtol(mean64, rstd64, n, eps)).all())  # noqa: E731
+    right = near(rstd64)
+    if not right and (near(1.0 / (var64.sqrt() + eps)) or near(1.0 / var64.sqrt() + eps)):
+        return ("eps is outside the square root (the small rows, variance about "
+                f"{SMALL ** 2:g}, show it): rstd = 1 / sqrt(var + eps), eps added to the variance.")
+    if not right and block < n and near((_chan_m2(x64, block, late_delta=True) / n + eps) ** -0.5):
+        return ("Chan's merge takes delta from the mean after its update: delta = m_b - m_a must be computed before "
+                "m_a moves (m = m_a + delta * n_b / n), and the same delta goes into M2's delta^2 * n_a * n_b / n.")
     if x.shape[0] > 3 and any(bool((_rel(rstd[small], 1 / (var64[small] + e).sqrt()) < 2e-2).all())
                               for e in (1e-5, 1e-6, 0)):
         return EPS_HINT
@@ -117,16 +150,45 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
     return ""
 
 
-def _launch(what, fn, case, hint, inputs=()):
-    """Run the student's launch under load tracking; a crash or a load outside ``inputs`` fails, named."""
+def _stride_fault(loads, rows: dict, strides: dict) -> str:
+    """'' unless a 2-D input of ``rows`` (``{name: tensor}``) was read with another row stride: every element
+    address that stride gives was loaded, and not every one of the tensor's own. ``strides``: the kernel's
+    stride and length arguments, ``{argument: value}``."""
+    import numpy as np
+    loaded = loads.flat()
+    for name, t in rows.items():
+        r, c = (np.arange(n, dtype=np.int64) for n in t.shape)
+        own = t.stride(0)
+        addresses = lambda st: (t.data_ptr() + (r[:, None] * st + c[None, :]) * t.element_size()).ravel()  # noqa: E731,B023
+        if t.shape[0] < 2 or bool(np.isin(addresses(own).astype(np.uint64), loaded).all()):
+            continue
+        for other in dict.fromkeys(strides.values()):
+            if other != own and bool(np.isin(addresses(other).astype(np.uint64), loaded).all()):
+                arg = " and of ".join(a for a, v in strides.items() if v == other)
+                return (f"your kernel reads the rows of {name} {other} elements apart, the value of {arg}; {name}'s "
+                        f"rows are {own} apart: address row r of {name} as {name}_ptr + r * {name}_row_stride. Each "
+                        "tensor has its own row stride.")
+    return ""
+
+
+def _launch(what, fn, case, hint, inputs=(), rows=None, strides=None):
+    """Run the student's launch under load tracking; a crash, a load outside ``inputs`` or an input's rows read
+    with another tensor's stride (``rows``: ``{name: tensor}``, ``strides``: ``{argument: value}``) fails, named."""
+    from .loads import interpreter_limit
     try:
         with check.track_loads() as loads:
             fn()
     except (NotImplementedError, check.CheckFailure):
         raise
     except Exception as e:  # a crash in the student's kernel: say where
+        limit = interpreter_limit(e)
+        if limit:
+            raise check.CheckFailure(f"{case}: {limit}") from e
         raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n{what}"
                                  + (f"\nHint: {hint}" if hint else "")) from e
+    fault = _stride_fault(loads, rows, strides) if rows and loads.active else ""
+    if fault:
+        raise check.CheckFailure(f"{case}: {fault}")
     check.check_loads_inside(case, loads, list(inputs))
     return loads
 
@@ -135,6 +197,20 @@ def _y_atol(dtype, n_cols, mean64, rstd64, w) -> float:
     """y's tolerance: the dtype's, plus log2(N) float32 roundings of |mean| (offset rows) times rstd * |w|."""
     cond = float((mean64.abs() * rstd64).max()) * float(w.abs().max())
     return check.tolerance(dtype)[0] + max(1.0, n_cols.bit_length()) * F32_EPS * cond
+
+
+def _check_passes(case: str, loads, x: torch.Tensor, chunk) -> None:
+    """Exercise 10.1 (``chunk``): the statistics in one pass over the row, y in a second (interpreter only)."""
+    from .loads import reads_per_element
+    if not chunk or not loads.active or x.shape[1] <= chunk:
+        return
+    reads = reads_per_element(loads, x)
+    if reads > CHUNK_PASSES + 0.01:
+        raise check.CheckFailure(
+            f"{case}: your kernel reads each element of x {reads:.2f} times; Welford's method reads it "
+            f"{CHUNK_PASSES} times: one pass over the row for the statistics (each chunk's count, mean and M2, "
+            "merged into the row's with Chan's formula) and one that writes y. A pass for the mean and another "
+            "for the variance is the two-pass method, a third read of the row.")
 
 
 def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per program", *, chunk=None) -> None:
@@ -155,16 +231,18 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             mean = check.Guarded((n_rows,), torch.float32)
             rstd = check.Guarded((n_rows,), torch.float32)
             block = chunk or triton.next_power_of_2(n_cols)
+            fwd_hint = CHUNK_HINT if chunk else FWD_HINT
             loads = _launch(signature, lambda: kernel[(n_rows,)](y.tensor, x, w, b, mean.tensor, rstd.tensor,  # noqa: B023
                                                                  n_cols, x.stride(0), y.tensor.stride(0), EPS,
-                                                                 BLOCK_SIZE=block), case, FWD_HINT, (x, w, b))
+                                                                 BLOCK_SIZE=block), case, fwd_hint, (x, w, b),
+                            {"x": x}, {"y_row_stride": y.tensor.stride(0), "n_cols": n_cols})
             check.require(not loads.widths or max(loads.widths) <= block, f"{case}: your kernel loads "
                           f"{max(loads.widths or [0])} lanes at once, launched with BLOCK_SIZE={block}: loop over "
                           "the row in chunks of tl.arange(0, BLOCK_SIZE).")
             for g, what in ((y, "y"), (mean, "mean"), (rstd, "rstd")):
                 g.check(f"{case}, {what}", "mask the store of y; one mean and one rstd per row, at pid")
             x64, mean64, rstd64 = _stats64(before)
-            hint = diagnose_stats(mean.tensor, rstd.tensor, before, block=block) or FWD_HINT
+            hint = diagnose_stats(mean.tensor, rstd.tensor, before, block=block) or fwd_hint
             check.compare(f"{case}: mean", mean.tensor, mean64, dtype=torch.float32, atol=1e-4, rtol=1e-5, hint=hint)
             rtol = rstd_rtol(mean64, rstd64, n_cols)
             off = _rel(rstd.tensor, rstd64) > rtol
@@ -178,6 +256,7 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             xg.check(f"{case}, the input buffer")
             if not torch.equal(x, before):
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y, mean, rstd")
+            _check_passes(case, loads, x, chunk)
     check.verdict(name, "y, mean and rstd match float64: rows around 1000, small rows (eps matters), strided rows, "
                         "no loads or writes outside the tensors")
 
@@ -197,7 +276,8 @@ def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:
     x64, mean64, rstd64 = _stats64(x)
     y64 = (x64 - mean64[:, None]) * rstd64[:, None] * w.cpu().double() + b.cpu().double()
     check.compare(name, y, y64, dtype=x.dtype, atol=_y_atol(x.dtype, n_cols, mean64, rstd64, w),
-                  hint=f"pass eps (the check uses eps={EPS:g}) on to the kernel. " + FWD_HINT)
+                  hint=f"pass eps (the check uses eps={EPS:g}) and x's row stride on to the kernel, one program "
+                       "per row; the kernel's own check (exercise 10.1's first check) judges its statistics.")
     check.check_kernel_launches(name, fn, x, w, b, EPS, expected=1)
     check.verdict(name, "matches float64 LayerNorm in one kernel launch")
 
@@ -211,12 +291,27 @@ DW_HINT = ("program (pid_m, pid_n) sums its own rows [pid_m * rows_per_program, 
 def _run_sums(v: torch.Tensor, bounds) -> torch.Tensor:
     return torch.stack([v[a:b].sum(0) for a, b in bounds])
 
-def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what) -> str:
+#: nonzero float32 sums that all land on 16-bit numbers: no chance (each about 1 in 2^13), a 16-bit accumulator
+DTYPE_EVIDENCE = 16
+
+
+def _in_dtype(got: torch.Tensor, dtype) -> bool:
+    """Every float32 sum of ``got`` is a ``dtype`` number (at least DTYPE_EVIDENCE of them nonzero)."""
+    return dtype != torch.float32 and int(got.ne(0).sum()) >= DTYPE_EVIDENCE and \
+        torch.equal(got.to(dtype).double(), got)
+
+
+def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype=torch.float32) -> str:
     """Which mistake the partial rows look like, from sums over other row ranges ("" when none fits)."""
     tiles, total = triton.cdiv(rows_per_program, block_m) * block_m, v.sum(0)
     close = lambda a, b: bool(torch.allclose(a, b, rtol=1e-3, atol=1e-2 * float(b.abs().max().clamp_min(1))))  # noqa: E731
     if not bool(torch.isfinite(got).all()):
         return ""
+    if _in_dtype(got, dtype):
+        name = str(dtype).removeprefix("torch.")
+        return (f"every partial {what} sum is a {name} number: the sums were accumulated (or rounded) in the input's "
+                f"dtype, {name}, whose rounding (about {torch.finfo(dtype).eps:.0e} of the sum) the check sees. "
+                f"Accumulate in float32: {what} = tl.zeros((BLOCK_N,), dtype=tl.float32), adding float32 values.")
     if tiles != rows_per_program and close(got, _run_sums(v, [(s, min(s + tiles, n_rows)) for s in
                                                               range(0, n_rows, rows_per_program)])):
         return (f"each partial {what} row also holds the rows of the next run that its last tile covers: the rows of "
@@ -250,7 +345,8 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
                  "dw and db hold one sum per column; tl.sum(tile, axis=1) gives one per row: reduce over axis 0.")
     _launch(signature, lambda: kernel[grid](dw.tensor, db.tensor, x, dy, mean, rstd, n_rows, n_cols, x.stride(0),
                                             dy.stride(0), rows_per_program, BLOCK_M=block_m, BLOCK_N=block_n),
-            case, DW_HINT, (x, dy, mean, rstd))
+            case, DW_HINT, (x, dy, mean, rstd), {"x": x, "dy": dy},
+            {"x_row_stride": x.stride(0), "dy_row_stride": dy.stride(0), "n_cols": n_cols})
     for g, what in ((dw, "dw_partial"), (db, "db_partial")):
         g.check(f"{case}, {what}", "mask the columns of the last block: cols < n_cols")
     dy64 = dy.to("cpu", torch.float64)
@@ -258,7 +354,9 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
     bounds = [(s, min(s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]
     for got, v, what in ((dw.tensor, dy64 * x_hat, "dw"), (db.tensor, dy64, "db")):
         got, want = got.to("cpu", torch.float64), _run_sums(v, bounds)
-        hint = _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what) or DW_HINT
+        hint = _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype) or DW_HINT
+        if _in_dtype(got, dtype):   # a 16-bit accumulator can stay inside the tolerance: refused as such
+            raise check.CheckFailure(f"{case}: {hint}")
         atol = 1e-4 * rows_per_program ** 0.5 * float(want.abs().max().clamp_min(1.0))
         for p in range(n_programs):  # every partial row: the sum of the program's own run of rows
             check.compare(f"{case}: {what}, partial row {p} (rows {bounds[p][0]} to {bounds[p][1] - 1})", got[p],
@@ -299,10 +397,28 @@ def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None):
     return (dx - g.mean(-1, keepdim=True) if layer_norm else dx) * rstd
 
 
-def _rms_diagnose(got, x64, dy64, w64) -> str:
+def _read_with_stride(t: torch.Tensor, stride: int) -> torch.Tensor:
+    """The rows of the 2-D ``t`` as a kernel reads them with another row ``stride``, in float64, as many as stay
+    inside ``t``'s own elements (row 0 included, which any stride reads right)."""
+    n_rows, n_cols = t.shape
+    last = (n_rows - 1) * t.stride(0) + n_cols       # one past t's last element
+    flat = t.as_strided((last,), (1,)).to("cpu", torch.float64)
+    rows = min(n_rows, (last - n_cols) // stride + 1)
+    return torch.stack([flat[r * stride:r * stride + n_cols] for r in range(rows)])
+
+
+def _rms_diagnose(got, x64, dy64, w64, x=None, dy=None) -> str:
     rows = lambda d: d.abs().amax(-1, keepdim=True).clamp_min(1e-30)  # noqa: E731
     fits = lambda want, sel=slice(None): bool(((got[sel] - want[sel]).abs() / rows(want[sel]) < 1e-2).all())  # noqa: E731
     n = x64.shape[-1]
+    if x is not None and dy is not None and x.stride(0) != dy.stride(0) and x.shape[0] > 2:
+        for name, other, stride in (("dy", "x", x.stride(0)), ("x", "dy", dy.stride(0))):
+            read = _read_with_stride(dy if name == "dy" else x, stride)
+            k = read.shape[0]
+            want = _rms_dx64(x64[:k], read, w64, EPS) if name == "dy" else _rms_dx64(read, dy64[:k], w64, EPS)
+            if k > 2 and fits(want, slice(0, k)):
+                return (f"dx is what {name} read with {other}'s row stride gives ({stride} elements between rows, "
+                        f"not {name}_row_stride): each tensor has its own row stride.")
     if x64.shape[0] > 3 and any(fits(_rms_dx64(x64, dy64, w64, e), slice(3, None, 4)) for e in (1e-5, 1e-6, 0.0)):
         return EPS_HINT
     if fits(_rms_dx64(x64, dy64, w64, EPS, layer_norm=True)):
@@ -331,7 +447,8 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
             _launch(signature, lambda: kernel[(n_rows,)](dx.tensor, dy, x, w, n_cols, x.stride(0), dy.stride(0),  # noqa: B023
                                                          dx.tensor.stride(0), EPS,
                                                          BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, RMS_HINT,
-                    (x, dy, w))
+                    (x, dy, w), {"x": x, "dy": dy}, {"x_row_stride": x.stride(0), "dy_row_stride": dy.stride(0),
+                                                     "dx_row_stride": dx.tensor.stride(0), "n_cols": n_cols})
             dx.check(f"{case}, dx", "store dx with mask=offsets < n_cols, row pid at dx_ptr + pid * dx_row_stride")
             x64, dy64, w64 = (t.to("cpu", torch.float64) for t in (x, dy, w))
             want = _rms_dx64(x64, dy64, w64, EPS)
@@ -343,7 +460,7 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
             got = dx.tensor.to("cpu", torch.float64)
             check.compare(f"{case}: dx (each row divided by the size of its terms)", got / scale, want / scale,
                           dtype=dtype, atol=2 * check.tolerance(dtype)[0], rtol=0.0,
-                          hint=_rms_diagnose(got, x64, dy64, w64) or RMS_HINT)
+                          hint=_rms_diagnose(got, x64, dy64, w64, x, dy) or RMS_HINT)
             xg.check(f"{case}, the input buffer")
     check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
                         "writes outside the tensors")

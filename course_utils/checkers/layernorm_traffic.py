@@ -2,7 +2,9 @@
 for the course's tuned backward and for PyTorch's (:func:`check_backward_bytes`).
 
 The answer key is ``traffic.backward.layernorm_backward`` (logical traffic, the course's conventions): a
-function that calls it, or this module's own count, is refused. When the student's count differs, the
+function that calls it, or this module's own count, is refused, by name in its code and by behaviour (a
+call of the function object while the student's function runs, whatever route reached it:
+:func:`course_utils.checkers.calls.run_watched`). When the student's count differs, the
 usual mistakes are recounted (:func:`backward_bytes` with a fault's keywords) and the one that matches
 is named. Pure arithmetic on Python integers: no tensors, no kernels.
 """
@@ -87,10 +89,13 @@ def _as_int(v):
 
 def check_backward_bytes(fn, name: str = "bytes of LayerNorm's backward") -> None:
     """``fn(n_rows, n_cols, itemsize, rows_per_program) -> (ours_bytes, pytorch_bytes)``: logical traffic."""
+    from .calls import refuse_calls, run_watched
+
     check.refuse_answer_key(name, fn, answers())
     for m, n, b, rpp in SHAPES:
         case = f"{name} ({m} rows x {n} cols, {b}-byte elements, rows_per_program={rpp})"
-        got = fn(m, n, b, rpp)
+        got, calls = run_watched(fn, (m, n, b, rpp), answers())
+        refuse_calls(name, calls)
         check.require(isinstance(got, (tuple, list)) and len(got) == 2,
                       f"{case}: return (ours_bytes, pytorch_bytes), got {type(got).__name__}")
         got = tuple(_as_int(g) for g in got)

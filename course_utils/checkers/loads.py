@@ -93,3 +93,28 @@ def reads_per_element(loads: Loads, x: torch.Tensor) -> float:
     rows, cols = idx // x.stride(0), idx % x.stride(0)
     inside = (addr >= 0) & (addr % x.element_size() == 0) & (rows < x.shape[0]) & (cols < x.shape[1])
     return float(inside.sum()) / max(x.numel(), 1)
+
+
+def interpreter_limit(error: BaseException) -> str:
+    """What to write instead, when ``error`` is a limit of Triton's interpreter rather than a fault of the
+    kernel ('' otherwise): under the interpreter the variable of ``for r in tl.range(...)`` (or ``range``)
+    is a plain Python int, so a tensor method on it (``r.to(tl.int64)``) raises, though compiled Triton
+    accepts it."""
+    if env.on_gpu() or "'int' object has no attribute" not in str(error):
+        return ""
+    return ("Triton's interpreter (the CPU mode this check runs in) gives the variable of `for r in tl.range(...)` "
+            "as a plain Python int, so a tensor method on it such as r.to(tl.int64) fails here, though a compiled "
+            "kernel accepts it: a limit of the interpreter, not a fault of your kernel. Write tl.cast(r, tl.int64) "
+            "instead, which works in both.")
+
+
+def in_guards(loads: Loads, guarded) -> int:
+    """How many masked-in lanes read a guard zone of ``guarded`` (a :class:`course_utils.check.Guarded`):
+    the elements just before and just after its tensor, which no right kernel reads."""
+    addr = loads.flat()
+    if addr.size == 0:
+        return 0
+    start, end = span(guarded.buffer)
+    lo, hi = span(guarded.tensor)
+    hits = ((addr >= start) & (addr < lo)) | ((addr >= hi) & (addr < end))
+    return int(hits.sum())

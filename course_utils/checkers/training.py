@@ -11,20 +11,39 @@ Every call draws fresh inputs: rows around a large offset (``exp(logits)`` witho
 overflows), targets in the first tile, in later tiles and in the last column, rows read through a
 row stride wider than the row (its gap holds huge values), an output with its own row stride, a
 BLOCK_SIZE much shorter than the row (the row takes several tiles), outputs poisoned with NaN inside
-guard zones. A wrong answer is matched against the usual faults, each named.
+guard zones. The kernel must use the lse it is given: one case passes an lse that is not the rows'
+own logsumexp, and under the interpreter each logit may be read once (a kernel that recomputes the
+row's max and sum reads it three times). A last case puts the third row 2**31 elements into the
+logits, where ``pid * row_stride`` in int32 wraps. A wrong answer is matched against the usual faults,
+each named.
+
+:func:`check_ce_backward_launcher` calls ``fn(dloss, logits, targets, lse)`` on contiguous logits and on
+a column slice of wider ones (rows ``logits.stride(0)`` apart), with rows longer than the 4096 the
+launcher's BLOCK_SIZE is capped at.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from .. import check, env
+from ..profile import triton_launch_hook
+from . import offsets64
+from .loads import reads_per_element
 
 OFFSET = 60.0          # exp(60) and up overflow float16 and, summed over a row with outliers, float32
 GAP = 5                # extra columns between rows of the logits (and 3 between rows of dlogits)
 HINT = ("one program per row: lse and the target come first; then a loop over the row in tiles of BLOCK_SIZE "
         "(cols = start + tl.arange(0, BLOCK_SIZE), mask = cols < n_cols) that loads a tile in float32, computes "
         "tl.exp(x - lse), subtracts 1 where cols == target, multiplies by dloss * inv_n_rows and stores it.")
+BLOCK_CAP = 4096       # the largest BLOCK_SIZE exercise 12.2 lets its launcher pick
+FLOAT32_EXP_MAX = 88.72  # exp(x) overflows float32 past this
+RECOMPUTED = ("your kernel recomputes the row's logsumexp (or its max) instead of using the saved one: the forward "
+              "stored lse (lse_ptr) so that the backward reads each row once, p = exp(x - lse) in the same loop that "
+              "stores dlogits. A recomputed max and sum are two more passes over every row (50257 logits each in a "
+              "GPT-2)")
 
 
 def _block() -> int:
@@ -53,8 +72,9 @@ def _inputs(n_rows, n_cols, dtype, strided: bool):
     return g, logits, targets, lse, dloss
 
 
-def _candidates(logits, targets, lse, block):
-    """(fault, what a kernel with that fault computes divided by dloss * inv_n_rows), float64."""
+def _candidates(logits, targets, lse, block, own_lse=None):
+    """(fault, what a kernel with that fault computes divided by dloss * inv_n_rows), float64; ``own_lse``:
+    the rows' logsumexp, when the ``lse`` passed is another."""
     x = logits.double().cpu()
     lse64 = lse.double().cpu()[:, None]
     t = targets.cpu()[:, None]
@@ -63,16 +83,23 @@ def _candidates(logits, targets, lse, block):
     onehot = (cols == t).double()
     first_tile_onehot = ((cols % block) == t).double()            # compares target with offsets, not start + offsets
     p_max = torch.exp(x - x.amax(-1, keepdim=True))
-    return {
+    naive = torch.exp(x.float()).sum(-1, keepdim=True).log().double()   # float32: inf once an exp overflows
+    cands = {
         "right": p - onehot,
         "no one-hot": p,
         "target column found only in the first tile": p - first_tile_onehot,
         "not normalized by lse": p_max - onehot,
         "one-hot added instead of subtracted": p + onehot,
+        "lse recomputed without the max": torch.exp(x - naive) - onehot,
     }
+    if own_lse is not None:
+        cands["the given lse ignored"] = torch.exp(x - own_lse.double().cpu()[:, None]) - onehot
+    return cands
 
 
-FAULTS = {
+FAULTS = {  # the first that matches names the fault: a kernel that ignores the given lse is named so first
+    "the given lse ignored": RECOMPUTED + ". This case passes an lse that is not the rows' own logsumexp, and "
+        "your p is the rows' softmax",
     "no one-hot": "the target's column: dlogits[target] = p[target] - 1; subtract 1 where cols == target",
     "target column found only in the first tile": "the target is compared with the lanes of the tile, not with "
         "the column index: use cols = start + offsets, and cols == target",
@@ -80,6 +107,10 @@ FAULTS = {
         "not exp(x - max of the row)",
     "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "
         "target's column",
+    "lse recomputed without the max": "your kernel recomputes the row's logsumexp without subtracting the row's max "
+        f"first: exp(x) overflows float32 past x = {FLOAT32_EXP_MAX} (rows here reach several hundred), so lse = inf "
+        "and p = exp(x - lse) = 0. Use the saved lse (lse_ptr), which the forward computed as m + log(sum(exp(x - m))) "
+        "with m the row's max",
 }
 
 
@@ -99,7 +130,7 @@ def _diagnose(case, got, cands, scale, n_cols, block, dtype) -> None:
             raise check.CheckFailure(f"{case}: your gradient is missing the factor {missing}: dlogits = (softmax - "
                                      "onehot) * dloss * inv_n_rows.")
     for fault, why in FAULTS.items():
-        if bool(torch.isclose(g, cands[fault], atol=atol, rtol=rtol).all()):
+        if fault in cands and bool(torch.isclose(g, cands[fault], atol=atol, rtol=rtol).all()):
             raise check.CheckFailure(f"{case}: {fault}: {why}.")
 
 
@@ -126,10 +157,27 @@ def _refuse(kernel, what):
         raise check.CheckFailure(f"{what}: this is the course's own kernel ({module}): write yours.")
 
 
-def _one_case(kernel, name, dtype, n_rows, n_cols, strided, block):
+def _reads(case, loads, logits) -> tuple[str, float, int]:
+    """(case, how many times the kernel read each logit, n_cols): 0 reads where nothing was recorded (a GPU)."""
+    return case, (reads_per_element(loads, logits) if loads.active else 0.0), logits.shape[1]
+
+
+def _check_reads(reads: list[tuple[str, float, int]]) -> None:
+    """Each logit read once (and the target's once more, for a kernel that treats that column apart), judged
+    after every value was right: a wrong value says more."""
+    for case, r, n_cols in reads:
+        if r > 1.0 + 1.0 / n_cols:
+            raise check.CheckFailure(f"{case}: {RECOMPUTED}. Your kernel read each logit {r:.2g} times.")
+
+
+def _one_case(kernel, name, dtype, n_rows, n_cols, strided, block, shift_lse=False):
     case = (f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols, BLOCK_SIZE={block}"
-            f"{', rows ' + str(n_cols + GAP) + ' apart' if strided else ''})")
+            f"{', rows ' + str(n_cols + GAP) + ' apart' if strided else ''}"
+            f"{', an lse that is not the rows own logsumexp' if shift_lse else ''})")
     g, logits, targets, lse, dloss = _inputs(n_rows, n_cols, dtype, strided)
+    own_lse = None
+    if shift_lse:  # dlogits = exp(logits - lse) with the lse given, whatever it is
+        own_lse, lse = lse, lse + torch.rand(lse.shape, generator=check.generator(), device=lse.device) + 0.5
     before = logits.clone()
     d_gap = 3 if strided else 0
     out = check.Guarded((n_rows, n_cols + d_gap), dtype)
@@ -148,23 +196,53 @@ def _one_case(kernel, name, dtype, n_rows, n_cols, strided, block):
     if not torch.equal(logits, before):
         raise check.CheckFailure(f"{case}: your kernel changed the logits; it must only write dlogits")
     scale = float(dloss) / n_rows
-    cands = _candidates(logits, targets, lse, block)
+    cands = _candidates(logits, targets, lse, block, own_lse)
     got = dlogits.detach().double().cpu() / scale
     atol, rtol = check.tolerance(dtype)
     if not bool(torch.isclose(got, cands["right"], atol=atol, rtol=rtol, equal_nan=False).all()):
         _diagnose(case, dlogits, cands, scale, n_cols, block, dtype)
         hint = HINT + (" Rows are row_stride apart in memory here, not n_cols." if strided else "")
         check.compare(f"{case}, dlogits / (dloss * inv_n_rows)", got, cands["right"], dtype=dtype, hint=hint)
+    return _reads(case, loads, logits)
+
+
+def _check_past_2_31(kernel, name, block) -> None:
+    """float16, 3 rows of logits 2**30 + 4099 elements apart after 2**31 elements of padding, dlogits
+    interleaved with them (the same row stride, N + 8 columns on): the third row starts past 2**31 elements,
+    where pid * row_stride in int32 wraps about 2**32 back, into the padding. 8 GiB (a few pages interpreted)."""
+    n_rows, n_cols, stride, start = 3, 3 * block + 5, 2**30 + 4099, 2**31
+    case = (f"{name} (float16, {n_rows} rows x {n_cols} cols {stride} elements apart: the last row starts "
+            f"{(n_rows - 1) * stride} elements in, past 2**31)")
+    _, small, targets, lse, dloss = _inputs(n_rows, n_cols, torch.float16, False)
+    with offsets64.wide_buffer(start + (n_rows - 1) * stride + 2 * n_cols + 8, torch.float16) as buf:
+        if buf is None:
+            return
+        logits = buf.as_strided((n_rows, n_cols), (stride, 1), start)
+        dlogits = buf.as_strided((n_rows, n_cols), (stride, 1), start + n_cols + 8)
+        logits.copy_(small)
+        dlogits.fill_(float("nan"))
+        _launch(kernel, dlogits, logits, targets, lse, dloss, block, case)
+        got = dlogits.detach().double().cpu() / (float(dloss) / n_rows)
+        del logits, dlogits, buf  # the memory goes back to the card as the block ends
+    right = _candidates(small, targets, lse, block)["right"]
+    hint = offsets64.HINT.format(what="row_stride (and d_row_stride)")
+    if bool(got[n_rows - 1].isnan().all()) and not bool(got[0].isnan().any()):
+        raise check.CheckFailure(f"{case}: your kernel never wrote the last row: {hint}.")
+    check.compare(f"{case}, dlogits / (dloss * inv_n_rows)", got, right, dtype=torch.float16, hint=hint)
 
 
 def check_ce_backward_kernel(kernel, name: str = "cross-entropy backward kernel") -> None:
     """Judge a student's ``kernel`` (see the module docstring) on fresh inputs of every supported dtype."""
     _refuse(kernel, name)
     block = _block()
+    reads = []
     for dtype in env.supported_dtypes():
         for strided in (False, True):
             for n_rows, n_cols in _shapes():
-                _one_case(kernel, name, dtype, n_rows, n_cols, strided, block)
+                reads.append(_one_case(kernel, name, dtype, n_rows, n_cols, strided, block))
+        reads.append(_one_case(kernel, name, dtype, *_shapes()[-1], True, block, shift_lse=True))
+    _check_reads(reads)
+    _check_past_2_31(kernel, name, block)
     g, logits, targets, lse, dloss = _inputs(3, 2 * block + 5, torch.float32, False)
     dlogits = torch.empty_like(logits)
     check.check_kernel_launches(name, lambda: kernel[(3,)](dlogits, logits, targets, lse, dloss, logits.shape[1],
@@ -172,45 +250,80 @@ def check_ce_backward_kernel(kernel, name: str = "cross-entropy backward kernel"
                                                            BLOCK_SIZE=block), expected=1)
     # the same words on CPU and GPU (the check cell's output is compared): no BLOCK_SIZE, no dtype list
     check.verdict(name, "matches float64 (softmax - onehot) * dloss / n_rows on every dtype tried, rows of "
-                        "several BLOCK_SIZE-wide tiles, targets in every tile, strided rows in and out, no reads "
-                        "or writes outside the tensors")
+                        "several BLOCK_SIZE-wide tiles, targets in every tile, strided rows in and out, the lse it "
+                        "is given, rows past 2**31 elements, no reads or writes outside the tensors")
+
+
+def _block_sizes(fn, *args) -> tuple[object, list[int]]:
+    """``fn(*args)`` and the BLOCK_SIZE of each Triton launch it made."""
+    blocks: list[int] = []
+
+    def record(original, kernel, a, kw):
+        names = list(getattr(kernel, "arg_names", []))
+        if "BLOCK_SIZE" in kw:
+            blocks.append(kw["BLOCK_SIZE"])
+        elif "BLOCK_SIZE" in names and names.index("BLOCK_SIZE") < len(a):
+            blocks.append(a[names.index("BLOCK_SIZE")])
+
+    with triton_launch_hook(record, SimpleNamespace(paused=0)):
+        return fn(*args), blocks
+
+
+def _launcher_case(fn, name, dtype, n_rows, n_cols, strided):
+    case = (f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols"
+            f"{', a column slice: rows ' + str(n_cols + GAP) + ' apart' if strided else ''})")
+    _, logits, targets, lse, dloss = _inputs(n_rows, n_cols, dtype, strided)
+    before = logits.clone()
+    try:
+        with check.track_loads() as loads:
+            got, blocks = _block_sizes(fn, dloss, logits, targets, lse)
+    except (NotImplementedError, check.CheckFailure):
+        raise
+    except Exception as e:
+        raise check.CheckFailure(f"{case}: your launcher raised {type(e).__name__}: {str(e)[:300]}") from e
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(logits.shape) or got.dtype != dtype:
+        raise check.CheckFailure(f"{case}: expected a {tuple(logits.shape)} tensor of {dtype} (the logits' "
+                                 f"dtype), got {getattr(got, 'dtype', type(got).__name__)} of shape "
+                                 f"{tuple(getattr(got, 'shape', ()))}")
+    if got.data_ptr() == logits.data_ptr() or not torch.equal(logits, before):
+        raise check.CheckFailure(f"{case}: your launcher wrote into the logits: allocate dlogits as a new "
+                                 "tensor (torch.empty of the logits' shape and dtype); an operator must "
+                                 "not write into its input.")
+    too_big = [b for b in blocks if isinstance(b, int) and b > BLOCK_CAP]
+    if too_big:
+        raise check.CheckFailure(f"{case}: your launcher passed BLOCK_SIZE={too_big[0]} for rows of {n_cols}: the "
+                                 f"exercise caps it at {BLOCK_CAP}, min({BLOCK_CAP}, triton.next_power_of_2(n_cols)), "
+                                 "so that a long row is several tiles rather than one huge one (its registers "
+                                 "would spill).")
+    x = before.double().requires_grad_(True)
+    ref, = torch.autograd.grad(torch.nn.functional.cross_entropy(x, targets) * float(dloss), x)
+    atol, rtol = check.tolerance(dtype)
+    too_large = torch.isclose(got.double(), ref * n_rows, atol=atol * float(dloss), rtol=rtol)
+    if n_rows > 1 and bool(too_large.all()):
+        raise check.CheckFailure(f"{case}: your gradient is {n_rows} (n_rows) times too large: the loss is "
+                                 "the mean over rows, pass inv_n_rows = 1.0 / n_rows.")
+    hint = ("launch one program per row with a BLOCK_SIZE that tiles the vocabulary "
+            f"(min({BLOCK_CAP}, triton.next_power_of_2(n_cols))), pass 1.0 / n_rows")
+    if strided:  # the contiguous cases of this dtype passed
+        hint = ("right on contiguous logits, wrong on this column slice: its rows are logits.stride(0) elements "
+                "apart, not n_cols. Pass logits.stride(0) as row_stride (and dlogits.stride(0) as d_row_stride).")
+    check.compare(case, got, ref, dtype=dtype, atol=atol * float(dloss) / n_rows, hint=hint)
+    return _reads(case, loads, logits)
 
 
 def check_ce_backward_launcher(fn, name: str = "cross-entropy backward launcher") -> None:
     """Judge ``fn(dloss, logits, targets, lse) -> dlogits``: a new (rows, vocab) tensor of the logits'
-    dtype holding the gradient of the mean loss, in one launch of the student's own kernel."""
+    dtype holding the gradient of the mean loss, in one launch of the student's own kernel, for
+    contiguous logits and a column slice of wider ones."""
     from ..kernels import cross_entropy as K
     check.refuse_answer_key(name, fn, {"cross-entropy backward launcher": K.cross_entropy_backward_teaching,
                                        "cross-entropy backward kernel": K.cross_entropy_bwd_kernel})
-    for dtype in env.supported_dtypes():
-        for n_rows, n_cols in env.pick(gpu=((3, 50257), (64, 1000)), cpu=((3, 300), (5, 17))):
-            case = f"{name} ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols)"
-            _, logits, targets, lse, dloss = _inputs(n_rows, n_cols, dtype, False)
-            before = logits.clone()
-            try:
-                got = fn(dloss, logits, targets, lse)
-            except (NotImplementedError, check.CheckFailure):
-                raise
-            except Exception as e:
-                raise check.CheckFailure(f"{case}: your launcher raised {type(e).__name__}: {str(e)[:300]}") from e
-            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(logits.shape) or got.dtype != dtype:
-                raise check.CheckFailure(f"{case}: expected a {tuple(logits.shape)} tensor of {dtype} (the logits' "
-                                         f"dtype), got {getattr(got, 'dtype', type(got).__name__)} of shape "
-                                         f"{tuple(getattr(got, 'shape', ()))}")
-            if got.data_ptr() == logits.data_ptr() or not torch.equal(logits, before):
-                raise check.CheckFailure(f"{case}: your launcher wrote into the logits: allocate dlogits as a new "
-                                         "tensor (torch.empty of the logits' shape and dtype); an operator must "
-                                         "not write into its input.")
-            x = before.double().requires_grad_(True)
-            ref, = torch.autograd.grad(torch.nn.functional.cross_entropy(x, targets) * float(dloss), x)
-            atol, rtol = check.tolerance(dtype)
-            too_large = torch.isclose(got.double(), ref * n_rows, atol=atol * float(dloss), rtol=rtol)
-            if n_rows > 1 and bool(too_large.all()):
-                raise check.CheckFailure(f"{case}: your gradient is {n_rows} (n_rows) times too large: the loss is "
-                                         "the mean over rows, pass inv_n_rows = 1.0 / n_rows.")
-            check.compare(case, got, ref, dtype=dtype, atol=atol * float(dloss) / n_rows,
-                          hint="launch one program per row with a BLOCK_SIZE that tiles the vocabulary "
-                               "(triton.next_power_of_2(n_cols), at most a few thousand), pass 1.0 / n_rows")
-    _, logits, targets, lse, dloss = _inputs(4, 300, torch.float32, False)
-    check.check_kernel_launches(name, fn, dloss, logits, targets, lse, expected=1)
-    check.verdict(name, "the gradient of the mean cross-entropy on every dtype tried, in one launch of your kernel")
+    shapes = env.pick(gpu=((3, 50257), (64, 1000)), cpu=((3, 300), (5, 17), (2, BLOCK_CAP + 907)))
+    reads = [_launcher_case(fn, name, dtype, n_rows, n_cols, strided)
+             for dtype in env.supported_dtypes() for strided in (False, True) for n_rows, n_cols in shapes]
+    _check_reads(reads)
+    for strided in (False, True):
+        _, logits, targets, lse, dloss = _inputs(4, 300, torch.float32, strided)
+        check.check_kernel_launches(name, fn, dloss, logits, targets, lse, expected=1)
+    check.verdict(name, "the gradient of the mean cross-entropy on every dtype tried, contiguous logits and a "
+                        "column slice, rows longer than the BLOCK_SIZE cap, in one launch of your kernel")

@@ -6,9 +6,14 @@ One public face for the course's production kernels, for users and for the model
 ``layer_norm(x, weight, bias, eps)``   chapter 10's LayerNorm, forward and backward
 ``add_layer_norm(x, residual, w, b,    ``(y, s)``: s = x + residual, y = LayerNorm(s), one kernel each
 eps)``                                 way (:mod:`course_utils.kernels.add_layernorm`)
-``linear_gelu(x, weight, bias)``       gelu_tanh(x @ weight.T + bias), chapter 9's GEMM epilogue
+``linear_gelu(x, weight, bias)``       gelu_tanh(x @ weight.T + bias): cuBLAS + chapter 4's kernel, or chapter 9's
+                                       GEMM epilogue, whichever is faster for the shape
 ``attention(q, k, v, causal, scale)``  FlashAttention, q/k/v of any strides, o in (B, N, H, d) memory
+``attention_qkv(qkv, n_head, causal,   the same on a packed (B, N, 3 H d) projection; dqkv written packed
+scale)``
 ``cross_entropy(logits, targets)``     mean loss, one kernel each way (chapter 6's online softmax)
+``linear_cross_entropy(h, weight,      the mean loss of h @ weight.T: cuBLAS's logits by chunks of rows, one
+targets)``                             kernel writes each chunk's loss and gradient in place (the LM head)
 ``bias_gelu_dropout(x, bias, p,        dropout(gelu(x + bias)) with the Philox seed read from a device
 seed_tensor)``                         tensor (a CUDA graph draws a new mask when the seed is bumped)
 =====================================  ==========================================================
@@ -34,10 +39,11 @@ from . import dropout as _dropout
 from . import linear as _linear
 from . import loss as _loss
 from . import norms as _norms
+from .linear_ce import linear_cross_entropy
 from .overhead import host_overhead_table, warmup
 
-__all__ = ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout",
-           "warmup", "host_overhead_table", "OPS"]
+__all__ = ["layer_norm", "add_layer_norm", "linear_gelu", "attention", "attention_qkv", "cross_entropy",
+           "bias_gelu_dropout", "linear_cross_entropy", "warmup", "host_overhead_table", "OPS"]
 
 OPS = ("layer_norm", "add_layer_norm", "linear_gelu", "attention", "cross_entropy", "bias_gelu_dropout")
 _compiling = torch.compiler.is_compiling
@@ -64,18 +70,30 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     if _compiling():
         return torch.ops.course.linear_gelu(x, weight, bias)
     x, weight, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, weight, bias)
-    return _linear.LinearGelu.apply(x, weight, bias)
+    return _linear.LinearGelu.apply(x, weight, bias)[0]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale [+ causal, bottom-right]) v; q (B, H, N, d), k/v (B, H_kv, N_kv, d), any
-    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d)."""
+    strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d);
+    ``causal`` defaults to False, as SDPA's ``is_causal`` does (a causal mask is asked for, never assumed)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _compiling():
         return torch.ops.course.attention(q, k, v, bool(causal), scale)
     q, k, v = _lib.cast(_lib.autocast_dtype(q.device.type), q, k, v)
     return _attention.Attention.apply(q, k, v, bool(causal), scale)[0]
+
+
+def attention_qkv(qkv: torch.Tensor, n_head: int, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """:func:`attention` on the q, k, v of a packed (B, N, 3 * n_head * hd) projection; its gradient comes
+    back in the same packed layout, written there by the backward kernels (no gather of dq, dk, dv)."""
+    hd = qkv.shape[-1] // (3 * n_head) if n_head > 0 else 1
+    scale = hd ** -0.5 if scale is None else float(scale)
+    if _compiling():
+        return torch.ops.course.attention_qkv(qkv, int(n_head), bool(causal), scale)
+    (qkv,) = _lib.cast(_lib.autocast_dtype(qkv.device.type), qkv)
+    return _attention.AttentionQKV.apply(qkv, int(n_head), bool(causal), scale)[0]
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

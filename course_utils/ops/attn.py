@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from .. import hardware
 from ..kernels.attention import validate
@@ -56,8 +55,7 @@ def _plan_key(what: str, causal: bool, q, k):
     """The tile choice's key: sequence lengths rounded up to a power of two (decoding with a growing KV
     cache times the candidates once per doubling, not once per token), the rest exact."""
     B, H, N, D = q.shape
-    return (what, bool(causal), B, H, k.shape[1], D, triton.next_power_of_2(N), triton.next_power_of_2(k.shape[2]),
-            q.dtype, q.device)
+    return (what, bool(causal), B, H, k.shape[1], D, _lib.next_pow2(N), _lib.next_pow2(k.shape[2]), q.dtype, q.device)
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
@@ -76,7 +74,10 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     cfg = PLANS.get(key)
     if cfg is None:
         cands = F_.attention_configs(hardware.device_info(q), D, q.dtype, causal)
-        cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
+        if _lib.tracing():
+            cfg = cands[0]
+        else:
+            cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
     F_._launch_tuned(cfg, q, k, v, o, lse, scale, causal)
     return o, lse
 
@@ -86,24 +87,33 @@ def _fake_fwd(q, k, v, causal, scale):
     return _empty_out(q), q.new_empty((B, H, N), dtype=torch.float32)
 
 
-def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: torch.Tensor, causal: bool, scale: float):
+def _bwd_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
+    """The backward kernels writing dq, dk, dv (any strides with a unit last one) where they are given."""
     checked = ("bwd", bool(causal), *_meta(q, k, v, o, lse, do))
     if checked not in VALID or not lse.is_contiguous():
         B_.check_backward_inputs(q, k, v, o, lse, do, causal)
         VALID.add(checked)
-    B, H, N, D = q.shape
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        for t in (dq, dk, dv):
+            t.zero_()
+        return
     delta = row_delta(o, do)
     key = _plan_key("bwd", causal, q, k)
     cfg = PLANS.get(key)
     if cfg is None:
-        cands = B_.backward_configs(hardware.device_info(q), D, q.dtype)
-        cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,
-                                                                       scale, causal))
+        cands = B_.backward_configs(hardware.device_info(q), q.shape[-1], q.dtype)
+        if _lib.tracing():
+            cfg = cands[0]
+        else:
+            cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,
+                                                                           scale, causal))
     B_._launch(cfg, q, k, v, do, lse, delta, dq, dk, dv, scale, causal)
+
+
+def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, causal: bool, scale: float):
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _bwd_into(do, q, k, v, o, lse, causal, scale, dq, dk, dv)
     return dq, dk, dv
 
 
@@ -137,3 +147,75 @@ torch.library.register_autocast("course::attention_fwd", "cuda", torch.bfloat16)
 _lib.public_op("attention", "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> Tensor",
                lambda q, k, v, causal, scale: torch.ops.course.attention_fwd(q, k, v, causal, scale)[0])
 Attention = _lib.fast_function("Attention", attention_fwd, _setup, _backward, attention_bwd)
+
+
+# --------------------------------------------------------------------------- attention_qkv: the packed projection
+
+
+def split_qkv(qkv: torch.Tensor, n_head: int):
+    """q, k, v as (B, H, N, hd) views of a packed (B, N, 3 * H * hd) projection (no copies)."""
+    B, N, W = qkv.shape
+    return qkv.view(B, N, 3, n_head, W // (3 * n_head)).permute(2, 0, 3, 1, 4)
+
+
+def _check_qkv(qkv, n_head: int):
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 3:
+        raise ValueError(f"attention_qkv: qkv must be a (batch, seq, 3 * heads * head_dim) tensor, got "
+                         f"{tuple(getattr(qkv, 'shape', ()))}")
+    if n_head < 1 or qkv.shape[-1] % (3 * n_head):
+        raise ValueError(f"attention_qkv: the last dim ({qkv.shape[-1]}) must be 3 * n_head * head_dim with "
+                         f"n_head = {n_head}")
+    if qkv.stride(-1) != 1:
+        raise ValueError("attention_qkv: qkv's last dim must have unit stride (a projection's output)")
+
+
+def attention_qkv_fwd(qkv: torch.Tensor, n_head: int, causal: bool, scale: float):
+    if ("qkv", qkv.shape, qkv.stride(), n_head) not in VALID:
+        _check_qkv(qkv, n_head)
+        VALID.add(("qkv", qkv.shape, qkv.stride(), n_head))
+    q, k, v = split_qkv(qkv, n_head)
+    return attention_fwd(q, k, v, causal, scale)
+
+
+def _fake_qkv_fwd(qkv, n_head, causal, scale):
+    _check_qkv(qkv, n_head)
+    return _fake_fwd(*split_qkv(qkv, n_head), causal, scale)
+
+
+def attention_qkv_bwd(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, n_head: int,
+                      causal: bool, scale: float):
+    """dqkv in the projection's packed layout: the kernels write dq, dk, dv into its three slices (no gather)."""
+    dqkv = qkv.new_empty(qkv.shape)
+    _bwd_into(do, *split_qkv(qkv, n_head), o, lse, causal, scale, *split_qkv(dqkv, n_head))
+    return dqkv
+
+
+def _fake_qkv_bwd(do, qkv, o, lse, n_head, causal, scale):
+    return qkv.new_empty(qkv.shape)
+
+
+def _qkv_setup(ctx, inputs, output):
+    qkv, n_head, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(qkv, o, lse)
+    ctx.n_head, ctx.causal, ctx.scale = n_head, causal, scale
+
+
+def _qkv_backward(ctx, do, _dlse=None):
+    if do is None:
+        return None, None, None, None
+    qkv, o, lse = ctx.saved_tensors
+    if do.dtype != qkv.dtype:
+        do = do.to(qkv.dtype)
+    return ctx.bwd(do, qkv, o, lse, ctx.n_head, ctx.causal, ctx.scale), None, None, None
+
+
+QKV_FWD = _lib.kernel_op("attention_qkv_fwd", "(Tensor qkv, int n_head, bool causal, float scale) -> (Tensor, Tensor)",
+                         attention_qkv_fwd, _fake_qkv_fwd)
+QKV_BWD = _lib.kernel_op("attention_qkv_bwd", "(Tensor do, Tensor qkv, Tensor o, Tensor lse, int n_head, bool causal, "
+                         "float scale) -> Tensor", attention_qkv_bwd, _fake_qkv_bwd)
+_lib.autograd(QKV_FWD, _qkv_setup, _qkv_backward, QKV_BWD)
+torch.library.register_autocast("course::attention_qkv_fwd", "cuda", torch.bfloat16)
+_lib.public_op("attention_qkv", "(Tensor qkv, int n_head, bool causal, float scale) -> Tensor",
+               lambda qkv, n_head, causal, scale: torch.ops.course.attention_qkv_fwd(qkv, n_head, causal, scale)[0])
+AttentionQKV = _lib.fast_function("AttentionQKV", attention_qkv_fwd, _qkv_setup, _qkv_backward, attention_qkv_bwd)

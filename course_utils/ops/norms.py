@@ -10,10 +10,10 @@ call ahead of the hot path). Nothing global is written on a call whose plan is k
 from __future__ import annotations
 
 import torch
-import triton
 
 from .. import env, hardware
 from ..kernels import add_layernorm as A
+from ..kernels.layernorm import column_sum
 from ..tuned import layernorm as T
 from ..tuned.layernorm_kernels import norm_fwd_kernel
 from . import _lib
@@ -21,31 +21,45 @@ from . import _lib
 PLANS: dict = {}
 
 
-def _key(what: str, x: torch.Tensor, n: int, *extra):
-    return (what, x.numel() // n if n else 0, n, x.dtype, x.device, *extra)
-
-
 # --------------------------------------------------------------------------- layer_norm
 
 
-def _ln_fwd_plan(n_rows: int, n: int, x: torch.Tensor) -> T.Plan:
-    key = _key("ln_fwd", x, n)
+def _rows_view(t: torch.Tensor, n: int):
+    """(t itself, its row stride) when t's rows of n elements are evenly strided with unit column stride
+    (the kernel needs a base pointer and a row stride, no view), else None."""
+    if t.dim() == 0 or (t.stride(-1) != 1 and n > 1):
+        return None
+    stride = t.stride(-2) if t.dim() > 1 else n
+    expect = stride
+    for size, st in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+        if size != 1 and st != expect:
+            return None
+        expect = st * size if size != 1 else expect
+    return stride
+
+
+def _ln_fwd_plan(x, weight, bias):
+    """Checked once per (shape, strides, dtypes, device): the tile, the grid and x's row stride."""
+    key = ("ln_fwd", x.shape, x.stride(), x.dtype, weight.dtype, bias.dtype, x.device)
     plan = PLANS.get(key)
     if plan is None:
-        plan = PLANS[key] = T.plan_forward(n_rows, n, x.element_size(), hardware.device_info(x))
+        n = A.check("layer_norm", x, weight, ("bias", bias, weight.shape), max_cols=T.MAX_BLOCK_N)
+        n_rows = x.numel() // n if n else 0
+        stride = _rows_view(x, n)
+        p = T.plan_forward(max(n_rows, 1), n, x.element_size(), hardware.device_info(x))
+        plan = PLANS[key] = (p, n_rows, n, stride)
     return plan
 
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    n = A.check("layer_norm", x, weight, ("bias", bias, weight.shape), max_cols=T.MAX_BLOCK_N)
-    x2 = A.rows_of(x, n)
-    n_rows = x2.shape[0]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
-    if x.numel():
-        p = _ln_fwd_plan(n_rows, n, x)
-        norm_fwd_kernel[(p.grid,)](y, x2, weight, bias, mean, rstd, n_rows, n, x2.stride(0), n, eps,
+    p, n_rows, n, stride = _ln_fwd_plan(x, weight, bias)
+    y = x.new_empty(x.shape)
+    mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    if n_rows:
+        if stride is None:   # rows that are not evenly strided: one copy
+            x, stride = A.rows_of(x, n), n
+        norm_fwd_kernel[(p.grid,)](y, x, weight, bias, mean, rstd, n_rows, n, stride, n, eps,
                                    BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=False, HAS_BIAS=True, STATS=True,
                                    num_warps=p.num_warps)
     return y, mean, rstd
@@ -58,18 +72,20 @@ def _fake_fwd(x, weight, bias, eps):
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
                    rstd: torch.Tensor):
-    n = A.check("layer_norm backward", x, weight, ("dy", dy, x.shape), max_cols=T.MAX_BLOCK_N)
-    x2, dy2 = A.rows_of(x, n), A.rows_of(dy, n)
-    n_rows = x2.shape[0]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
-        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
-    key = _key("ln_bwd", x, n, dy.dtype)
-    dx2 = dx.view(n_rows, n)
+    key = ("ln_bwd", x.shape, x.stride(), dy.shape, dy.stride(), x.dtype, dy.dtype, weight.dtype, x.device)
     plan = T._PINNED or PLANS.get(key)   # a plan pinned by tuned.layernorm.backward_plan() wins
     if plan is None:
+        n = A.check("layer_norm backward", x, weight, ("dy", dy, x.shape), max_cols=T.MAX_BLOCK_N)
+    n = x.shape[-1]
+    x2, dy2 = A.rows_of(x, n), A.rows_of(dy, n)
+    n_rows = x2.shape[0]
+    dx = x.new_empty(x.shape)
+    if x.numel() == 0:
+        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
+    dx2 = dx.view(n_rows, n)
+    if plan is None:
         cands = T.backward_candidates(n_rows, n, x.element_size(), hardware.device_info(x))
-        if torch.are_deterministic_algorithms_enabled():
+        if torch.are_deterministic_algorithms_enabled() or _lib.tracing():
             plan = cands[0]   # as chapter 10's launcher: no timed choice, so no run-to-run plan change
         else:
             plan = PLANS[key] = T._choose(cands, key, lambda p: T._finish_backward(p, dx2, dy2, x2, weight, mean,
@@ -110,34 +126,88 @@ LayerNorm = _lib.fast_function("LayerNorm", layer_norm_fwd, _ln_setup, _ln_backw
 # --------------------------------------------------------------------------- add_layer_norm
 
 
-def _aln_plan(x: torch.Tensor, n: int, what: str) -> dict:
-    key = _key(what, x, n)
+def _aln_fwd_plan(x, residual, weight, bias):
+    """Checked once per (shapes, strides, dtypes, device): tile, grid, the inputs' row strides."""
+    key = ("aln_fwd", x.shape, x.stride(), residual.stride(), x.dtype, residual.dtype, weight.dtype, bias.dtype,
+           x.device)
     plan = PLANS.get(key)
     if plan is None:
-        n_rows, block = x.numel() // n, triton.next_power_of_2(n)
-        rows = max(1, min(A.TILE_ELEMENTS // block, triton.next_power_of_2(n_rows)))
-        plan = {"rows": rows, "num_warps": max(4, min(16, rows * block // 512))}
-        if what == "aln_bwd":
-            plan["programs"] = hardware.device_info(x).sms * 2 if env.on_gpu() else 4
-        PLANS[key] = plan
+        n = A.check("add_layer_norm", x, weight, ("residual", residual, x.shape), ("bias", bias, weight.shape))
+        n_rows = x.numel() // n if n else 0
+        block = _lib.next_pow2(n)
+        rows = max(1, min(A.TILE_ELEMENTS // block, _lib.next_pow2(n_rows)))
+        plan = PLANS[key] = dict(n=n, n_rows=n_rows, block=block, rows=rows, grid=_lib.cdiv(max(n_rows, 1), rows),
+                                 num_warps=max(4, min(16, rows * block // 512)),
+                                 x_stride=_rows_view(x, n), r_stride=_rows_view(residual, n))
     return plan
 
 
 def add_layer_norm_fwd(x, residual, weight, bias, eps: float):
-    n = x.shape[-1] if x.dim() else 1
-    return A.add_layer_norm_teaching(x, residual, weight, bias, eps, **_aln_plan(x, max(n, 1), "aln_fwd"))
+    """``(y, s, mean, rstd)``: s = x + residual in the wider dtype of the two (the residual stream), y =
+    LayerNorm(s) in x's dtype (the compute dtype of the branch: under bf16 nothing casts it down again)."""
+    p = _aln_plan_or_check(x, residual, weight, bias)
+    s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype))
+    y = x.new_empty(x.shape)
+    mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    n, n_rows = p["n"], p["n_rows"]
+    if n_rows:
+        xs, rs = p["x_stride"], p["r_stride"]
+        if xs is None:
+            x, xs = A.rows_of(x, n), n
+        if rs is None:
+            residual, rs = A.rows_of(residual, n), n
+        A.add_layer_norm_fwd_kernel[(p["grid"],)](s, y, x, residual, weight, bias, mean, rstd, n_rows, n, xs, rs, eps,
+                                                  BLOCK_N=p["block"], ROWS=p["rows"], num_warps=p["num_warps"])
+    return y, s, mean, rstd
+
+
+_aln_plan_or_check = _aln_fwd_plan
 
 
 def _fake_aln_fwd(x, residual, weight, bias, eps):
-    dtype = torch.promote_types(x.dtype, residual.dtype)
-    y = x.new_empty(x.shape, dtype=dtype)
+    s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype))
     stats = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    return y, torch.empty_like(y), stats, torch.empty_like(stats)
+    return x.new_empty(x.shape), s, stats, torch.empty_like(stats)
+
+
+def _aln_bwd_plan(dy, ds, s, weight):
+    key = ("aln_bwd", s.shape, dy.stride(), None if ds is None else ds.stride(), dy.dtype,
+           None if ds is None else ds.dtype, s.dtype, weight.dtype, s.device)
+    plan = PLANS.get(key)
+    if plan is None:
+        n = A.check("add_layer_norm backward", s, weight, ("dy", dy, s.shape), ("ds", ds, s.shape))
+        n_rows = s.numel() // n if n else 0
+        block = _lib.next_pow2(n)
+        rows = max(1, min(A.TILE_ELEMENTS // block, _lib.next_pow2(n_rows)))
+        programs = hardware.device_info(s).sms * 2 if env.on_gpu() else 4
+        per_program = _lib.cdiv(_lib.cdiv(max(n_rows, 1), programs), rows) * rows
+        plan = PLANS[key] = dict(n=n, n_rows=n_rows, block=block, rows=rows, per_program=per_program,
+                                 grid=_lib.cdiv(max(n_rows, 1), per_program),
+                                 num_warps=max(4, min(16, rows * block // 512)),
+                                 dy_stride=_rows_view(dy, n), ds_stride=None if ds is None else _rows_view(ds, n))
+    return plan
 
 
 def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
-    n = s.shape[-1] if s.dim() else 1
-    return A.add_layer_norm_backward_teaching(dy, ds, s, weight, mean, rstd, **_aln_plan(s, max(n, 1), "aln_bwd"))
+    """``(dx, dw, db)``: dx = ds + dLayerNorm(dy) in s's dtype (both inputs of the add get it)."""
+    p = _aln_bwd_plan(dy, ds, s, weight)
+    n, n_rows = p["n"], p["n_rows"]
+    dx = s.new_empty(s.shape)
+    if n_rows == 0:
+        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
+    dys, dss = p["dy_stride"], p["ds_stride"]
+    if dys is None:
+        dy, dys = A.rows_of(dy, n), n
+    if ds is not None and dss is None:
+        ds, dss = A.rows_of(ds, n), n
+    dw = s.new_empty((p["grid"], n), dtype=torch.float32)
+    db = s.new_empty((p["grid"], n), dtype=torch.float32)
+    A.add_layer_norm_bwd_kernel[(p["grid"],)](dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db,
+                                              n_rows, n, dys, dys if ds is None else dss, p["per_program"],
+                                              BLOCK_N=p["block"], ROWS=p["rows"], HAS_DS=ds is not None,
+                                              num_warps=p["num_warps"])
+    return dx, column_sum(dw, weight.dtype), column_sum(db, weight.dtype)
 
 
 def _fake_aln_bwd(dy, ds, s, weight, mean, rstd):

@@ -62,8 +62,7 @@ def _block_calls(t, ops, seed):
 
     return [
         ("layer_norm", lambda: ops.layer_norm(t["resid"], t["w"], t["b"], 1e-5)),
-        ("add_layer_norm", lambda: sum(o.float().sum() for o in ops.add_layer_norm(t["sub"], t["resid"], t["w"],
-                                                                                   t["b"], 1e-5))),
+        ("add_layer_norm", lambda: ops.add_layer_norm(t["sub"], t["resid"], t["w"], t["b"], 1e-5)),
         ("linear_gelu", lambda: ops.linear_gelu(t["fc_in"], t["fc_w"], t["fc_b"])),
         ("attention", attention),
         ("cross_entropy", lambda: ops.cross_entropy(t["logits"], t["targets"])),
@@ -87,11 +86,17 @@ def warmup(batch: int, seq: int, d_model: int, n_head: int, vocab: int, *, dtype
     t = _block_inputs(batch, seq, d_model, n_head, vocab, dtype, residual_dtype, device)
     seed = torch.zeros(1, dtype=torch.int64, device=device)
     for _, call in _block_calls(t, ops, seed):
-        out = call()
-        out.float().sum().backward()
+        outs = call()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        sum(o.float().sum() for o in outs).backward()
     if env.on_gpu():
         torch.cuda.synchronize()
     return {"norms": len(Nm.PLANS), "linear": len(L.PLANS), "attention": len(A.PLANS), "loss": len(C.PLANS)}
+
+
+def _torch_add_layer_norm(x, residual, w, b):
+    s = x + residual
+    return F.layer_norm(s, (s.shape[-1],), w, b, 1e-5), s
 
 
 def _aten_calls(t):
@@ -105,7 +110,7 @@ def _aten_calls(t):
 
     return {
         "layer_norm": lambda: F.layer_norm(t["resid"], (d,), t["w"], t["b"], 1e-5),
-        "add_layer_norm": lambda: F.layer_norm(t["sub"] + t["resid"], (d,), t["w"], t["b"], 1e-5),
+        "add_layer_norm": lambda: _torch_add_layer_norm(t["sub"], t["resid"], t["w"], t["b"]),
         "linear_gelu": lambda: F.gelu(F.linear(t["fc_in"], t["fc_w"], t["fc_b"]), approximate="tanh"),
         "attention": attention,
         "cross_entropy": lambda: F.cross_entropy(t["logits"].float(), t["targets"]),
@@ -152,31 +157,52 @@ def _per_call_us(fn, n_calls: int, sync) -> float:
     return host / n_calls * 1e6
 
 
+def _with_backward(fn):
+    """``fn`` then the backward of its outputs (gradients of ones, made once): a training step's call."""
+    grads = {}
+
+    def call():
+        outs = fn()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if not grads:
+            grads["g"] = [torch.ones_like(o) for o in outs]
+        torch.autograd.backward(outs, grads["g"])
+    return call
+
+
 def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_model: int = 64, n_head: int = 2,
                         vocab: int = 64, dtype: torch.dtype | None = None, device=None):
-    """A ``pandas.DataFrame``, one row per op: host microseconds per forward call (no autograd) of the
-    course's wrapper, of ``torch.ops.course.<op>``, and of the aten counterpart, on tiny shapes
-    (launch-bound: the loop's time is the host's). On the interpreter the numbers are the
-    interpreter's run time, not launch overhead: run it on a GPU."""
+    """A ``pandas.DataFrame``, one row per op: host microseconds per call from Python of the course's
+    wrapper, of ``torch.ops.course.<op>`` and of the aten counterpart (the same outputs), forward alone
+    (``*_us``) and forward + backward through autograd (``*_fwd_bwd_us``), on tiny shapes (launch-bound:
+    the loop's time is the host's). ``course_over_aten`` is the larger of the two ratios. On the
+    interpreter the numbers are the interpreter's run time, not launch overhead: run it on a GPU."""
     import pandas as pd
 
     import course_utils.ops as ops
     device = _device(device)
     dtype = dtype or (torch.bfloat16 if env.on_gpu() else torch.float16)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    t = _block_inputs(batch, seq, d_model, n_head, vocab, dtype, torch.float32, device, requires_grad=False)
-    seed = torch.zeros(1, dtype=torch.int64, device=device)
-    course = dict(_block_calls(t, ops, seed))
-    dispatched = dict(_block_calls(t, _Dispatcher, seed))
-    aten = _aten_calls(t)
     rows = []
+    for grad in (False, True):
+        t = _block_inputs(batch, seq, d_model, n_head, vocab, dtype, dtype, device, requires_grad=grad)
+        seed = torch.zeros(1, dtype=torch.int64, device=device)
+        calls = [dict(_block_calls(t, ops, seed)), dict(_block_calls(t, _Dispatcher, seed)), _aten_calls(t)]
+        for i, name in enumerate(calls[0]):
+            fns = [c[name] for c in calls]
+            with torch.set_grad_enabled(grad):
+                us = [_per_call_us(_with_backward(f) if grad else f, n_calls, sync) for f in fns]
+            cols = ("course_fwd_bwd_us", "torch_ops_fwd_bwd_us", "aten_fwd_bwd_us") if grad else \
+                ("course_us", "torch_ops_us", "aten_us")
+            if not grad:
+                rows.append({"op": name})
+            rows[i].update(dict(zip(cols, us)))
+    for r in rows:
+        r["course_over_aten"] = max(r["course_us"] / r["aten_us"], r["course_fwd_bwd_us"] / r["aten_fwd_bwd_us"])
     with torch.no_grad():
-        for name in course:
-            c, d_, a = (_per_call_us(f[name], n_calls, sync) for f in (course, dispatched, aten))
-            rows.append({"op": name, "course_us": c, "torch_ops_us": d_, "aten_us": a, "course_over_aten": c / a})
         one = torch.zeros(1, device=device)
         c = _per_call_us(lambda: touch_kernel[(1,)](one), n_calls, sync)
         a = _per_call_us(lambda: one.add_(1.0), n_calls, sync)
-        rows.append({"op": "(one launch: touch_kernel / add_)", "course_us": c, "torch_ops_us": float("nan"),
-                     "aten_us": a, "course_over_aten": c / a})
+    rows.append({"op": "(one launch: touch_kernel / add_)", "course_us": c, "torch_ops_us": float("nan"),
+                 "aten_us": a, "course_over_aten": c / a})
     return pd.DataFrame(rows)

@@ -4,7 +4,10 @@ One module per job, every name importable from ``course_utils.traffic``: :mod:`.
 argument checks), :mod:`.model` (``Kernel``, ``Traffic``, ``Comparison``, ``Op``), :mod:`.ops`
 (elementwise chains, GELU, softmax, bias+GELU+dropout, LayerNorm), :mod:`.matmul` (GEMM prologue
 and epilogue, attention), :mod:`.launch` (the recorded launch overhead), :mod:`.timemodel` (L2,
-the time estimate), :mod:`.ncu` (the Nsight Compute comparison), :mod:`.backward` (backward passes).
+the time estimate), :mod:`.ncu` (the Nsight Compute comparison), :mod:`.backward` (backward passes),
+:mod:`.classifier` (the LM head + cross-entropy: eager, unchunked fused, chunked fused; bytes and memory),
+:mod:`.optimizer` (the AdamW step under mixed precision), :mod:`.links` (bytes across NVLink per collective, the
+alpha-beta model).
 
 Conventions, stated once and used everywhere in the course:
 
@@ -36,6 +39,7 @@ from . import (
     backward,  # chapter 11's calculators: traffic.backward.<name>)
     links,  # chapter 13: bytes across links, the alpha-beta model (traffic.links.<name>)
 )
+from .classifier import HeadVersion, lm_head_loss, lm_head_table, measure_peak_memory
 from .launch import (
     LAUNCH_OVERHEAD_FALLBACK_US,
     LAUNCH_OVERHEAD_SOURCE,
@@ -47,6 +51,7 @@ from .matmul import KV_READS, TRAILING_MODES, attention, flash_kv_rows, gemm_epi
 from .model import Comparison, Kernel, Op, Traffic, format_bytes, table
 from .ncu import NCU_CHAIN_OPS, compare_with_ncu, ncu_case
 from .ops import MASK_MODES, bias_gelu_dropout, elementwise_chain, gelu_eager, layernorm, softmax
+from .optimizer import autocast_adamw_bytes_per_param, master_adamw_bytes_per_param, optimizer_step
 from .timemodel import (
     L2_DIRTY_FRACTION,
     L2_REUSE_FULL,
@@ -68,4 +73,6 @@ __all__ = ["LAUNCH_OVERHEAD_US", "LAUNCH_OVERHEAD_SOURCE", "LAUNCH_OVERHEAD_FALL
            "softmax", "MASK_MODES", "bias_gelu_dropout", "layernorm", "TRAILING_MODES", "matmul_chain",
            "gemm_epilogue", "flash_kv_rows", "KV_READS", "attention", "l2_hit_fraction", "dram_bytes_cold",
            "Machine", "machine", "machine_from_ceilings", "TimeEstimate", "estimate_time", "speedup",
-           "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward", "links"]
+           "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward",
+           "HeadVersion", "lm_head_loss", "lm_head_table", "measure_peak_memory",
+           "autocast_adamw_bytes_per_param", "master_adamw_bytes_per_param", "optimizer_step", "links"]

@@ -10,6 +10,8 @@ attention_bwd_tiles.csv, 64 x 128 tiles both ways) atomics lost 6 of 8 cases (up
 and won one by 3%; with 32-row query tiles they were up to 1.6x slower. The own pass redoes Q K^T
 and dO V^T per tile but writes dQ once: no float32 scratch, and run-to-run identical gradients for
 a fixed tile configuration (``config=``; unpinned, the fastest is chosen by timing, per process).
+``BwdConfig.tma`` loads the streamed tiles (q and dO in the dK/dV pass, k and v in the dQ pass) through
+tensor descriptors made on the host, where the inputs allow it (contiguous, whole tiles, d a power of two).
 """
 from __future__ import annotations
 
@@ -22,23 +24,27 @@ import triton.language as tl
 from .. import env, hardware
 from ..kernels.attention import LOG2E, block_d, head_offset, tile_offsets
 from ..kernels.attention_backward import check_backward_inputs, dot_precision, row_delta
-from .attention import choose, flash_attention, load_tile
+from .attention import choose, flash_attention, load_tile, tma_ok
 
 
 @triton.jit
 def attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row, dq_row, cols,
                         stride_qn, stride_qd, stride_don, stride_dod,
-                        lo, hi, n_q, head_dim, causal_offset, qk_scale, dq_scale,
+                        lo, hi, n_q, head_dim, causal_offset, qk_scale, dq_scale, q_row,
                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
                         EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, PREC: tl.constexpr):
-    """Query tiles [lo, hi) against one key tile, everything transposed: (keys x queries)."""
+                        NUM_STAGES: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+    """Query tiles [lo, hi) against one key tile, everything transposed: (keys x queries). TMA: q_head
+    and do_head are descriptors of the flattened (rows, d) tensors, this head's rows from ``q_row``."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in tl.range(lo, hi, BLOCK_M, num_stages=NUM_STAGES):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
-        qT = load_tile(q_head, offs_d, rows, head_dim, n_q, stride_qd, stride_qn, not EVEN_D, not EVEN_M)
+        if TMA:
+            qT = tl.trans(q_head.load([q_row + start_m, 0]))
+        else:
+            qT = load_tile(q_head, offs_d, rows, head_dim, n_q, stride_qd, stride_qn, not EVEN_D, not EVEN_M)
         if EVEN_M:
             lse = tl.load(lse_row + rows)
             delta = tl.load(delta_row + rows)
@@ -49,7 +55,10 @@ def attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_row, delta_row, dq_ro
         pT = tl.math.exp2(tl.dot(k, qT, input_precision=PREC) * qk_scale - lse[None, :])
         if MASKED:
             pT = tl.where(cols[:, None] <= rows[None, :] + causal_offset, pT, 0.0)
-        do = load_tile(do_head, rows, offs_d, n_q, head_dim, stride_don, stride_dod, not EVEN_M, not EVEN_D)
+        if TMA:
+            do = do_head.load([q_row + start_m, 0])
+        else:
+            do = load_tile(do_head, rows, offs_d, n_q, head_dim, stride_don, stride_dod, not EVEN_M, not EVEN_D)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)  # dV += P^T dO
         dpT = tl.dot(v, tl.trans(do), input_precision=PREC)        # dP^T = V dO^T
         dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)           # dS^T = P^T * (dP^T - D)
@@ -68,10 +77,12 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
                                stride_vb, stride_vh, stride_vn, stride_vd,
                                stride_dob, stride_doh, stride_don, stride_dod,
                                n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
+                               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
                                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
-                               PREC: tl.constexpr):
+                               PREC: tl.constexpr, TMA: tl.constexpr = False):
+    """TMA: q_ptr and do_ptr are descriptors of the flattened (B * H * N, d) q and dO (host-made)."""
     pid = tl.program_id(0)
     n_n_tiles = tl.cdiv(n_kv, BLOCK_N)
     pid_n = pid % n_n_tiles
@@ -99,38 +110,52 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
                              tl.cdiv(n_q, BLOCK_M) * BLOCK_M)
     for g in range(group):  # every q head of the group adds to this k/v head's gradients
         h = h_kv * group + g
-        q_head = q_ptr + head_offset(b, h, stride_qb, stride_qh)
-        do_head = do_ptr + head_offset(b, h, stride_dob, stride_doh)
+        if TMA:  # descriptors take int32 coordinates: the launcher checks the rows fit
+            q_head = q_ptr
+            do_head = do_ptr
+        else:
+            q_head = q_ptr + head_offset(b, h, stride_qb, stride_qh)
+            do_head = do_ptr + head_offset(b, h, stride_dob, stride_doh)
+        q_row = (b * n_heads + h) * n_q
         row = (b * n_heads + h).to(tl.int64) * n_q
         dq_row = dq_ptr + row * head_dim
         if CAUSAL:
             dk, dv = attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_ptr + row, delta_ptr + row, dq_row,
                                          cols, stride_qn, stride_qd, stride_don, stride_dod,
-                                         lo, full_lo, n_q, head_dim, causal_offset, qk_scale, sm_scale,
-                                         BLOCK_M, BLOCK_D, True, False, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC)
+                                         lo, full_lo, n_q, head_dim, causal_offset, qk_scale, sm_scale, q_row,
+                                         BLOCK_M, BLOCK_D, True, False, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC, TMA)
         dk, dv = attn_bwd_dkdv_tiles(dk, dv, k, v, q_head, do_head, lse_ptr + row, delta_ptr + row, dq_row,
                                      cols, stride_qn, stride_qd, stride_don, stride_dod,
-                                     full_lo, n_q, n_q, head_dim, causal_offset, qk_scale, sm_scale,
-                                     BLOCK_M, BLOCK_D, False, EVEN_M, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC)
-    offs = pid_bkv.to(tl.int64) * n_kv * head_dim + tile_offsets(cols, offs_d, head_dim, 1)
+                                     full_lo, n_q, n_q, head_dim, causal_offset, qk_scale, sm_scale, q_row,
+                                     BLOCK_M, BLOCK_D, False, EVEN_M, EVEN_D, ATOMIC_DQ, NUM_STAGES, PREC, TMA)
+    # dK and dV by their own strides (unit stride along d): straight into a packed dQKV buffer, no gather after
     mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
-    tl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=mask)
-    tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+    dk_offs = head_offset(b, h_kv, stride_dkb, stride_dkh) + tile_offsets(cols, offs_d, stride_dkn, 1)
+    dv_offs = head_offset(b, h_kv, stride_dvb, stride_dvh) + tile_offsets(cols, offs_d, stride_dvn, 1)
+    tl.store(dk_ptr + dk_offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptr + dv_offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows,
                       stride_kn, stride_kd, stride_vn, stride_vd,
-                      lo, hi, n_kv, head_dim, causal_offset, qk_scale,
+                      lo, hi, n_kv, head_dim, causal_offset, qk_scale, kv_row,
                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-                      EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr):
+                      EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr,
+                      TMA: tl.constexpr):
+    """Key tiles [lo, hi) against one query tile. TMA: k_head and v_head are descriptors of the
+    flattened (rows, d) tensors, this head's rows from ``kv_row``."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        kT = load_tile(k_head, offs_d, cols, head_dim, n_kv, stride_kd, stride_kn, not EVEN_D, not EVEN_N)
-        vT = load_tile(v_head, offs_d, cols, head_dim, n_kv, stride_vd, stride_vn, not EVEN_D, not EVEN_N)
+        if TMA:
+            kT = tl.trans(k_head.load([kv_row + start_n, 0]))
+            vT = tl.trans(v_head.load([kv_row + start_n, 0]))
+        else:
+            kT = load_tile(k_head, offs_d, cols, head_dim, n_kv, stride_kd, stride_kn, not EVEN_D, not EVEN_N)
+            vT = load_tile(v_head, offs_d, cols, head_dim, n_kv, stride_vd, stride_vn, not EVEN_D, not EVEN_N)
         p = tl.math.exp2(tl.dot(q, kT, input_precision=PREC) * qk_scale - lse[:, None])
         if MASKED:
             p = tl.where(cols[None, :] <= rows[:, None] + causal_offset, p, 0.0)
@@ -147,9 +172,12 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
                              stride_vb, stride_vh, stride_vn, stride_vd,
                              stride_dob, stride_doh, stride_don, stride_dod,
                              n_heads, group, n_q, n_kv, head_dim, causal_offset, qk_scale, sm_scale,
+                             stride_dqb, stride_dqh, stride_dqn,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                              CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                             EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr):
+                             EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr,
+                             TMA: tl.constexpr = False):
+    """TMA: k_ptr and v_ptr are descriptors of the flattened (B * H_kv * N_kv, d) k and v (host-made)."""
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
     pid_m = pid % n_m_tiles
@@ -170,22 +198,27 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
     lse = tl.load(lse_ptr + row + rows, mask=rows < n_q, other=0.0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     delta = tl.load(delta_ptr + row + rows, mask=rows < n_q, other=0.0)
-    k_head = k_ptr + head_offset(b, h_kv, stride_kb, stride_kh)
-    v_head = v_ptr + head_offset(b, h_kv, stride_vb, stride_vh)
+    if TMA:
+        k_head = k_ptr
+        v_head = v_ptr
+    else:
+        k_head = k_ptr + head_offset(b, h_kv, stride_kb, stride_kh)
+        v_head = v_ptr + head_offset(b, h_kv, stride_vb, stride_vh)
+    kv_row = (b * (n_heads // group) + h_kv) * n_kv
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_hi = n_kv
     if CAUSAL:  # keys every row of this tile sees, then the diagonal tiles with the mask
         full_hi = tl.minimum(tl.maximum(((start_m + causal_offset + 1) // BLOCK_N) * BLOCK_N, 0),
                              (n_kv // BLOCK_N) * BLOCK_N)
     dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
-                           stride_vd, 0, full_hi, n_kv, head_dim, causal_offset, qk_scale,
-                           BLOCK_N, BLOCK_D, False, EVEN_N or CAUSAL, EVEN_D, NUM_STAGES, PREC)
+                           stride_vd, 0, full_hi, n_kv, head_dim, causal_offset, qk_scale, kv_row,
+                           BLOCK_N, BLOCK_D, False, EVEN_N or CAUSAL, EVEN_D, NUM_STAGES, PREC, TMA)
     if CAUSAL:
         hi = tl.minimum(start_m + BLOCK_M + causal_offset, n_kv)
         dq = attn_bwd_dq_tiles(dq, q, do, lse, delta, k_head, v_head, rows, stride_kn, stride_kd, stride_vn,
-                               stride_vd, full_hi, hi, n_kv, head_dim, causal_offset, qk_scale,
-                               BLOCK_N, BLOCK_D, True, False, EVEN_D, NUM_STAGES, PREC)
-    tl.store(dq_ptr + row * head_dim + tile_offsets(rows, offs_d, head_dim, 1),
+                               stride_vd, full_hi, hi, n_kv, head_dim, causal_offset, qk_scale, kv_row,
+                               BLOCK_N, BLOCK_D, True, False, EVEN_D, NUM_STAGES, PREC, TMA)
+    tl.store(dq_ptr + head_offset(b, h, stride_dqb, stride_dqh) + tile_offsets(rows, offs_d, stride_dqn, 1),
              (dq * sm_scale).to(dq_ptr.dtype.element_ty),
              mask=(rows[:, None] < n_q) & (offs_d[None, :] < head_dim))
 
@@ -199,6 +232,7 @@ class BwdConfig:
     num_warps: int = 4
     num_stages: int = 3
     atomic_dq: bool = False  # dQ by atomic adds from the dK/dV pass instead of its own pass
+    tma: bool = False  # streamed tiles (q, dO; k, v) by tensor descriptors (sm_90), where the inputs allow it
 
     def smem_bytes(self, head_dim: int, itemsize: int) -> int:
         """Shared memory of the larger pass: two streamed tiles per stage plus the held pair."""
@@ -211,9 +245,14 @@ class BwdConfig:
 # Best first, from the H100 tile sweep (results/h100-80gb-hbm3/attention_bwd_tiles.csv): d=64, three within
 # 5%; d=128, 64 x 128 dK/dV tiles on two warpgroups beat the Triton tutorial's 32 x 128 on one by 1.9-2.1x;
 # 8 warps, 4 stages came after the sweep (the timed choice took it for 3 of 4 d=128 shapes of attention.csv).
+# The last two d=128 candidates are timed, kept only where faster: atomic dQ on the 64 x 128 tiles (ahead of
+# the separate pass non-causal in tools/gpu_checks/attention_backward.py on an H100, 4.6 vs 4.8 ms at N=4096,
+# behind causal), and the first tiles with the streamed q/dO and k/v tiles by tensor descriptors (TMA: the
+# forward's descriptors gained 2-4% over pointers in attention_tiles_explore.csv; no address registers).
 _HOPPER_BWD = {
     64: [BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(32, 64, 64, 32, 4, 4), BwdConfig(64, 64, 64, 64, 4, 3)],
-    128: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(64, 128, 128, 64, 8, 4), BwdConfig(32, 64, 64, 32, 4, 4)],
+    128: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(64, 128, 128, 64, 8, 4), BwdConfig(32, 64, 64, 32, 4, 4),
+          BwdConfig(64, 128, 128, 64, 8, 3, True), BwdConfig(64, 128, 128, 64, 8, 3, tma=True)],
     256: [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2)],
 }
 # T4 (64 KiB): what the sm_75 compile matrix fits (smem_bytes misses its conversion scratch).
@@ -243,27 +282,46 @@ def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtyp
 last_config: BwdConfig | None = None
 
 
+def _use_tma(cfg: BwdConfig, q, k, v, do) -> bool:
+    """Descriptors of the flattened (rows, d) tensors: contiguous, 16-byte aligned, d a power of two (no
+    padded columns), int32 row coordinates, and every streamed tile inside one head (whole tiles)."""
+    B, H, N, D = q.shape
+    n_kv = k.shape[2]
+    hopper = not env.on_gpu() or hardware.device_info().arch >= 90  # (the interpreter runs descriptors too)
+    return (cfg.tma and hopper and D == block_d(D) and all(t.is_contiguous() for t in (q, k, v, do))
+            and tma_ok(q, k, v, do) and max(q.numel(), k.numel()) // D < 2**31
+            and N % cfg.block_m1 == 0 and N % cfg.block_m2 == 0
+            and n_kv % cfg.block_n1 == 0 and n_kv % cfg.block_n2 == 0)
+
+
 def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
     B, H, N, D = q.shape
     H_kv, n_kv = k.shape[1], k.shape[2]
     BD = block_d(D)
+    tma = _use_tma(cfg, q, k, v, do)
+    q_in, do_in, k_in, v_in = q, do, k, v
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        q_in, do_in = (TensorDescriptor.from_tensor(t.view(-1, D), [cfg.block_m1, BD]) for t in (q, do))
+        k_in, v_in = (TensorDescriptor.from_tensor(t.view(-1, D), [cfg.block_n2, BD]) for t in (k, v))
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N,
               scale * LOG2E, scale)
     flags = dict(CAUSAL=bool(causal), EVEN_D=D == BD, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                  NUM_STAGES=cfg.num_stages, PREC=dot_precision(q.dtype))
     dq_buf = dq
-    if cfg.atomic_dq:
+    if cfg.atomic_dq:   # a contiguous float32 scratch for the atomics, copied into dq (of any strides) after
         dq_buf = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    attn_bwd_dkdv_tuned_kernel[(triton.cdiv(n_kv, cfg.block_n1) * B * H_kv,)](
-        q, k, v, do, lse, delta, dk, dv, dq_buf, *common, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+    attn_bwd_dkdv_tuned_kernel[(-(-n_kv // cfg.block_n1) * B * H_kv,)](
+        q_in, k, v, do_in, lse, delta, dk, dv, dq_buf, *common, *dk.stride()[:3], *dv.stride()[:3],
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
         BLOCK_D=BD, EVEN_M=N % cfg.block_m1 == 0, EVEN_N=n_kv % cfg.block_n1 == 0, ATOMIC_DQ=cfg.atomic_dq,
-        **flags)
+        TMA=tma, **flags)
     if cfg.atomic_dq:
         dq.copy_(dq_buf)
     else:
-        attn_bwd_dq_tuned_kernel[(triton.cdiv(N, cfg.block_m2) * B * H,)](
-            q, k, v, do, lse, delta, dq, *common, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-            BLOCK_D=BD, EVEN_M=N % cfg.block_m2 == 0, EVEN_N=n_kv % cfg.block_n2 == 0, **flags)
+        attn_bwd_dq_tuned_kernel[(-(-N // cfg.block_m2) * B * H,)](
+            q, k_in, v_in, do, lse, delta, dq, *common, *dq.stride()[:3], BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+            BLOCK_D=BD, EVEN_M=N % cfg.block_m2 == 0, EVEN_N=n_kv % cfg.block_n2 == 0, TMA=tma, **flags)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, config: BwdConfig | None = None):

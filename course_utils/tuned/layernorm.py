@@ -25,7 +25,13 @@ import triton
 from .. import env, hardware
 from ..kernels.layernorm import as_rows, column_sum
 from . import choice
-from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_bwd_row_kernel, norm_fwd_kernel
+from .layernorm_kernels import (
+    norm_bwd_chunked_kernel,
+    norm_bwd_kernel,
+    norm_bwd_row_kernel,
+    norm_bwd_split_kernel,
+    norm_fwd_kernel,
+)
 
 # --------------------------------------------------------------------------- plans
 
@@ -50,15 +56,33 @@ BACKWARD_DESIGNS = ("course", "per-sm", "both")
 BACKWARD_DESIGN = "both"  # the per-SM layout joins the timed choice: it can only win where it is faster
 PER_SM_MAX_BLOCK = 16384    # the per-SM layout keeps a whole row and two accumulator rows in registers
 ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUNKED_FROM to PER_SM_MAX_BLOCK)
+# More 1-D "row" candidates, not yet measured (tools/gpu_checks/kernel_candidates.py times them against
+# Liger-Kernel): BLOCK_N -> (num_warps, programs per SM, pipeline stages of the row loop). Triton pipelines
+# a loop whose loads feed no dot product only when the loop asks (tl.range(num_stages=)): ROW_WARPS' loops,
+# like Liger-Kernel's, wait for each row's loads. Stages keep one more row of x and dy in shared memory
+# (bf16 N=16384: 64 KiB a stage; fp32 N=16384 does not fit two, and is skipped as "no fit").
+# At N=16384 ptxas spills 0.7-2.3 KB a thread of every 1-D row kernel but the pipelined 32-warp one (about
+# 0.26 KB; results/ptx/candidate_registers.csv), so that one only.
+ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192: ((16, 1, 2), (32, 1, 2)),
+                 16384: ((32, 1, 2),)}
+# "split": BLOCK_N -> (SLICE, CHUNK, num_warps, programs per SM). At N=16384 the 1-D kernels hold x, dy, w,
+# dw and db of a row, 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: they spill (0.7-2.3 KB
+# a thread for sm_90, results/ptx/candidate_registers.csv, where the 8192 and 4096 slices spill nothing). The split
+# kernel sums the row first (CHUNK columns a step), then reads it again for dx: what stays in registers is w,
+# dw and db of its SLICE columns (SLICE = BLOCK_N: one program per row, which it reads twice; less: several
+# programs share a row, each keeping a slice, and L2 serves all but one of their reads).
+SPLIT = {8192: ((8192, 2048, 16, 1), (4096, 2048, 8, 2)),
+         16384: ((8192, 2048, 16, 1), (4096, 2048, 8, 2), (16384, 2048, 32, 1))}
 _BEST: dict = {}
 _PINNED = None              # a Plan that backward_plan() forces instead of the timed choice
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, or "chunked"), BLOCK_N
-    columns (CHUNK for "chunked"), ROWS rows per tile, num_warps, grid programs, and (backward) the rows
-    each program sums."""
+    """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, "split": a column slice of
+    one row at a time, or "chunked"), BLOCK_N columns (CHUNK for "chunked", SLICE for "split"), ROWS rows
+    per tile, num_warps, grid programs, (backward) the rows each program sums, (row) the pipeline stages
+    of the row loop (0: not pipelined) and (split) the columns per step of the row's sums (0: SLICE)."""
 
     version: str
     BLOCK_N: int
@@ -66,6 +90,8 @@ class Plan:
     num_warps: int
     grid: int
     rows_per_program: int = 0
+    stages: int = 0
+    chunk: int = 0
 
 
 def _warps(tile: int) -> int:
@@ -147,7 +173,28 @@ def backward_candidates(n_rows: int, n_cols: int, itemsize: int, info: hardware.
         # the per-SM layout as 1-D blocks: in layernorm.csv (H100) the 2-D tile kernel with Liger's layout takes
         # 2.3-2.6 ms at N=16384 where Liger's 1-D kernel takes 0.7-0.77 (fwd+bwd); timed, kept only if faster
         cands += [Plan("row", block, 1, w, *_grid(n_rows, 1, info.sms)) for w in ROW_WARPS]
+    if design == "both":
+        cands += [p for p in row_plans(n_rows, n_cols, info) + split_plans(n_rows, n_cols, info) if p not in cands]
     return cands
+
+
+def row_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]:
+    """The ``ROW_PIPELINED`` candidates of this row length (none for other lengths)."""
+    return [Plan("row", _block(n_cols), 1, w, *_grid(n_rows, 1, info.sms * k), stages or 0)
+            for w, k, stages in ROW_PIPELINED.get(_block(n_cols), ())]
+
+
+def split_plan(n_rows: int, n_cols: int, slice_: int, warps: int, programs: int, chunk: int = 0) -> Plan:
+    """The "split" launch: runs of rows x column slices of ``slice_`` columns, about ``programs`` programs
+    (at least one per slice), the slices of a run adjacent in the grid; the row's sums ``chunk`` columns a step."""
+    slices = triton.cdiv(n_cols, slice_)
+    runs, rows_per_program = _grid(n_rows, 1, max(1, programs // slices))
+    return Plan("split", slice_, 1, warps, runs * slices, rows_per_program, chunk=chunk)
+
+
+def split_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]:
+    """The ``SPLIT`` candidates of this row length (none for other lengths)."""
+    return [split_plan(n_rows, n_cols, s, w, info.sms * k, c) for s, c, w, k in SPLIT.get(_block(n_cols), ())]
 
 
 # --------------------------------------------------------------------------- ops
@@ -176,13 +223,20 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
     n_rows, n_cols = x2.shape
     dev = x2.device
     strides = (x2.stride(0), dy2.stride(0), dx.stride(0))
-    if p.version in ("tiles", "row"):
-        shape = (n_cols,) if atomic else (p.grid, n_cols)
+    if p.version in ("tiles", "row", "split"):
+        slices = triton.cdiv(n_cols, p.BLOCK_N) if p.version == "split" else 1
+        shape = (n_cols,) if atomic else (p.grid // slices, n_cols)
         dw = (torch.zeros if atomic else torch.empty)(shape, dtype=torch.float32, device=dev)
         db = dw if rms else (torch.zeros_like(dw) if atomic else torch.empty_like(dw))
         args = (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols, *strides, p.rows_per_program)
         if p.version == "row":
-            norm_bwd_row_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps)
+            norm_bwd_row_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, STAGES=p.stages or None,
+                                           num_warps=p.num_warps)
+        elif p.version == "split":
+            if p.grid % slices:
+                raise ValueError(f"a split plan needs a grid of whole runs of {slices} slices, got {p.grid} programs")
+            norm_bwd_split_kernel[(p.grid,)](*args, slices, SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms,
+                                             ATOMIC=atomic, num_warps=p.num_warps)
         else:
             norm_bwd_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic,
                                         num_warps=p.num_warps)
@@ -302,8 +356,9 @@ def compile_cases(info):
             x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
             for i, p in enumerate(backward_candidates(m, n, dt.itemsize, info, interpreter=False)):
                 for rms, atomic in ((False, False),) + (((True, False), (False, True), (True, True)) if i == 0 else ()):
-                    yield (f"backward {p.version} {name} N={n} BLOCK_N={p.BLOCK_N} w={p.num_warps} rms={rms} "
-                           f"atomic={atomic}", lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
+                    yield (f"backward {p.version} {name} N={n} BLOCK_N={p.BLOCK_N} w={p.num_warps} grid={p.grid} "
+                           f"stages={p.stages} chunk={p.chunk} rms={rms} atomic={atomic}",
+                           lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
                                x, x, w, st, st, rms, atomic, "aot", p))
         for n in (1024, 16384):  # the per-SM (Liger-Kernel) layout, shortest and longest rows it takes
             m = 2**26 // (n * dt.itemsize)

@@ -3,7 +3,10 @@
 ``norm_fwd_kernel``: a tile of ROWS rows x BLOCK_N columns per program (RMS and bias as constexprs,
 mean/rstd stored only when a backward pass needs them). ``norm_bwd_kernel``: dx for a contiguous run of
 rows in tiles of ROWS, plus that run's sums of dy * x_hat and dy (partial row, or atomics).
-``norm_bwd_row_kernel``: the same one row at a time as 1-D blocks (Liger-Kernel's layout, no ROWS axis).
+``norm_bwd_row_kernel``: the same one row at a time as 1-D blocks (Liger-Kernel's layout, no ROWS axis),
+optionally with the row loop software-pipelined (the next row's x and dy loads issued during this one).
+``norm_bwd_split_kernel``: rows whose x, dy, w, dw and db do not all fit one program's registers: the
+row's two sums first, in chunks, then dx and dw/db of one column slice (the whole row or a part of it).
 ``norm_bwd_chunked_kernel``: the same for rows too long for registers, one row at a time in chunks.
 """
 
@@ -89,9 +92,11 @@ def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db
 @triton.jit
 def norm_bwd_row_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
                         x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
-                        RMS: tl.constexpr, ATOMIC: tl.constexpr):
+                        RMS: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr = None):
     """``norm_bwd_kernel`` with one row per step as 1-D blocks (no ROWS axis to reduce across, as
-    Liger-Kernel's kernel): dx of rows [pid * rows_per_program, ...), their dw/db sums in registers."""
+    Liger-Kernel's kernel): dx of rows [pid * rows_per_program, ...), their dw/db sums in registers.
+    STAGES (None: the loop as written): Triton pipelines a loop whose loads feed no dot product only when
+    asked, so with STAGES=2 the next row's x and dy travel (to shared memory) while this row computes."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -100,7 +105,7 @@ def norm_bwd_row_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid * rows_per_program
     end = tl.minimum(first + rows_per_program, n_rows)
-    for row in tl.range(first, end):
+    for row in tl.range(first, end, num_stages=STAGES):
         r64 = first.to(tl.int64) + (row - first)  # int64 (the interpreter's loop index is a Python int)
         x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -180,3 +185,62 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
             tl.atomic_add(dw_out_ptr + cols, tl.load(dw_ptr + part + cols, mask=mask, other=0.0), mask=mask)
             if not RMS:
                 tl.atomic_add(db_out_ptr + cols, tl.load(db_ptr + part + cols, mask=mask, other=0.0), mask=mask)
+
+
+@triton.jit
+def norm_bwd_split_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
+                          x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, n_slices,
+                          SLICE: tl.constexpr, CHUNK: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+    """Rows too long for the 1-D kernel's registers, which hold x, dy, w, dw and db of the whole row
+    while the row's sums are reduced (5 x N floats; an H100 SM has 64K 4-byte registers). Program pid
+    takes run pid // n_slices of rows, and the SLICE columns of slice pid % n_slices. Per row:
+        pass 1 (the whole row, CHUNK columns a step): c1 = mean(g * x_hat), c2 = mean(g), g = dy * w
+        pass 2 (its slice, read again, now from L1 or L2): dx = (g - x_hat * c1 - c2) * rstd,
+                dw += dy * x_hat, db += dy
+    Pass 2 knows c1 and c2 before it loads: x and dy live only until their dx is stored, so what stays
+    in registers is w, dw and db of the slice (3 x SLICE floats). dw and db are stored once, as the
+    slice's part of partial row pid // n_slices (ATOMIC: added into dw/db). With several slices, the
+    programs of one run are neighbours in the grid and read the same rows at about the same time: DRAM
+    serves a row about once, L2 the other n_slices - 1 reads."""
+    pid = tl.program_id(0)
+    run = pid // n_slices
+    cols = (pid % n_slices) * SLICE + tl.arange(0, SLICE)
+    mask = cols < n_cols
+    offsets = tl.arange(0, CHUNK)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((SLICE,), dtype=tl.float32)
+    db = tl.zeros((SLICE,), dtype=tl.float32)
+    first = run * rows_per_program
+    end = tl.minimum(first + rows_per_program, n_rows)
+    for row in tl.range(first, end):
+        r64 = first.to(tl.int64) + (row - first)  # int64 (the interpreter's loop index is a Python int)
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0 if RMS else tl.load(mean_ptr + row)
+        acc1 = tl.zeros((CHUNK,), dtype=tl.float32)
+        acc2 = tl.zeros((CHUNK,), dtype=tl.float32)
+        for start in tl.range(0, n_cols, CHUNK):  # pass 1: sum g * (x - mean) and g (zero past the row's end)
+            c = start + offsets
+            m = c < n_cols
+            xc = tl.load(x_ptr + r64 * x_row_stride + c, mask=m, other=0.0).to(tl.float32) - mean
+            g = tl.load(dy_ptr + r64 * dy_row_stride + c, mask=m, other=0.0).to(tl.float32) * \
+                tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
+            acc1 += g * xc
+            acc2 += g
+        c1 = tl.sum(acc1, axis=0) * rstd / n_cols
+        c2 = 0.0 if RMS else tl.sum(acc2, axis=0) / n_cols
+        x = tl.load(x_ptr + r64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        x_hat = (x - mean) * rstd
+        dx = (dy * w - x_hat * c1 - c2) * rstd
+        tl.store(dx_ptr + r64 * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * x_hat  # dy = 0 past the row's end
+        db += dy
+    if ATOMIC:
+        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
+        if not RMS:
+            tl.atomic_add(db_ptr + cols, db, mask=mask)
+    else:
+        out = run.to(tl.int64) * n_cols + cols
+        tl.store(dw_ptr + out, dw, mask=mask)
+        if not RMS:
+            tl.store(db_ptr + out, db, mask=mask)

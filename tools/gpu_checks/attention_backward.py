@@ -44,7 +44,7 @@ if SMOKE:
 
 def short(c: TB.BwdConfig) -> str:
     return f"{c.block_m1}x{c.block_n1}/{c.block_m2}x{c.block_n2} w{c.num_warps} s{c.num_stages}" + \
-        (" atomic" if c.atomic_dq else "")
+        (" atomic" if c.atomic_dq else "") + (" tma" if c.tma else "")
 
 
 def rel(got, ref) -> float:

@@ -1,0 +1,60 @@
+"""What a student's Python function calls, seen while it runs: the answer key refused by behaviour.
+
+A name check (:func:`course_utils.check.refuse_answer_key`) reads the student's code for the course's
+answers; a function that reaches one through ``importlib.import_module(...)`` and ``getattr`` hides it
+from that reading. :func:`run_watched` runs the student's function under a profile hook
+(``sys.setprofile``, standard Python) and records every call of a watched function's code, whatever
+name or route reached it, with the arguments it got. The modelling checks of chapters 9 and 10 refuse
+a call of their answer key this way, as exercise 8.1's check refuses the course's harness by what runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Calls:
+    """The watched functions' calls: (description, the call's arguments by name), in order."""
+    seen: list[tuple[str, dict]] = field(default_factory=list)
+
+    def first(self, description: str) -> dict | None:
+        return next((args for d, args in self.seen if d == description), None)
+
+
+def _code(obj):
+    obj = getattr(obj, "fn", obj)                 # a @triton.jit kernel: the Python function it wraps
+    obj = getattr(obj, "__wrapped__", obj)        # functools.wraps
+    return getattr(obj, "__code__", None)
+
+
+def run_watched(fn, args: tuple, watched: dict[str, object]) -> tuple[object, Calls]:
+    """``(fn(*args), calls)``: the result, and every call made while it ran of a function in ``watched``
+    (``{description: function}``), with its arguments."""
+    codes = {c: d for d, f in watched.items() if (c := _code(f)) is not None}
+    calls = Calls()
+
+    def hook(frame, event, _arg):
+        if event == "call" and frame.f_code in codes:
+            n = frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount
+            names = frame.f_code.co_varnames[:n]
+            calls.seen.append((codes[frame.f_code], {k: frame.f_locals.get(k) for k in names}))
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, calls
+
+
+def refuse_calls(what: str, calls: Calls) -> None:
+    """Raise :class:`course_utils.check.CheckFailure` if the student's function called an answer key."""
+    from .. import check
+
+    if calls.seen:
+        names = ", ".join(dict.fromkeys(d for d, _ in calls.seen))
+        raise check.CheckFailure(f"{what}: while your function ran it called {names}: that is the answer the "
+                                 "check compares with, whatever name reached it. Write the computation yourself.")
