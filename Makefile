@@ -111,3 +111,9 @@ lint: $(SETUP)
 clean:
 	rm -rf $(VENV) build test-artifacts *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Chapter 13 on 2 and 4 GPUs of one host (one process per GPU under torchrun; skipped on fewer GPUs).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, set again inside every process).
+test-gpu-multi: $(SETUP)
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 $(GPU_ENV) \
+	  $(PY) -m pytest -p no:xdist tests/test_multigpu.py -v $(PYTEST_ARGS)

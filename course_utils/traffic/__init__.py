@@ -6,7 +6,8 @@ argument checks), :mod:`.model` (``Kernel``, ``Traffic``, ``Comparison``, ``Op``
 and epilogue, attention), :mod:`.launch` (the recorded launch overhead), :mod:`.timemodel` (L2,
 the time estimate), :mod:`.ncu` (the Nsight Compute comparison), :mod:`.backward` (backward passes),
 :mod:`.classifier` (the LM head + cross-entropy: eager, unchunked fused, chunked fused; bytes and memory),
-:mod:`.optimizer` (the AdamW step under mixed precision).
+:mod:`.optimizer` (the AdamW step under mixed precision), :mod:`.links` (bytes across NVLink per collective, the
+alpha-beta model).
 
 Conventions, stated once and used everywhere in the course:
 
@@ -34,7 +35,10 @@ against it in ``tests/test_dram_traffic.py``.
 
 from __future__ import annotations
 
-from . import backward  # chapter 11's calculators: traffic.backward.<name>)
+from . import (
+    backward,  # chapter 11's calculators: traffic.backward.<name>)
+    links,  # chapter 13: bytes across links, the alpha-beta model (traffic.links.<name>)
+)
 from .classifier import HeadVersion, lm_head_loss, lm_head_table
 from .launch import (
     LAUNCH_OVERHEAD_FALLBACK_US,
@@ -71,4 +75,4 @@ __all__ = ["LAUNCH_OVERHEAD_US", "LAUNCH_OVERHEAD_SOURCE", "LAUNCH_OVERHEAD_FALL
            "Machine", "machine", "machine_from_ceilings", "TimeEstimate", "estimate_time", "speedup",
            "format_bytes", "table", "NCU_CHAIN_OPS", "ncu_case", "compare_with_ncu", "backward",
            "HeadVersion", "lm_head_loss", "lm_head_table",
-           "autocast_adamw_bytes_per_param", "master_adamw_bytes_per_param", "optimizer_step"]
+           "autocast_adamw_bytes_per_param", "master_adamw_bytes_per_param", "optimizer_step", "links"]

@@ -1,0 +1,516 @@
+"""Chapter 13 benchmark: fusion across GPUs, one process per GPU under torchrun.
+
+    torchrun --nproc_per_node=2 -m benchmarks.multigpu --out results/h100-80gb-hbm3
+    torchrun --nproc_per_node=4 -m benchmarks.multigpu --out results/h100-80gb-hbm3
+    torchrun --nproc_per_node=1 -m benchmarks.multigpu --ddp-only --out ...   # the 1-GPU DDP baseline
+    torchrun --nproc_per_node=2 -m benchmarks.multigpu --graphs --no-ddp --out ...   # CUDA-graph timings
+    python -m benchmarks.multigpu --judge --out results/h100-80gb-hbm3   # issue 28's targets from the CSVs
+    python -m benchmarks.multigpu --simulate       # no torchrun: simulated ranks, CPU or one GPU
+
+NVLink multicast is switched off in every process (``NCCL_NVLS_ENABLE=0``,
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``, set before the process group
+starts and checked after). Per message size (1 to 64 MiB per rank, bf16, rows of 768 and 4096) and
+per call: NCCL ``all_reduce``; NCCL ``all_reduce`` + the course's add+LayerNorm; NCCL + ``x + r`` +
+``F.rms_norm``; ``torch.ops.symm_mem.one_shot_all_reduce`` (its input already in symmetric memory);
+the course's one-shot all-reduce; the course's fused all-reduce + residual + RMSNorm; a
+tensor-parallel MLP block (column-parallel fc + GELU, row-parallel out) ending in the fused epilogue
+against the same block with NCCL and separate kernels. Each is checked against a float64 reference
+first, then a stress loop runs many calls back to back with new data (exact small integers, so every
+output is compared bit for bit). Times: ``ITERS`` calls back to back between two CUDA events, the
+median of ``ROUNDS`` interleaved rounds, the slowest rank's. NCCL's bus bandwidth over sizes feeds
+the alpha-beta fit. Then chapter 12's GPT step under DistributedDataParallel at a fixed global batch:
+tokens/s per GPU and the loss of every step. Rank 0 writes ``multigpu_*_w<W>.csv`` (provenance
+columns gpu, torch, triton, date, world_size), judges issue 28's targets from every CSV in the folder
+(``multigpu_targets.csv``) and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course_utils import gpt, ops, results, symmetric
+from course_utils.kernels import allreduce as K
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+MIB = 2**20
+SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
+WIDTHS = (768, 4096)
+ITERS, ROUNDS, WARMUP = 20, 5, 3
+STRESS_CALLS = 200
+EPS = 1e-6
+DDP_GLOBAL_BATCH, DDP_STEPS, DDP_WARMUP = 32, 30, 5
+
+
+def check_no_multicast() -> None:
+    bad = {k: os.environ.get(k) for k, v in NO_MULTICAST.items() if os.environ.get(k) != v}
+    if bad:
+        raise RuntimeError(f"NVLink multicast must be off in every process: {bad} (expected {NO_MULTICAST})")
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def time_per_call(fn, iters: int = ITERS) -> tuple[float, float]:
+    """(GPU ms, host ms) per call of ``iters`` back-to-back calls between two CUDA events, all ranks started
+    together; the host's time to issue them beside: where it is the larger, the host set the pace."""
+    dist.barrier()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    host = (time.perf_counter() - t0) * 1e3
+    end.synchronize()
+    return start.elapsed_time(end) / iters, host / iters
+
+
+def graphed(fn, calls: int = ITERS):
+    """``calls`` back-to-back calls of ``fn`` captured in one CUDA graph (chapter 1): replaying it costs the
+    host one launch. An even count keeps the one-shot's buffer halves alternating from replay to replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def slowest(ms: float) -> float:
+    t = torch.tensor([ms], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def time_rounds(impls: dict, graphs: bool = False) -> dict:
+    """``{impl: (ms, host_ms)}``: the median over ROUNDS interleaved rounds (A, B, C, A, B, C...) of each
+    impl's time per call, the slowest rank's. With ``graphs``, each impl is timed as replays of a CUDA graph
+    of ITERS calls (host_ms is then the host's time per replay divided by ITERS)."""
+    for fn in impls.values():
+        for _ in range(WARMUP):
+            fn()
+    if graphs:
+        impls = {k: graphed(fn).replay for k, fn in impls.items()}   # the bound method holds its graph
+    got = {k: [] for k in impls}
+    for _ in range(ROUNDS):
+        for k, fn in impls.items():
+            gpu, host = time_per_call(fn, 1 if graphs else ITERS)
+            got[k].append((gpu / (ITERS if graphs else 1), host / (ITERS if graphs else 1)))
+    return {k: (slowest(statistics.median(g for g, _ in v)), slowest(statistics.median(h for _, h in v)))
+            for k, v in got.items()}
+
+
+# ------------------------------------------------------------------------------------------ the pieces
+
+
+class Pieces:
+    """Every implementation of one size on this rank: the all-reduces, the epilogues, the TP block."""
+
+    def __init__(self, ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int):
+        dev, bf = "cuda", torch.bfloat16
+        g = torch.Generator(device=dev).manual_seed(1234 + rank)
+        self.ranks, self.world = ranks, world
+        self.x = torch.randn(rows, width, generator=g, device=dev).to(bf)
+        self.res = torch.randn(rows, width, generator=torch.Generator(device=dev).manual_seed(99), device=dev).to(bf)
+        self.w = self._same(torch.ones(width, device=dev, dtype=bf) + 0.1 * torch.randn(width, device=dev).to(bf))
+        self.b = torch.zeros(width, device=dev, dtype=bf)
+        self.buf = torch.zeros_like(self.x)   # NCCL's timings reduce it in place, call after call: zeros stay zeros
+        self.symm = self._torch_symm(rows * width)
+        hidden = 4 * width // world   # column-parallel fc: this rank's slice of the 4d hidden units
+        self.fc = (torch.randn(hidden, width, generator=g, device=dev) * width**-0.5).to(bf)
+        self.out = (torch.randn(width, hidden, generator=g, device=dev) * (4 * width) ** -0.5).to(bf)
+        self.h = self._same(torch.randn(rows, width, device=dev).to(bf))   # the block's input, replicated
+
+    def _same(self, t):
+        dist.broadcast(t, 0)
+        return t
+
+    def _torch_symm(self, numel):
+        op = getattr(getattr(torch.ops, "symm_mem", None), "one_shot_all_reduce", None)
+        if op is None:
+            return None
+        import torch.distributed._symmetric_memory as symm_mem
+        t = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
+        symm_mem.rendezvous(t, dist.group.WORLD.group_name)
+        t.copy_(self.x.view(-1))
+        try:
+            op(t.view(self.x.shape), "sum", dist.group.WORLD.group_name)
+            torch.cuda.synchronize()
+        except Exception as e:   # the same build on every rank: all skip it together
+            print(f"torch.ops.symm_mem.one_shot_all_reduce left out: {type(e).__name__}: {str(e)[:200]}")
+            return None
+        return t
+
+    def impls(self) -> dict:
+        group = dist.group.WORLD.group_name
+        out = {
+            "nccl all_reduce": lambda: dist.all_reduce(self.buf),
+            "nccl + course add_layer_norm": lambda: self._nccl_then(self._course_norm),
+            "nccl + add + F.rms_norm": lambda: self._nccl_then(self._torch_norm),
+            "course one-shot": lambda: K.one_shot_all_reduce_teaching([self.x], self.ranks)[0],
+            "course fused all-reduce + add + rms_norm": lambda: self._fused(self.x),
+            "tp mlp, nccl + separate kernels": lambda: self._mlp(fused=False),
+            "tp mlp, fused epilogue": lambda: self._mlp(fused=True),
+        }
+        if self.symm is not None:
+            out["torch symm_mem one_shot_all_reduce"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(
+                self.symm.view(self.x.shape), "sum", group)
+        return out
+
+    def _nccl_then(self, norm):
+        dist.all_reduce(self.buf)
+        return norm(self.buf)
+
+    def _course_norm(self, t):
+        return ops.add_layer_norm(t, self.res, self.w, self.b, EPS)
+
+    def _torch_norm(self, t):
+        s = t + self.res
+        return F.rms_norm(s, (s.shape[-1],), self.w, EPS), s
+
+    def _fused(self, partial):
+        return K.all_reduce_add_rms_norm_teaching([partial], [self.res], self.w, self.ranks, EPS)[0]
+
+    def _mlp(self, fused: bool):
+        partial = F.linear(F.gelu(F.linear(self.h, self.fc), approximate="tanh"), self.out)  # row-parallel partial
+        if fused:
+            return self._fused(partial)
+        dist.all_reduce(partial)
+        return self._torch_norm(partial)
+
+
+def reference_checks(p: Pieces, world: int) -> list[dict]:
+    """Each implementation once against float64 (every rank's x gathered), worst error per impl."""
+    xs = [torch.empty_like(p.x) for _ in range(world)]
+    dist.all_gather(xs, p.x)
+    total = sum(x.double() for x in xs)
+    s64 = total + p.res.double()
+    y64 = s64.bfloat16().double()
+    y64 = y64 * torch.rsqrt(y64.pow(2).mean(-1, keepdim=True) + EPS) * p.w.double()
+    rows = []
+
+    scale = sum(x.double().abs() for x in xs) + p.res.double().abs()   # what bf16 roundings of partial sums scale with
+
+    def err(name, got, want, tol, scale=scale):
+        e = float(((got.double() - want).abs() - tol * scale).max())
+        rows.append({"impl": name, "max_excess_error": e, "ok": e <= tol})
+
+    err("course one-shot", K.one_shot_all_reduce_teaching([p.x], p.ranks)[0], total, 1.6e-2)
+    y, s = p._fused(p.x)
+    err("course fused: s", s, s64, 1.6e-2)
+    err("course fused: y", y, y64, 3e-2, y64.abs() + 1)
+    t = p.x.clone()
+    dist.all_reduce(t)
+    err("nccl all_reduce", t, total, 1.6e-2)
+    if p.symm is not None:
+        p.symm.copy_(p.x.view(-1))
+        got = torch.ops.symm_mem.one_shot_all_reduce(p.symm.view(p.x.shape), "sum", dist.group.WORLD.group_name)
+        err("torch symm_mem one_shot_all_reduce", got, total, 1.6e-2)
+    y_f, s_f = p._mlp(fused=True)
+    y_n, s_n = p._mlp(fused=False)
+    err("tp mlp fused vs nccl: y", y_f, y_n.double(), 3e-2, y_n.double().abs() + 1)
+    return rows
+
+
+def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int, calls: int) -> dict:
+    """``calls`` back-to-back calls, new data each: x_r = (i + call + 3 r) % 7 - 3, small integers whose sum
+    is exact in bf16, so every output must equal the closed form bit for bit."""
+    i = torch.arange(rows * width, device="cuda").view(rows, width)
+    res = torch.zeros(rows, width, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(width, device="cuda", dtype=torch.bfloat16)
+    outs, fused = [], []
+    for call in range(calls):
+        x = ((i + call + 3 * rank) % 7 - 3).to(torch.bfloat16)
+        outs.append(K.one_shot_all_reduce_teaching([x], ranks)[0])
+        if call % 10 == 0:
+            fused.append((call, K.all_reduce_add_rms_norm_teaching([x], [res], w, ranks, EPS)[0][1]))
+    torch.cuda.synchronize()
+    bad = 0
+    for call, out in enumerate(outs):
+        want = sum(((i + call + 3 * r) % 7 - 3) for r in range(world)).to(torch.bfloat16)
+        bad += int((out != want).sum())
+    for call, s in fused:
+        want = sum(((i + call + 3 * r) % 7 - 3) for r in range(world)).to(torch.bfloat16)
+        bad += int((s != want).sum())
+    total = torch.tensor([bad], device="cuda")
+    dist.all_reduce(total)
+    return {"rows": rows, "width": width, "calls": calls, "wrong_elements": int(total)}
+
+
+# ------------------------------------------------------------------------------------------ DDP
+
+
+def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, global_batch: int = DDP_GLOBAL_BATCH):
+    """Chapter 12's GPT step (course ops) under DDP: global batch split over the ranks; per step the
+    mean loss over all ranks (= the loss of the whole global batch) and the step's wall time."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cfg = cfg or gpt.GPU
+    model = gpt.GPT(cfg).to(device).use("course")
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = gpt.optimizer(ddp)
+    per_rank = global_batch // world
+    data = gpt.tokens()
+    rows = []
+    for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, steps + DDP_WARMUP, seed=0)):
+        x, y = (t[rank * per_rank:(rank + 1) * per_rank].to(device) for t in (x, y))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = gpt.train_step(ddp, opt, x, y)
+        dist.all_reduce(loss)   # the mean over ranks: every rank's batch has the same size
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world, "ms": (time.perf_counter() - t0) * 1e3})
+    df = pd.DataFrame(rows[DDP_WARMUP:])
+    step_s = df["ms"].median() / 1e3
+    df["tokens_per_s_per_gpu"] = global_batch * cfg.seq_len / step_s / world
+    df["global_batch"], df["world_size"] = global_batch, world
+    return df
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def save(df: pd.DataFrame, name: str, out: Path, world: int) -> Path:
+    df = df.copy()
+    df["world_size"] = world
+    return results.save(df, f"{name}_w{world}", gpu=out.name, root=out.parent)
+
+
+def run_distributed(args) -> None:
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check_no_multicast()
+    out = Path(args.out or results.RESULTS / results.gpu_slug())
+    device = torch.device("cuda", local)
+    tables = []
+    if not args.ddp_only:
+        sizes = (1, 16) if args.quick or args.check_only else SIZES_MIB
+        capacity = max(sizes) * MIB // 2
+        ranks = symmetric.SymmetricRanks(capacity, torch.bfloat16)
+        timing, checks, stresses = [], [], []
+        for width in WIDTHS:
+            for mib in sizes:
+                n_rows = mib * MIB // (2 * width)
+                p = Pieces(ranks, n_rows, width, world, rank)
+                for row in reference_checks(p, world):
+                    checks.append({"width": width, "mib": mib, **row})
+                if not args.check_only:
+                    for impl, (ms, host_ms) in time_rounds(p.impls(), graphs=args.graphs).items():
+                        nbytes = mib * MIB
+                        timing.append({"impl": impl, "width": width, "rows": n_rows, "mib_per_rank": mib,
+                                       "ms": ms, "host_ms": host_ms, "cuda_graph": args.graphs,
+                                       "algbw_gbs": nbytes / (ms * 1e-3) / 1e9,
+                                       "busbw_gbs": nbytes / (ms * 1e-3) / 1e9 * 2 * (world - 1) / world})
+                del p
+        for width, calls in ((768, STRESS_CALLS), (4096, 20)):
+            stresses.append(stress(ranks, min(8192, capacity // width), width, world, rank, calls))
+        tables += [("multigpu_checks", pd.DataFrame(checks)), ("multigpu_stress", pd.DataFrame(stresses))]
+        if timing:
+            tables.append(("multigpu_allreduce" + ("_graphs" if args.graphs else ""), pd.DataFrame(timing)))
+    if not (args.no_ddp or args.check_only):
+        tables.append(("multigpu_ddp", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS)))
+    if rank == 0:
+        for name, df in tables:
+            print(f"wrote {save(df, name, out, world)}")
+        if not args.check_only:
+            judge(out)
+        print_summary(dict(tables), world, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def print_summary(tables: dict, world: int, out: Path) -> None:
+    pd.set_option("display.width", 200)
+    if "multigpu_checks" in tables:
+        c, s = tables["multigpu_checks"], tables["multigpu_stress"]
+        print(f"\ncorrectness: {int(c['ok'].sum())}/{len(c)} checks within bf16 tolerance; "
+              f"stress: {int(s['wrong_elements'].sum())} wrong elements in {int(s['calls'].sum())} calls")
+        for _, row in c[~c["ok"]].iterrows():
+            print(f"  FAILED {row['impl']} at {row['mib']} MiB x {row['width']}: "
+                  f"excess error {row['max_excess_error']:.3g}")
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs"):
+        if name not in tables:
+            continue
+        t = tables[name].pivot_table(index=["width", "mib_per_rank"], columns="impl", values="ms")
+        base = "nccl + course add_layer_norm"
+        summary = pd.DataFrame({
+            "nccl us": t["nccl all_reduce"] * 1e3,
+            "fused us": t["course fused all-reduce + add + rms_norm"] * 1e3,
+            "fused speedup vs nccl+add_layer_norm": t[base] / t["course fused all-reduce + add + rms_norm"],
+            "one-shot vs torch symm_mem": (t["torch symm_mem one_shot_all_reduce"] / t["course one-shot"]
+                                           if "torch symm_mem one_shot_all_reduce" in t else float("nan")),
+            "tp mlp speedup": t["tp mlp, nccl + separate kernels"] / t["tp mlp, fused epilogue"],
+        })
+        how = "CUDA graphs of 20 calls" if name.endswith("graphs") else "20 calls back to back"
+        print(f"\nper call, {world} GPUs, {how} (targets: fused >= 1.5x at 1-16 MiB, one-shot >= 1.0x, "
+              "tp mlp >= 1.2x)")
+        print(summary.round(2).to_string())
+        df = tables[name]
+        host = sorted(set(df.loc[df["host_ms"] > df["ms"], "impl"]))
+        if host:
+            print("the host, not the GPU, set the pace (host_ms > ms) somewhere for: " + ", ".join(host))
+    if "multigpu_ddp" in tables:
+        d = tables["multigpu_ddp"]
+        line = f"\nDDP, {world} GPU(s): {d['tokens_per_s_per_gpu'].iloc[0]:.0f} tokens/s per GPU, last loss " \
+               f"{d['loss'].iloc[-1]:.4f}"
+        one = out / "multigpu_ddp_w1.csv"
+        if world > 1 and one.exists():
+            d1 = pd.read_csv(one)
+            eff = d["tokens_per_s_per_gpu"].iloc[0] / d1["tokens_per_s_per_gpu"].iloc[0]
+            n = min(len(d), len(d1))
+            rel = abs((d["loss"].values[:n] - d1["loss"].values[:n]) / d1["loss"].values[:n]).max()
+            line += f"; scaling efficiency {eff:.1%} of 1 GPU (target 90%), losses within {rel:.2%} (target 2%)"
+        print(line)
+
+
+# ------------------------------------------------------------------------------------------ targets
+
+ISSUE = 28
+TARGET_MIB = (1, 2, 4, 8, 16)   # the one-shot's targets hold at 1-16 MiB per rank; past that the ring may win
+
+
+def targets(tables: dict) -> list:
+    """Issue 28's targets as measured ratios, from ``{(name, world): DataFrame}`` of recorded CSVs (CUDA-graph
+    times where recorded): fused epilogue >= 1.5x NCCL + add_layer_norm and one-shot >= 1.0x torch's at
+    1-16 MiB per rank, TP block >= 1.2x, DDP >= 90% per-GPU throughput with losses within 2%."""
+    from course_utils.bench import Target
+    found = []
+    for world in (2, 4):
+        t = tables.get(("multigpu_allreduce_graphs", world), tables.get(("multigpu_allreduce", world)))
+        if t is not None:
+            ms = t.pivot_table(index=["width", "mib_per_rank"], columns="impl", values="ms")
+            for (width, mib), r in ms.iterrows():
+                where = f"{world} GPUs, {mib} MiB x {width}"
+                if mib in TARGET_MIB:
+                    fused = r["course fused all-reduce + add + rms_norm"]
+                    found.append(Target(ISSUE, f"fused all-reduce + add + RMSNorm vs NCCL + add_layer_norm, {where}",
+                                        r["nccl + course add_layer_norm"] / fused, 1.5))
+                    if "torch symm_mem one_shot_all_reduce" in r and r["torch symm_mem one_shot_all_reduce"] > 0:
+                        found.append(Target(ISSUE, f"course one-shot vs torch symm_mem one_shot_all_reduce, {where}",
+                                            r["torch symm_mem one_shot_all_reduce"] / r["course one-shot"], 1.0))
+                found.append(Target(ISSUE, f"TP MLP block, fused epilogue vs NCCL + separate kernels, {where}",
+                                    r["tp mlp, nccl + separate kernels"] / r["tp mlp, fused epilogue"], 1.2))
+        one, d = tables.get(("multigpu_ddp", 1)), tables.get(("multigpu_ddp", world))
+        if one is not None and d is not None:
+            n = min(len(one), len(d))
+            rel = abs((d["loss"].values[:n] - one["loss"].values[:n]) / one["loss"].values[:n]).max()
+            found.append(Target(ISSUE, f"DDP per-GPU tokens/s vs 1 GPU, {world} GPUs",
+                                d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
+            found.append(Target(ISSUE, f"DDP losses within 2% of 1 GPU (1 - largest relative difference), {world} GPUs",
+                                1 - rel, 0.98))
+    return found
+
+
+def judge(out: Path) -> pd.DataFrame:
+    """Read ``out/multigpu_*_w<W>.csv``, print issue 28's targets, write ``out/multigpu_targets.csv``."""
+    tables = {}
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs", "multigpu_ddp"):
+        for world in (1, 2, 4):
+            path = out / f"{name}_w{world}.csv"
+            if path.exists():
+                tables[name, world] = pd.read_csv(path)
+    rows = pd.DataFrame([t.row() for t in targets(tables)])
+    if rows.empty:
+        print(f"no multi-GPU results under {out}: nothing to judge")
+        return rows
+    rows.to_csv(out / "multigpu_targets.csv", index=False)
+    passed = int((rows["status"] == "pass").sum())
+    print(f"\nissue {ISSUE} targets ({out}): {passed}/{len(rows)} pass")
+    print(rows.drop(columns=["issue"]).to_string(index=False))
+    return rows
+
+
+def run_simulated(args) -> None:
+    """No torchrun: the kernels on simulated ranks (CPU interpreter or one GPU) against float64 and the
+    checker's adversarial schedule, the TP block's split checked against the unsplit one, and the DDP
+    step on a world of one (gloo)."""
+    import course_utils  # noqa: F401  (mode first)
+    from course_utils import check, env
+    from course_utils.checkers import allreduce as checks
+    check_no_multicast()
+    dev, dtype = env.DEVICE, torch.float32
+    for world in (2, 4):
+        ranks = symmetric.SimulatedRanks(world, 64 * 129, dtype, device=dev)
+        for call in range(4):
+            xs = [check.randn((37, 129), dtype) for _ in range(world)]
+            for out in K.one_shot_all_reduce_teaching(xs, ranks):
+                check.compare(f"simulated all-reduce, {world} ranks, call {call}", out, K.all_reduce_ref(xs))
+    checks.stress(K.one_shot_all_reduce_kernel, "simulated one-shot")
+    checks.stress(K.all_reduce_add_rms_norm_kernel, "simulated fused", fused=True)
+    print("PASS simulated all-reduce and fused epilogue on 2 and 4 ranks")
+    tp_block_simulated(dev)
+    print("PASS tensor-parallel MLP block on 2 simulated ranks = the unsplit block")
+    df = ddp_one_process(torch.device(dev), steps=3)
+    print(f"PASS DDP step on one process: losses {[round(v, 3) for v in df['loss']]}")
+
+
+def ddp_one_process(device, steps: int = 3, global_batch: int = 4):
+    """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
+    same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch)
+        finally:
+            dist.destroy_process_group()
+
+
+def tp_block_simulated(dev, world: int = 2, rows: int = 9, width: int = 48) -> None:
+    """fc split by columns and out by rows over ``world`` simulated ranks, the partials all-reduced with the
+    fused epilogue: the same y as the whole MLP + residual + RMSNorm in float64."""
+    from course_utils import check
+    h, res = check.randn((rows, width)), check.randn((rows, width))
+    fc, out = check.randn((4 * width, width), scale=width**-0.5), check.randn((width, 4 * width), scale=0.1)
+    w = check.randn((width,), offset=1.0, scale=0.1)
+    parts = [F.linear(F.gelu(F.linear(h, f)), o) for f, o in zip(fc.chunk(world, 0), out.chunk(world, 1))]
+    ranks = symmetric.SimulatedRanks(world, rows * width, torch.float32, device=dev)
+    got = K.all_reduce_add_rms_norm_teaching(parts, [res] * world, w, ranks, EPS)
+    whole = F.linear(F.gelu(F.linear(h.double(), fc.double())), out.double())
+    y64, _ = K.all_reduce_add_rms_norm_ref([whole], res, w, EPS)
+    for y, _s in got:
+        check.compare("tensor-parallel block y", y, y64, atol=1e-4, rtol=1e-4)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="folder for the CSVs (default results/<gpu>)")
+    ap.add_argument("--quick", action="store_true", help="two sizes and a short DDP run")
+    ap.add_argument("--ddp-only", action="store_true", help="only the DDP step (for the 1-GPU baseline)")
+    ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA graphs of 20 calls (names end in _graphs)")
+    ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")
+    ap.add_argument("--check-only", action="store_true", help="correctness and stress only, two sizes, no timing")
+    ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
+    args = ap.parse_args(argv)
+    os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
+    if args.judge:
+        judge(Path(args.out or results.RESULTS / results.gpu_slug()))
+    elif args.simulate or "WORLD_SIZE" not in os.environ:
+        run_simulated(args)
+    else:
+        run_distributed(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,262 @@
+"""Checks for chapter 13: a student's one-shot all-reduce over symmetric memory, and the same kernel
+with the residual add and RMSNorm fused after the sum.
+
+The checker launches the student's kernel on W simulated ranks (:class:`SimulatedRanks`: W buffers
+of one process, tables of their addresses) exactly as :mod:`course_utils.kernels.allreduce`
+launches its own::
+
+    kernel[grid](out_ptr, x_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols, buf_offset,
+                 max_spins, WORLD=W, BLOCK_N=..., PUBLISH=..., REDUCE=...)
+    kernel[grid](y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols,
+                 buf_offset, eps, max_spins, WORLD=W, BLOCK_N=..., PUBLISH=..., REDUCE=...)   # fused
+
+Flag ``pid * WORLD + src`` of rank r's pad says "rank src's program pid has published": set 0 -> 1 by
+src (release), reset 1 -> 0 by r when it waits (acquire). Every call draws fresh inputs, poisons the
+outputs with NaN inside guard zones, and runs a schedule a GPU could run: first rank 0's reduce half
+*before any rank published* (a correct kernel's wait gives up after ``max_spins`` tries and writes
+nothing), then every publish, then every reduce in reverse order; then it checks that the pads are
+all zero again. Several calls back to back, with new data and alternating buffer halves. A wrong
+answer is matched against the usual faults, each named; under the interpreter the loads of that early
+reduce are recorded too, so a kernel that reads the peers' buffers before its wait (and keeps the
+result only if the wait succeeds) is caught as well. What the interpreter cannot see, since it runs
+one program at a time: a missing release or acquire (``sem="relaxed"``), or a signal placed before
+the stores of the same half. Those show on GPUs, in the stress loop of benchmarks/multigpu.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import check, env
+from ..symmetric import SimulatedRanks
+from . import answer_keys
+from .loads import span
+
+EPS = 1e-6
+CALLS = 3            # back-to-back calls: the second reuses the pads, the third the first call's half
+HINT = ("publish half: copy your rows of x into your buffer (tl.load(buf_table_ptr + rank) cast to a pointer, "
+        "+ buf_offset), then on every peer set flag pid * WORLD + rank with tl.atomic_cas(flag, 0, 1, "
+        "sem='release', scope='sys'); reduce half: on your own pad wait for flag pid * WORLD + peer with "
+        "tl.atomic_cas(flag, 1, 0, sem='acquire', scope='sys') (at most max_spins tries), and only if every "
+        "peer's flag came, read every rank's buffer at the same offset and sum in float32.")
+FAULTS = {
+    "no barrier": "your reduce half read the peers' buffers while no peer had published. Wait for every "
+                  "peer's flag before the first load of a peer's buffer, and skip the reduce if a flag did not come",
+    "barrier before the writes": "the flags said 'published' before the rows were in the buffer: a peer read "
+                                 "the old contents. Store your rows into your buffer first, then signal",
+    "only the own buffer read": "the sum holds your own rows only: load each rank r's buffer address from "
+                                "buf_table_ptr + r, for every r in tl.static_range(WORLD)",
+    "wrong peer offset": "the peers' rows were read at another offset than your own: symmetric buffers have "
+                         "the same layout on every rank, so a peer's row is at its buffer + buf_offset + "
+                         "row * n_cols, exactly like yours",
+    "norm applied before the sum": "y is the norm of the summed stream: sum the ranks' x, add the residual, "
+                                   "then normalize; normalizing each rank's part first gives another result",
+    "signal pad never reset": "after the call the pads still hold flags: the next call's wait would pass at "
+                              "once and read old data. The waiting rank resets its flag (atomic_cas(flag, 1, 0))",
+}
+
+
+def _fail(case: str, fault: str) -> None:
+    raise check.CheckFailure(f"{case}: {fault}: {FAULTS[fault]}.\nHint: {HINT}")
+
+
+def _shapes():
+    return env.pick(gpu=((1, 1), (7, 100), (300, 1000), (33, 4099)), cpu=((1, 1), (5, 37), (7, 100)))
+
+
+def _programs(n_rows: int) -> int:
+    return min(n_rows, 3)    # fewer programs than rows: each program's rows wrap around the grid
+
+
+def _launch(kernel, fused, ranks, rank, publish, reduce, t, i, n_rows, n_cols, offset, case):
+    w = ranks.world_size
+    block = 1 << max(n_cols - 1, 0).bit_length()
+    common = dict(WORLD=w, BLOCK_N=block, PUBLISH=publish, REDUCE=reduce)
+    try:
+        if fused:
+            kernel[(_programs(n_rows),)](t["y"][i].tensor, t["s"][i].tensor, t["x"][i], t["r"], t["w"],
+                                         ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols, offset, EPS,
+                                         ranks.max_spins, **common)
+        else:
+            kernel[(_programs(n_rows),)](t["out"][i].tensor, t["x"][i], ranks.buf_table, ranks.pad_table, rank,
+                                         n_rows, n_cols, offset, ranks.max_spins, **common)
+    except (NotImplementedError, check.CheckFailure):
+        raise
+    except Exception as e:
+        raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\nIt is launched "
+                                 "as described in course_utils/checkers/allreduce.py.") from e
+
+
+def _outputs(t, fused):
+    return [g.tensor for g in (t["y"] + t["s"] if fused else t["out"])]
+
+
+def _inputs(ranks, dtype, n_rows, n_cols, fused):
+    w = ranks.world_size
+    t = {"x": [check.randn((n_rows, n_cols), dtype, scale=2.0) for _ in range(w)]}
+    if fused:
+        t["r"] = check.randn((n_rows, n_cols), dtype)
+        t["w"] = check.randn((n_cols,), dtype, offset=1.0, scale=0.5)
+        t["y"] = [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]
+        t["s"] = [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]
+    else:
+        t["out"] = [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]
+    return t
+
+
+def _rmsnorm(s, w):
+    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def _diagnose(case, t, got, stale, other_half, rank, kind, dtype):
+    """Name the fault whose result ``got`` matches, if one does: ``got`` is rank's output (``kind`` "out"),
+    its s minus the residual ("s") or its y ("y"), in float64."""
+    x = [v.double().cpu() for v in t["x"]]
+    atol, rtol = check.tolerance(dtype)
+    peers = [p for p in range(len(x)) if p != rank]
+    candidates = []
+    if kind in ("s", "y"):
+        r, w = t["r"].double().cpu(), t["w"].double().cpu()
+        early = [sum(_rmsnorm(v, w) for v in x), sum(_rmsnorm(v + r, w) for v in x)]
+        if kind == "y":
+            early += [_rmsnorm(e + r, w) for e in early] + [early[0] + r]
+        candidates += [("norm applied before the sum", e) for e in early]
+    if kind in ("out", "s"):
+        candidates += [("only the own buffer read", x[rank]), ("only the own buffer read", len(x) * x[rank]),
+                       ("wrong peer offset", x[rank] + sum(other_half[p] for p in peers)),
+                       ("barrier before the writes", x[rank] + sum(stale[p] for p in peers))]
+    for fault, want in candidates:
+        if bool(torch.isclose(got, want, atol=atol * 4, rtol=rtol * 4, equal_nan=True).all()):
+            _fail(case, fault)
+
+
+def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
+    w = ranks.world_size
+    case = f"{name} ({str(dtype).removeprefix('torch.')}, {w} ranks, {n_rows} rows x {n_cols} cols)"
+    t = _inputs(ranks, dtype, n_rows, n_cols, fused)
+    offset = ranks.next_offset()
+    n = n_rows * n_cols
+    other = ranks.capacity - offset
+    stale = [b[offset:offset + n].view(n_rows, n_cols).double().cpu() for b in ranks.buffers]
+    other_half = [b[other:other + n].view(n_rows, n_cols).double().cpu() for b in ranks.buffers]
+    pads_before = [p.clone() for p in ranks.pads]
+    # a reduce before anyone published: a correct kernel waits, gives up, and reads and writes nothing
+    with check.track_loads() as loads:
+        _launch(kernel, fused, ranks, 0, False, True, t, 0, n_rows, n_cols, offset, case)
+    early = _peer_reads(loads, ranks, rank=0)
+    if early:
+        _fail(case + f", rank 0's reduce launched before any rank published: it loaded {early} element(s) of the "
+                     "peers' buffers before their flags came", "no barrier")
+    written = [o for o in _outputs(t, fused)[0::w]]
+    if not all(bool(o.isnan().all()) for o in written):
+        _fail(case + ", rank 0's reduce launched before any rank published", "no barrier")
+    if not all(torch.equal(a, b) for a, b in zip(pads_before, ranks.pads)):
+        raise check.CheckFailure(f"{case}: rank 0's reduce half, launched before any peer signalled, changed the "
+                                 "signal pads: it may only reset a flag that was 1 (atomic_cas(flag, 1, 0)).")
+    for rank in list(range(1, w)) + [0]:
+        _launch(kernel, fused, ranks, rank, True, False, t, rank, n_rows, n_cols, offset, case)
+    for rank in reversed(range(w)):
+        _launch(kernel, fused, ranks, rank, False, True, t, rank, n_rows, n_cols, offset, case)
+    for g in (t["y"] + t["s"] if fused else t["out"]):
+        g.check(case, HINT)
+    atol, rtol = check.tolerance(dtype)
+    if fused:
+        y64, s64 = _reference_fused(t, dtype)
+        pairs = ([("y", t["y"][r].tensor, y64, r) for r in range(w)]
+                 + [("s", t["s"][r].tensor, s64, r) for r in range(w)])
+    else:
+        ref = sum(v.double() for v in t["x"])
+        pairs = [("out", t["out"][r].tensor, ref, r) for r in range(w)]
+    for what, got, want, rank in sorted(pairs, key=lambda p: (p[0] == "y", -p[3])):   # in the order ranks reduced
+        if not bool(torch.isclose(got.double().cpu(), want.cpu(), atol=atol, rtol=rtol).all()):
+            sub = t["r"].double().cpu() if what == "s" else 0.0
+            _diagnose(f"{case}, rank {rank}", t, got.double().cpu() - sub, stale, other_half, rank, what, dtype)
+            check.compare(f"{case}, rank {rank}'s {what}", got, want, dtype=dtype, hint=HINT)
+    for rank in range(w):
+        if not torch.equal(ranks.buffers[rank][offset:offset + n].view(n_rows, n_cols), t["x"][rank]):
+            raise check.CheckFailure(f"{case}: rank {rank}'s buffer does not hold its x at buf_offset after the call: "
+                                     "publish your rows at your buffer + buf_offset + row * n_cols (calls alternate "
+                                     "between two halves, so a rank that runs ahead into the next call never "
+                                     "overwrites rows a slower peer is still reading).\nHint: " + HINT)
+    if any(bool(p.any()) for p in ranks.pads):
+        _fail(case + ", after the call", "signal pad never reset")
+
+
+def _peer_reads(loads, ranks, rank: int) -> int:
+    """How many loaded lanes (recorded under the interpreter; none on a GPU) fell in a peer's buffer."""
+    addr = loads.flat()
+    if addr.size == 0:
+        return 0
+    hits = 0
+    for r, buf in enumerate(ranks.buffers):
+        if r != rank:
+            start, end = span(buf)
+            hits += int(((addr >= start) & (addr < end)).sum())
+    return hits
+
+
+def _reference_fused(t, dtype):
+    s = sum(v.double() for v in t["x"]) + t["r"].double()
+    s_n = s.to(dtype).double()   # the kernel normalizes s as it stored it
+    return _rmsnorm(s_n, t["w"].double()), s
+
+
+def _library_ops() -> dict[str, object]:
+    """torch's own collectives and symmetric-memory ops, where this build has them."""
+    import torch.distributed as dist
+    found = {}
+    for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce_scatter", "all_gather"):
+        if hasattr(dist, name):
+            found[f"torch.distributed.{name} (NCCL)"] = getattr(dist, name)
+    for name in ("one_shot_all_reduce", "two_shot_all_reduce_", "multimem_all_reduce_",
+                 "one_shot_all_reduce_out", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"):
+        try:
+            found[f"torch.ops.symm_mem.{name}"] = getattr(torch.ops.symm_mem, name)
+        except (AttributeError, RuntimeError):
+            pass
+    return found
+
+
+def _refuse(kernel, name):
+    forbidden = answer_keys.course_answers("course_utils.kernels.allreduce")
+    forbidden.update(_library_ops())
+    module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
+    if module.startswith("course_utils"):
+        raise check.CheckFailure(f"{name}: this is the course's own kernel ({module}): write yours.")
+    answer_keys.refuse(name, kernel, forbidden)
+    for fn in (kernel, getattr(kernel, "fn", None)):
+        for dotted, _ in check._referenced(fn) if fn is not None else ():
+            if "symm_mem" in dotted or "all_reduce" in dotted or "distributed" in dotted:
+                raise check.CheckFailure(f"{name}: your code uses {dotted}: that is a library's all-reduce, the "
+                                         "answer the check compares with. Write the kernel yourself.")
+
+
+def stress(kernel, name: str = "all-reduce kernel", fused: bool = False) -> None:
+    """The schedules, calls and comparisons of the checks, without refusing anything (the course's tests
+    run its own kernels and the wrong ones through this)."""
+    device = env.DEVICE
+    for world in (2, 4):
+        for dtype in env.supported_dtypes():
+            biggest = max(r * c for r, c in _shapes())
+            ranks = SimulatedRanks(world, biggest, dtype, device=device, max_programs=3)
+            for b in ranks.buffers:   # old contents that differ from every call's data: a stale read shows
+                b.copy_(check.randn(b.shape, dtype, scale=3.0, offset=7.0))
+            for n_rows, n_cols in _shapes():
+                for _ in range(CALLS):
+                    _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name)
+
+
+def check_all_reduce_kernel(kernel, name: str = "one-shot all-reduce") -> None:
+    """Judge a student's all-reduce ``kernel`` (see the module docstring) on 2 and 4 simulated ranks."""
+    _refuse(kernel, name)
+    stress(kernel, name, fused=False)
+    check.verdict(name, "matches the float64 sum on every rank, for 2 and 4 ranks, every dtype tried, calls back "
+                        "to back with new data; it waits for every peer before reading and leaves the pads reset")
+
+
+def check_all_reduce_add_rms_norm_kernel(kernel, name: str = "all-reduce + residual + RMSNorm") -> None:
+    """Judge a student's fused kernel: y = RMSNorm(sum over ranks of x + residual) * w and s on every rank."""
+    _refuse(kernel, name)
+    stress(kernel, name, fused=True)
+    check.verdict(name, "y and s match float64 on every rank, for 2 and 4 ranks, every dtype tried, calls back "
+                        "to back with new data; it waits for every peer before reading and leaves the pads reset")

@@ -1,0 +1,101 @@
+"""Where an all-reduce kernel's pointers point (chapter 13): W symmetric buffers and W signal pads, and
+the int64 tables of their addresses that :mod:`course_utils.kernels.allreduce` takes.
+
+- :class:`SimulatedRanks`: W ranks in one process (the CPU under Triton's interpreter, or one GPU):
+  W buffers and pads of this process; a call runs every rank's publish half, then every reduce half.
+- :class:`SymmetricRanks`: this process's rank of a real group, one process per GPU under torchrun:
+  the peers' buffers and pads mapped by PyTorch's symmetric memory (``symm_mem.empty``,
+  ``symm_mem.rendezvous``); a call is one launch per rank, both halves. No multicast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SPINS_GPU = 2**26            # about a minute of tries: a lost peer ends the wait instead of hanging the job
+SPINS_SIMULATED = 2          # a simulated peer that has not signalled will not signal during this launch
+PROGRAMS_PER_SM = 4          # every program is resident at once: a waiting program never blocks a peer's
+PROGRAMS_SIMULATED = 3       # under the interpreter: a few programs, so rows wrap around the grid
+
+
+class Ranks:
+    """W symmetric buffers (two halves of ``capacity`` elements each) and W signal pads (``programs * W``
+    int32 flags each), their address tables, and the schedule a call runs: ``(rank, publish, reduce)``."""
+
+    def __init__(self, world_size: int, capacity: int, dtype: torch.dtype, max_programs: int, max_spins: int):
+        self.world_size, self.capacity, self.dtype = world_size, capacity, dtype
+        self.max_programs, self.max_spins, self.calls = max_programs, max_spins, 0
+
+    def tables(self, buffer_ptrs, pad_ptrs, device):
+        self.buf_table = torch.tensor(list(buffer_ptrs), dtype=torch.int64, device=device)
+        self.pad_table = torch.tensor(list(pad_ptrs), dtype=torch.int64, device=device)
+
+    def next_offset(self) -> int:
+        """Element offset of the half this call uses (calls alternate halves)."""
+        self.calls += 1
+        return (self.calls % 2) * self.capacity
+
+
+class SimulatedRanks(Ranks):
+    """W ranks in one process (CPU under the interpreter, or one GPU): all publishes, then all reduces."""
+
+    def __init__(self, world_size: int, capacity: int, dtype=torch.float32, device=None, max_programs=None):
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        programs = max_programs or (PROGRAMS_SIMULATED if device.type == "cpu" else 64)
+        super().__init__(world_size, capacity, dtype, programs, SPINS_SIMULATED)
+        self.device = device
+        self.buffers = [torch.full((2 * capacity,), float("nan"), dtype=dtype, device=device)
+                        for _ in range(world_size)]
+        self.pads = [torch.zeros(programs * world_size, dtype=torch.int32, device=device)
+                     for _ in range(world_size)]
+        self.tables([b.data_ptr() for b in self.buffers], [p.data_ptr() for p in self.pads], device)
+        self.local_ranks = list(range(world_size))
+
+    def schedule(self):
+        return [(r, True, False) for r in self.local_ranks] + [(r, False, True) for r in self.local_ranks]
+
+
+class SymmetricRanks(Ranks):
+    """This process's rank of a real group: peers' buffers and pads from torch symmetric memory (no
+    multicast). Collective: every rank of ``group`` constructs it with the same arguments."""
+
+    def __init__(self, capacity: int, dtype=torch.bfloat16, group=None):
+        import warnings
+
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+        group = group or dist.group.WORLD
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)   # needed before torch 2.9, then a no-op
+        if enable is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                enable(group.group_name)
+        device = torch.device("cuda", torch.cuda.current_device())
+        programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        super().__init__(dist.get_world_size(group), capacity, dtype, programs, SPINS_GPU)
+        self.device = device
+        self.buffer = symm_mem.empty(2 * capacity, dtype=dtype, device=device)
+        self.pad = symm_mem.empty(programs * self.world_size, dtype=torch.int32, device=device)
+        self.pad.zero_()   # our own flags (not torch's signal pad, which torch's ops use)
+        torch.cuda.synchronize()
+        self.local_ranks = [dist.get_rank(group)]
+        self.handles = [symm_mem.rendezvous(t, group.group_name) for t in (self.buffer, self.pad)]
+        self.tables(*(self._peer_ptrs(h, t, group) for h, t in zip(self.handles, (self.buffer, self.pad))), device)
+        dist.barrier(group)   # every pad is zero before anyone signals
+
+    def _peer_ptrs(self, handle, t, group) -> list[int]:
+        """Every rank's address of ``t``: ``buffer_ptrs`` name each rank's allocation, and ``t`` may sit at an
+        offset inside it (torch's memory pool), the same offset on every rank or the layout is not symmetric."""
+        import torch.distributed as dist
+        offset = t.data_ptr() - handle.buffer_ptrs[self.local_ranks[0]]
+        offsets = [None] * self.world_size
+        dist.all_gather_object(offsets, offset, group)
+        if len(set(offsets)) != 1 or offset < 0:
+            raise RuntimeError(f"symmetric memory: the tensor sits at different offsets on the ranks ({offsets}); "
+                               "allocate the same tensors in the same order on every rank")
+        return [p + offset for p in handle.buffer_ptrs]
+
+    def schedule(self):
+        return [(self.local_ranks[0], True, True)]

@@ -1,0 +1,170 @@
+"""Chapter 13's checkers pass a right one-shot all-reduce (and its fused residual + RMSNorm epilogue)
+written apart from the course's, refuse the course's own kernel and library all-reduces, and fail
+each usual wrong kernel with a message naming the fault."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from course_utils import check
+from course_utils.checkers import allreduce as checks
+from course_utils.kernels import allreduce as K
+
+
+@triton.jit
+def _peer_pad(pad_table_ptr, peer):
+    return tl.load(pad_table_ptr + peer).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols, buf_offset, eps,
+        max_spins, WORLD: tl.constexpr, BLOCK_N: tl.constexpr, PUBLISH: tl.constexpr, REDUCE: tl.constexpr,
+        FUSED: tl.constexpr, FAULT: tl.constexpr):
+    """A student's all-reduce (FUSED: + residual + RMSNorm), one program per row tile, with FAULT baked in."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    dtype = x_ptr.dtype.element_ty
+    own = buf_offset
+    if FAULT == "no buffer half":
+        own = 0
+    mine = tl.load(buf_table_ptr + rank).to(tl.pointer_type(dtype)) + own
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
+    if PUBLISH:
+        if FAULT != "barrier before the writes":
+            for row in tl.range(pid, n_rows, tl.num_programs(0)):
+                base = tl.cast(row, tl.int64) * n_cols
+                x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+                if FAULT == "norm applied before the sum":
+                    x = x / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps) * w
+                tl.store(mine + base + cols, x.to(dtype), mask=mask)
+        if FAULT != "no barrier":
+            tl.debug_barrier()
+            for peer in tl.static_range(WORLD):
+                if peer != rank:
+                    flag = _peer_pad(pad_table_ptr, peer) + pid * WORLD + rank
+                    if FAULT == "signal pad never reset":
+                        tl.atomic_xchg(flag, 1, sem="release", scope="sys")
+                    else:
+                        old = tl.atomic_cas(flag, 0, 1, sem="release", scope="sys")
+                        tries = 0
+                        while (old != 0) & (tries < max_spins):
+                            old = tl.atomic_cas(flag, 0, 1, sem="release", scope="sys")
+                            tries += 1
+    if REDUCE:
+        ready = 0
+        if FAULT == "reads before the wait":   # every rank's first row loaded before the wait, used after it
+            early = tl.zeros((BLOCK_N,), tl.float32)
+            for r in tl.static_range(WORLD):
+                buf = tl.load(buf_table_ptr + r).to(tl.pointer_type(dtype)) + buf_offset
+                early += tl.load(buf + pid * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        if FAULT != "no barrier":
+            pad = _peer_pad(pad_table_ptr, rank) + pid * WORLD
+            for peer in tl.static_range(WORLD):
+                if peer != rank:
+                    new = 0 if FAULT != "signal pad never reset" else 1
+                    old = tl.atomic_cas(pad + peer, 1, new, sem="acquire", scope="sys")
+                    tries = 0
+                    while (old != 1) & (tries < max_spins):
+                        old = tl.atomic_cas(pad + peer, 1, new, sem="acquire", scope="sys")
+                        tries += 1
+                    ready += tl.where(old == 1, 0, 1)
+            tl.debug_barrier()
+        if ready == 0:
+            for row in tl.range(pid, n_rows, tl.num_programs(0)):
+                base = tl.cast(row, tl.int64) * n_cols
+                if FAULT == "barrier before the writes":
+                    tl.store(mine + base + cols, tl.load(x_ptr + base + cols, mask=mask), mask=mask)
+                acc = tl.zeros((BLOCK_N,), tl.float32)
+                for r in tl.static_range(WORLD):
+                    peer_offset = buf_offset
+                    if FAULT == "wrong peer offset":
+                        if r != rank:
+                            peer_offset = 0 if buf_offset != 0 else buf_offset + 1
+                    if FAULT == "no buffer half":
+                        peer_offset = 0
+                    src = r
+                    if FAULT == "only the own buffer read":
+                        src = rank
+                    buf = tl.load(buf_table_ptr + src).to(tl.pointer_type(dtype)) + peer_offset
+                    acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
+                if FAULT == "reads before the wait":
+                    if row == pid:
+                        acc = early   # the first row as it was read before the flags came
+                if FUSED:
+                    s = (acc + tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+                    tl.store(s_ptr + base + cols, s, mask=mask)
+                    sf = s.to(tl.float32)
+                    y = sf / tl.sqrt(tl.sum(sf * sf, axis=0) / n_cols + eps) * w
+                    tl.store(y_ptr + base + cols, y.to(dtype), mask=mask)
+                else:
+                    tl.store(y_ptr + base + cols, acc.to(dtype), mask=mask)
+
+
+def bound(fault: str, fused: bool = False):
+    """``kernel[grid](...)`` with the checker's signature, this fault baked in."""
+    class Bound:
+        def __getitem__(self, grid):
+            if fused:
+                return lambda *a, **kw: _ar[grid](*a, FUSED=True, FAULT=fault, **kw)
+
+            def plain(out, x, buf_table, pad_table, rank, n_rows, n_cols, buf_offset, max_spins, **kw):
+                return _ar[grid](out, out, x, x, x, buf_table, pad_table, rank, n_rows, n_cols, buf_offset, 1e-6,
+                                 max_spins, FUSED=False, FAULT=fault, **kw)
+            return plain
+    return Bound()
+
+
+def test_right_kernels_pass(capsys):
+    checks.check_all_reduce_kernel(bound("none"))
+    checks.check_all_reduce_add_rms_norm_kernel(bound("none", fused=True))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("PASS one-shot all-reduce:") and out[1].startswith("PASS all-reduce + residual + RMSNorm:")
+
+
+@pytest.mark.parametrize("fault", ["no barrier", "barrier before the writes", "only the own buffer read",
+                                   "wrong peer offset", "signal pad never reset", "reads before the wait"])
+@pytest.mark.parametrize("fused", [False, True], ids=["all-reduce", "fused"])
+def test_each_fault_is_named(fault, fused):
+    check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
+    words = "before their flags came" if fault == "reads before the wait" else fault
+    with pytest.raises(check.CheckFailure, match=words):
+        check_fn(bound(fault, fused))
+
+
+def test_norm_before_the_sum_is_named():
+    with pytest.raises(check.CheckFailure, match="norm applied before the sum"):
+        checks.check_all_reduce_add_rms_norm_kernel(bound("norm applied before the sum", fused=True))
+
+
+def test_a_kernel_that_ignores_the_buffer_halves_fails():
+    with pytest.raises(check.CheckFailure, match="buf_offset"):
+        checks.check_all_reduce_kernel(bound("no buffer half"))
+
+
+def test_the_course_kernels_are_refused():
+    for kernel, fn in ((K.one_shot_all_reduce_kernel, checks.check_all_reduce_kernel),
+                       (K.all_reduce_add_rms_norm_kernel, checks.check_all_reduce_add_rms_norm_kernel)):
+        with pytest.raises(check.CheckFailure, match="course's own"):
+            fn(kernel)
+
+
+def _uses_nccl(xs):
+    dist.all_reduce(xs)
+
+
+def _uses_symm_mem(x):
+    return torch.ops.symm_mem.one_shot_all_reduce(x, "sum", "0")
+
+
+def _uses_course_launcher(xs, ranks):
+    return K.one_shot_all_reduce_teaching(xs, ranks)
+
+
+@pytest.mark.parametrize("answer, words", [(_uses_nccl, "all_reduce"), (_uses_symm_mem, "symm_mem"),
+                                           (_uses_course_launcher, "course")])
+def test_library_and_course_all_reduces_are_refused(answer, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_all_reduce_kernel(answer)
