@@ -28,11 +28,9 @@ MAX_BLOCK = 4096   # vocabulary tile: a row of GPT-2's 50257 logits is 13 tiles
 
 
 @triton.jit
-def cross_entropy_fwd_kernel(loss_ptr, lse_ptr, logits_ptr, targets_ptr, n_cols, row_stride,
-                             BLOCK_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """Row ``pid``: lse = logsumexp(logits), loss = lse - logits[target]."""
-    pid = tl.program_id(0)
-    row = logits_ptr + pid.to(tl.int64) * row_stride
+def row_logsumexp(row, n_cols, BLOCK_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """logsumexp of one row in tiles of BLOCK_SIZE: a running max m and sum s = sum exp(x - m) per lane
+    (chapter 6's recurrence), combined across the lanes at the end."""
     offsets = tl.arange(0, BLOCK_SIZE)
     m = tl.full((BLOCK_SIZE,), -float("inf"), tl.float32)
     s = tl.zeros((BLOCK_SIZE,), tl.float32)
@@ -45,7 +43,28 @@ def cross_entropy_fwd_kernel(loss_ptr, lse_ptr, logits_ptr, targets_ptr, n_cols,
         m = m_new
     row_max = tl.max(m, axis=0)
     total = tl.sum(s * tl.exp(m - row_max), axis=0)  # lanes that saw nothing: 0 * exp(-inf) = 0
-    lse = row_max + tl.log(total)
+    return row_max + tl.log(total)
+
+
+@triton.jit
+def store_row_gradient(d_row, row, n_cols, lse, target, scale, BLOCK_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """d_row = (exp(row - lse) - onehot(target)) * scale, in d_row's dtype (d_row may be row itself)."""
+    offsets = tl.arange(0, BLOCK_SIZE)
+    for start in tl.range(0, n_cols, BLOCK_SIZE, num_stages=NUM_STAGES):
+        cols = start + offsets
+        mask = cols < n_cols
+        x = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
+        d = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
+        tl.store(d_row + cols, (d * scale).to(d_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def cross_entropy_fwd_kernel(loss_ptr, lse_ptr, logits_ptr, targets_ptr, n_cols, row_stride,
+                             BLOCK_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Row ``pid``: lse = logsumexp(logits), loss = lse - logits[target]."""
+    pid = tl.program_id(0)
+    row = logits_ptr + pid.to(tl.int64) * row_stride
+    lse = row_logsumexp(row, n_cols, BLOCK_SIZE, NUM_STAGES)
     target = tl.load(targets_ptr + pid).to(tl.int64)
     valid = (target >= 0) & (target < n_cols)
     x_t = tl.load(row + tl.where(valid, target, 0)).to(tl.float32)
@@ -60,16 +79,10 @@ def cross_entropy_bwd_kernel(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dlos
     pid = tl.program_id(0)
     row = logits_ptr + pid.to(tl.int64) * row_stride
     d_row = dlogits_ptr + pid.to(tl.int64) * d_row_stride
-    offsets = tl.arange(0, BLOCK_SIZE)
     lse = tl.load(lse_ptr + pid)
     target = tl.load(targets_ptr + pid).to(tl.int64)
     scale = tl.load(dloss_ptr).to(tl.float32) * inv_n_rows
-    for start in tl.range(0, n_cols, BLOCK_SIZE, num_stages=NUM_STAGES):
-        cols = start + offsets
-        mask = cols < n_cols
-        x = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
-        d = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
-        tl.store(d_row + cols, (d * scale).to(dlogits_ptr.dtype.element_ty), mask=mask)
+    store_row_gradient(d_row, row, n_cols, lse, target, scale, BLOCK_SIZE, NUM_STAGES)
 
 
 # --------------------------------------------------------------------------- launchers

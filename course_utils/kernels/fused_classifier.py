@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .cross_entropy import row_logsumexp, store_row_gradient
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 4096          # vocabulary tile: GPT-2's 50304 logits are 13 tiles per pass
 IGNORE_INDEX = -100       # F.cross_entropy's default
@@ -42,19 +44,8 @@ def fused_classifier_kernel(logits_ptr, losses_ptr, targets_ptr, scale_ptr, scal
     """Row ``pid``: losses[pid] = lse - x[target]; x <- (softmax(x) - onehot(target)) * scale."""
     pid = tl.program_id(0)
     row = logits_ptr + pid.to(tl.int64) * row_stride
-    offsets = tl.arange(0, BLOCK_SIZE)
-    # pass 1: a running max m and a sum s = sum exp(x - m) per lane (chapter 6)
-    m = tl.full((BLOCK_SIZE,), -float("inf"), tl.float32)
-    s = tl.zeros((BLOCK_SIZE,), tl.float32)
-    for start in tl.range(0, n_cols, BLOCK_SIZE, num_stages=NUM_STAGES):
-        cols = start + offsets
-        x = tl.load(row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)   # nothing finite yet in this lane: s stays 0
-        s = s * tl.exp(m - m_use) + tl.exp(x - m_use)
-        m = m_new
-    row_max = tl.max(m, axis=0)
-    lse = row_max + tl.log(tl.sum(s * tl.exp(m - row_max), axis=0))
+    # pass 1: the row's logsumexp, online (chapter 6; the same function as cross_entropy_fwd_kernel's)
+    lse = row_logsumexp(row, n_cols, BLOCK_SIZE, NUM_STAGES)
 
     target = tl.load(targets_ptr + pid).to(tl.int64)
     ignored = target == ignore_index
@@ -69,13 +60,8 @@ def fused_classifier_kernel(logits_ptr, losses_ptr, targets_ptr, scale_ptr, scal
         scale = scale_value
     # an ignored row's gradient is 0; a bad target's is NaN (like its loss)
     scale = tl.where(ignored, 0.0, tl.where(valid, scale, float("nan")))
-    # pass 2: overwrite the row with its gradient, in the logits' dtype
-    for start in tl.range(0, n_cols, BLOCK_SIZE, num_stages=NUM_STAGES):
-        cols = start + offsets
-        mask = cols < n_cols
-        x = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
-        d = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
-        tl.store(row + cols, (d * scale).to(logits_ptr.dtype.element_ty), mask=mask)
+    # pass 2: overwrite the row with its gradient, in the logits' dtype (the logits are never needed again)
+    store_row_gradient(row, row, n_cols, lse, target, scale, BLOCK_SIZE, NUM_STAGES)
 
 
 # --------------------------------------------------------------------------- launcher
