@@ -248,3 +248,18 @@ def test_course_model_compiles_with_inductor_and_graphs_on_the_gpu():
     first = float(loss)
     replay()
     assert float(loss) < first  # the graph holds the optimizer: each replay trains one more step on the batch
+
+
+def test_bf16_weights_keep_the_exact_float32_masters_for_the_optimizer():
+    """llm.c's mixed precision: the model's weights become bf16 (no autocast then) and the optimizer keeps
+    the float32 values they came from as its masters, in one fused AdamW (MasterAdamW)."""
+    from course_utils.tuned.adamw import MasterAdamW
+    model = gpt.GPT(gpt.TINY).to(cu.DEVICE)
+    fp32 = [p.detach().clone() for p in model.parameters()]
+    assert gpt.uses_autocast(model)
+    gpt.bf16_weights(model)
+    assert not gpt.uses_autocast(model) and all(p.dtype == torch.bfloat16 for p in model.parameters())
+    opt = gpt.optimizer(model)
+    assert isinstance(opt, MasterAdamW)
+    for master, want, p in zip(opt.masters(), fp32, model.parameters()):
+        assert torch.equal(master, want) and torch.equal(p, want.to(torch.bfloat16))

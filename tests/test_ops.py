@@ -406,3 +406,19 @@ def test_attention_qkv_writes_the_gradient_in_the_packed_layout():
     torch.library.opcheck(torch.ops.course.attention_qkv_fwd.default, (qkv, H, True, hd ** -0.5))
     with pytest.raises(ValueError, match="3 \\* n_head"):
         ops.attention_qkv(check.randn((1, 4, 10)), 3)
+
+
+def test_rows_view_gives_a_row_stride_only_for_evenly_strided_rows():
+    """The norms launch on the input itself with one row stride when its rows are evenly strided (no view,
+    no copy), else they copy it once: contiguous, a column slice, and a permutation."""
+    from course_utils.ops.norms import _rows_view
+    x = torch.randn(2, 3, 8)
+    assert _rows_view(x, 8) == 8
+    assert _rows_view(x[:, :, :5], 5) == 8                      # rows of 5 inside rows of 8
+    assert _rows_view(x.transpose(0, 1), 8) is None             # (3, 2, 8): rows not evenly strided
+    assert _rows_view(x.transpose(1, 2), 3) is None             # the last dim is not unit stride
+    y, r = check.randn((3, 7, 24))[:, :, :16], check.randn((3, 7, 16))
+    w, b = check.randn((16,)), check.randn((16,))
+    got, s = ops.add_layer_norm(y, r, w, b)                     # a strided x read in place
+    check.compare("add_layer_norm on a column slice", got, F.layer_norm((y + r).double(), (16,), w.double(),
+                                                                       b.double(), 1e-5), **TOL)
