@@ -209,7 +209,7 @@ def reference_checks(p: Pieces, world: int) -> list[dict]:
 
     def err(name, got, want, tol, scale=scale):
         e = float(((got.double() - want).abs() - tol * scale).max())
-        rows.append({"impl": name, "max_excess_error": e, "ok": e <= tol})
+        rows.append({"impl": name, "max_excess_error": e, "ok": e <= 0.0})   # e: the error less its allowance
 
     err("course one-shot", K.one_shot_all_reduce_teaching([p.x], p.ranks)[0], total, 1.6e-2)
     y, s = p._fused(p.x)

@@ -42,7 +42,7 @@ class GPTConfig:
 
 
 TINY = GPTConfig()                                                       # the CPU interpreter: seconds
-GPU = GPTConfig(n_layer=6, n_head=12, d_model=768, seq_len=1024)         # GPT-2 small's width, 6 layers, 256 tokens
+GPU = GPTConfig(n_layer=6, n_head=12, d_model=768, seq_len=1024)         # GPT-2 small's width, 6 layers, vocab 256
 # GPT-2 small, the shape llm.c and nanoGPT report: 12 layers, width 768, 12 heads, a vocabulary of 50304.
 # The course's text is bytes, so only ids 0-255 ever appear: the head, the loss and the embedding's
 # gradient still cost what a 50304-token tokenizer's would (every row is a full softmax over 50304).
