@@ -151,3 +151,18 @@ def test_symmetric_ranks_address_the_tensor_inside_each_peers_allocation(monkeyp
     monkeypatch.setattr(dist, "all_gather_object", gathered(lambda obj: [0, obj, 0]))
     with pytest.raises(RuntimeError, match="different offsets"):
         ranks._peer_ptrs(Handle(), Tensor(), None)
+
+
+def test_a_peer_that_never_signals_gives_nan_rows_not_stale_memory():
+    """One launch per rank (a GPU's way): rank 0 alone runs, its wait for rank 1 gives up after max_spins,
+    and its output is NaN, never whatever the output's memory held."""
+    class Alone(S.SimulatedRanks):
+        def schedule(self):
+            return [(0, True, True)]   # rank 1 never publishes
+
+    ranks = Alone(2, 64, dtype=torch.float32, device=env.DEVICE, max_programs=2)
+    xs = [check.randn((3, 7)), check.randn((3, 7))]
+    out = K.one_shot_all_reduce_teaching(xs, ranks)[0]
+    assert torch.isnan(out).all()
+    y, s = K.all_reduce_add_rms_norm_teaching(xs, [check.randn((3, 7))] * 2, check.randn((7,)), ranks)[0]
+    assert torch.isnan(y).all() and torch.isnan(s).all()

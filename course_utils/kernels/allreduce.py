@@ -99,6 +99,17 @@ def sum_ranks(buf_table_ptr, offsets, mask, buf_offset, DTYPE: tl.constexpr, WOR
 
 
 @triton.jit
+def poison_rows(out_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr):
+    """NaN in this program's rows of out: a peer that never signalled gives a visible failure, never
+    whatever the output's memory held."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    nan = tl.full((BLOCK_N,), float("nan"), tl.float32).to(out_ptr.dtype.element_ty)
+    for row in tl.range(pid, n_rows, tl.num_programs(0)):
+        tl.store(out_ptr + tl.cast(row, tl.int64) * n_cols + cols, nan, mask=cols < n_cols)
+
+
+@triton.jit
 def one_shot_all_reduce_kernel(out_ptr, x_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols, buf_offset,
                                max_spins, WORLD: tl.constexpr, BLOCK_N: tl.constexpr, PUBLISH: tl.constexpr,
                                REDUCE: tl.constexpr):
@@ -116,6 +127,8 @@ def one_shot_all_reduce_kernel(out_ptr, x_ptr, buf_table_ptr, pad_table_ptr, ran
                 offsets = tl.cast(row, tl.int64) * n_cols + cols   # int64: rows * n_cols can pass 2^31
                 acc = sum_ranks(buf_table_ptr, offsets, mask, buf_offset, x_ptr.dtype.element_ty, WORLD)
                 tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        elif PUBLISH:   # one launch (a GPU's): the wait gave up, so say so in the output (split phases: a probe)
+            poison_rows(out_ptr, n_rows, n_cols, BLOCK_N)
 
 
 @triton.jit
@@ -142,6 +155,9 @@ def all_reduce_add_rms_norm_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_
                 s = s_out.to(tl.float32)   # normalize the stream as stored
                 rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
                 tl.store(y_ptr + offsets, (s * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+        elif PUBLISH:   # one launch: the wait gave up; NaN in y and s, not stale memory
+            poison_rows(y_ptr, n_rows, n_cols, BLOCK_N)
+            poison_rows(s_ptr, n_rows, n_cols, BLOCK_N)
 
 
 # --------------------------------------------------------------------------- launchers
