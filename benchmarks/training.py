@@ -234,7 +234,11 @@ def losses(steps: int, cfg=None, data=None, device="cuda", sample: str = "",
     trained course model's continuation of it is ``curve.attrs["sample"]``."""
     cfg, data = cfg or gpt.GPU, data if data is not None else gpt.tokens()
     a, b = gpt.twins(cfg, device)
+    # the course's step with a float32 residual stream (eager's under autocast): is the stream the gap?
+    c = gpt.bf16_weights(copy.deepcopy(a).use("course"), torch.float32) if floor and b.residual_dtype is None \
+        and not gpt.uses_autocast(b) else None
     opt_a, opt_b = gpt.optimizer(a), gpt.optimizer(b)
+    opt_c = gpt.optimizer(c) if c is not None else None
     before = [[p.detach().clone() for p in m.parameters()] for m in (a, b)]   # each step's starting weights
     rows, report = [], pd.DataFrame()
     for s, (x, y) in enumerate(gpt.batches(data, batch, cfg.seq_len, steps, seed=0)):
@@ -244,12 +248,16 @@ def losses(steps: int, cfg=None, data=None, device="cuda", sample: str = "",
         la, lb = float(gpt.train_step(a, opt_a, x, y)), float(gpt.train_step(b, opt_b, x, y))
         rows.append({"step": s, "torch_ops": la, "course_ops": lb, "rel_diff": abs(lb - la) / la,
                      "signed_rel_diff": (lb - la) / la})
+        if c is not None:
+            lc = float(gpt.train_step(c, opt_c, x, y))
+            rows[-1].update(course_fp32_residual=lc, course_fp32_residual_rel_diff=abs(lc - la) / la,
+                            course_fp32_residual_signed_rel_diff=(lc - la) / la)
         if rows[-1]["rel_diff"] > LOSS_TOLERANCE and report.empty:
             report = layer_report(s, cfg, x, y, before)
     curve = pd.DataFrame(rows)
     if sample:
         curve.attrs["sample"] = gpt.generate(b, sample, min(SAMPLE_BYTES, cfg.seq_len - len(sample.encode())))
-    del a, b, opt_a, opt_b, before
+    del a, b, c, opt_a, opt_b, opt_c, before
     gc.collect()
     for col, (seed, compiled) in (("torch_seed1", (1, False)), ("torch_compile", (0, True))) if floor else ():
         m = gpt.GPT(cfg, seed).to(device).use("torch")
@@ -273,7 +281,7 @@ def loss_agreement(curve: pd.DataFrame) -> dict:
     tail = curve[curve["step"] >= curve["step"].max() * FLOOR_FROM]
     out = {"course_mean_abs": tail["rel_diff"].mean(), "course_mean_signed": tail["signed_rel_diff"].mean(),
            "course_max": curve["rel_diff"].max()}
-    for col in ("torch_seed1", "torch_compile"):
+    for col in ("torch_seed1", "torch_compile", "course_fp32_residual"):
         if f"{col}_rel_diff" in tail:
             out[f"{col}_mean_abs"] = tail[f"{col}_rel_diff"].mean()
             out[f"{col}_mean_signed"] = tail[f"{col}_signed_rel_diff"].mean()

@@ -126,6 +126,7 @@ class GPT(nn.Module):
                 std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "out.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=g) * std)
         self.ops = make_ops("torch")
+        self.residual_dtype: torch.dtype | None = None   # None: the stream in the embeddings' dtype
 
     def use(self, ops: Ops | str) -> GPT:
         self.ops = make_ops(ops) if isinstance(ops, str) else ops
@@ -139,7 +140,13 @@ class GPT(nn.Module):
         ops, eps = self.ops, self.cfg.eps
         x = self.wte(idx) + self.wpe(torch.arange(start, start + N, device=idx.device))
         first = self.blocks[0].ln1
-        h = ops.layer_norm(x, first.weight, first.bias, eps)
+        if self.residual_dtype is not None and x.dtype != self.residual_dtype:
+            # a wider residual stream than the weights (bf16 weights, float32 stream): add_layer_norm keeps s in
+            # the wider dtype and writes y in the branch's, so only the first LayerNorm's output is cast
+            compute, x = x.dtype, x.to(self.residual_dtype)
+            h = ops.layer_norm(x, first.weight, first.bias, eps).to(compute)
+        else:
+            h = ops.layer_norm(x, first.weight, first.bias, eps)
         for i, block in enumerate(self.blocks):
             h, x = ops.add_layer_norm(block.attend(h, ops, cache, i), x, block.ln2.weight, block.ln2.bias, eps)
             nxt = self.blocks[i + 1].ln1 if i + 1 < len(self.blocks) else self.ln_f
@@ -152,11 +159,13 @@ class GPT(nn.Module):
         return None, ops.linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.wte.weight, targets.reshape(-1))
 
 
-def bf16_weights(model: GPT) -> GPT:
+def bf16_weights(model: GPT, residual_dtype: torch.dtype | None = None) -> GPT:
     """The model's parameters in bfloat16, llm.c's mixed precision: the forward and backward read bf16
     weights (no autocast, no casts), and :func:`optimizer` keeps float32 master weights and moments, made
-    here from the exact float32 values, in one fused kernel (:mod:`course_utils.tuned.adamw`)."""
+    here from the exact float32 values, in one fused kernel (:mod:`course_utils.tuned.adamw`). The residual
+    stream is bf16 too (llm.c's choice), unless ``residual_dtype`` (float32: what eager keeps under autocast)."""
     model.master = [p.detach().float().clone() for p in model.parameters()]
+    model.residual_dtype = residual_dtype
     return model.to(torch.bfloat16)
 
 

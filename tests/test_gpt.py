@@ -1,6 +1,8 @@
 """Chapters 11 and 12's GPT: the same model through torch ops and through the course's ops; its KV-cache
 decoding, FLOP count and optimizer; the training benchmark's judging of losses and targets."""
 
+import copy
+
 import pytest
 import torch
 
@@ -263,3 +265,21 @@ def test_bf16_weights_keep_the_exact_float32_masters_for_the_optimizer():
     assert isinstance(opt, MasterAdamW)
     for master, want, p in zip(opt.masters(), fp32, model.parameters()):
         assert torch.equal(master, want) and torch.equal(p, want.to(torch.bfloat16))
+
+
+def test_a_float32_residual_stream_under_16_bit_weights():
+    """``residual_dtype=float32`` keeps the stream wider than the weights: the course's step then sums the
+    residual in float32 (add_layer_norm's s) while every GEMM reads 16-bit activations; its loss and a
+    16-bit stream's both stay near the float32 model's (float16 here: the interpreter's bf16 is wrong)."""
+    base = gpt.GPT(gpt.TINY).to(cu.DEVICE).use("course")
+    x, y = (t.to(cu.DEVICE) for t in next(gpt.batches(gpt.tokens(), 2, gpt.TINY.seq_len, 1)))
+    want = float(base(x, y)[1])
+    seen = []
+    for residual in (None, torch.float32):
+        m = copy.deepcopy(base).half()
+        m.residual_dtype = residual
+        hook = m.blocks[0].qkv.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].dtype))
+        loss = float(m(x, y)[1])
+        hook.remove()
+        assert abs(loss - want) / want < 2e-2, (residual, loss, want)
+    assert seen == [torch.float16, torch.float16]   # the GEMMs read 16-bit activations either way
