@@ -224,10 +224,20 @@ def _kernels_with_their_ops(events, DeviceType):
     cudaLaunchKernel link to an operator themselves); older releases list the kernels on the
     operator instead (``FunctionEvent.kernels``)."""
     if events and not hasattr(events[0], "linked_correlation_id"):
+        attached: Counter = Counter()
         for e in events:
             if e.device_type == DeviceType.CPU:
                 for k in getattr(e, "kernels", ()):
+                    attached[k.name] += 1
                     yield k.name, _op_chain(e), float(k.duration)
+        # a kernel launched under no operator (a Triton launch outside any aten op or autograd Function, as
+        # an optimizer's) is on no operator's list: the device's own events still have it
+        for e in events:
+            if e.device_type == DeviceType.CUDA:
+                if attached[e.name] > 0:
+                    attached[e.name] -= 1
+                else:
+                    yield e.name, [], float(e.time_range.elapsed_us())
         return
     cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU and not e.linked_correlation_id}
     for e in events:

@@ -195,3 +195,8 @@ def test_kernels_are_tied_to_their_operators_on_either_profiler_api():
                 kernels=[NS(name="sm90_gemm", duration=12.5)])
     old = list(profile._kernels_with_their_ops([old_linear, old_mm], DeviceType))
     assert new == old == [("sm90_gemm", ["aten::mm", "aten::linear"], 12.5)]
+    # older releases: a kernel launched under no operator is only among the device's events, and counts once
+    dev = [NS(name=n, device_type=DeviceType.CUDA, time_range=NS(elapsed_us=lambda us=us: us))
+           for n, us in (("sm90_gemm", 12.5), ("multi_tensor_adamw_kernel", 40.0))]
+    got = list(profile._kernels_with_their_ops([old_linear, old_mm, *dev], DeviceType))
+    assert got == [("sm90_gemm", ["aten::mm", "aten::linear"], 12.5), ("multi_tensor_adamw_kernel", [], 40.0)]
