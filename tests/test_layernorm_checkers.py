@@ -27,6 +27,21 @@ INTERPRETER_ONLY = pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected u
 # ignored (a default of 1e-5 written in), 8 the weight loaded without a mask (lanes past n_cols read).
 
 
+@pytest.fixture(autouse=True)
+def _replayable_draws(monkeypatch):
+    """These tests assert the hint each fault gets. A fresh draw can, rarely, make one fault look like another
+    (the one-pass variance's error can come out small enough to read as 16-bit statistics), so here each
+    check's draws come from fixed seeds, the same on every run; the checkers still draw fresh inputs for a
+    student."""
+    seeds = iter(range(20261127, 20261127 + 10**6))
+
+    def generator(device=None):
+        g = torch.Generator(device=device or cu.DEVICE)
+        g.manual_seed(next(seeds))
+        return g
+    monkeypatch.setattr(check, "generator", generator)
+
+
 @triton.jit
 def _forward(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride, eps,
              BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
