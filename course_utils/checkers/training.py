@@ -298,7 +298,7 @@ def _launcher_case(fn, name, dtype, n_rows, n_cols, strided):
     x = before.double().requires_grad_(True)
     ref, = torch.autograd.grad(torch.nn.functional.cross_entropy(x, targets) * float(dloss), x)
     atol, rtol = check.tolerance(dtype)
-    too_large = torch.isclose(got.double(), ref * n_rows, atol=atol * float(dloss), rtol=rtol)
+    too_large = torch.isclose(got.double(), ref * n_rows, atol=atol * abs(float(dloss)), rtol=rtol)
     if n_rows > 1 and bool(too_large.all()):
         raise check.CheckFailure(f"{case}: your gradient is {n_rows} (n_rows) times too large: the loss is "
                                  "the mean over rows, pass inv_n_rows = 1.0 / n_rows.")
@@ -307,7 +307,7 @@ def _launcher_case(fn, name, dtype, n_rows, n_cols, strided):
     if strided:  # the contiguous cases of this dtype passed
         hint = ("right on contiguous logits, wrong on this column slice: its rows are logits.stride(0) elements "
                 "apart, not n_cols. Pass logits.stride(0) as row_stride (and dlogits.stride(0) as d_row_stride).")
-    check.compare(case, got, ref, dtype=dtype, atol=atol * float(dloss) / n_rows, hint=hint)
+    check.compare(case, got, ref, dtype=dtype, atol=atol * abs(float(dloss)) / n_rows, hint=hint)
     return _reads(case, loads, logits)
 
 
