@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .cross_entropy import check as check_logits
 from .cross_entropy import row_logsumexp, store_row_gradient
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -68,22 +69,8 @@ def fused_classifier_kernel(logits_ptr, losses_ptr, targets_ptr, scale_ptr, scal
 
 
 def check(logits, targets, what: str = "fused_classifier") -> None:
-    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError(f"{what}: logits and targets must be torch.Tensors")
-    if logits.dim() != 2:
-        raise ValueError(f"{what}: logits must be 2-D (rows, vocab), got shape {tuple(logits.shape)}")
-    if logits.dtype not in DTYPES:
-        raise TypeError(f"{what}: logits must be float32, float16 or bfloat16, got {logits.dtype}")
-    if targets.shape != logits.shape[:1] or targets.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{what}: targets must be int64 or int32 of shape ({logits.shape[0]},), got "
-                         f"{targets.dtype} of shape {tuple(targets.shape)}")
-    if targets.device != logits.device:
-        raise ValueError(f"{what}: targets are on {targets.device} but logits on {logits.device}")
-    if logits.shape[1] == 0:
-        raise ValueError(f"{what}: the vocabulary is empty (logits has 0 columns)")
-    if logits.stride(1) != 1 and logits.shape[1] > 1:
-        raise ValueError(f"{what}: logits must have unit stride along the vocabulary, got strides "
-                         f"{logits.stride()}")
+    """The cross-entropy kernels' checks (:func:`course_utils.kernels.cross_entropy.check`), and contiguous targets."""
+    check_logits(logits, targets, what)
     if targets.numel() and not targets.is_contiguous():
         raise ValueError(f"{what}: targets must be contiguous, got stride {targets.stride()}")
 
