@@ -19,6 +19,9 @@ compiling anything); a helper here that needs one calls :func:`require` first, w
 :class:`TritonInternalsError` naming the broken assumption when the installed Triton differs from
 the version it was written for AND the assumption no longer holds. ``tests/test_triton_internals.py``
 runs :func:`problems` on every CI run, so a Triton upgrade that breaks one fails loudly there.
+
+Over 350 lines by design: this is the one module allowed to touch Triton's internals,
+each assumption gated by version and tested, so they stay in one place.
 """
 
 from __future__ import annotations

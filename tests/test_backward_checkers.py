@@ -418,3 +418,12 @@ def test_the_last_programs_of_a_long_grid_run_with_their_own_ids():
     out = torch.full((6,), -1, dtype=torch.int32)
     assert offsets64.launch_last_programs(_program_ids, n, 3, (out, n - 3), {})
     assert out.tolist() == [n - 3, n, n - 2, n, n - 1, n]
+
+
+def test_the_wide_case_refuses_the_course_kernel_itself():
+    """offsets64 launches whatever kernel it is given: the course's own is refused there too."""
+    from course_utils import check as C
+    from course_utils.checkers import offsets64
+    from course_utils.kernels import gelu_backward
+    with pytest.raises(C.CheckFailure):
+        offsets64.launch_last_programs(gelu_backward.bias_gelu_backward_kernel, 4, 1, (), {})

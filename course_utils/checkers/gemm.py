@@ -22,6 +22,10 @@ so given the epilogue function the residual check also calls it in a kernel of i
 that loaded from the NaN guard zone shows, on a GPU as under the interpreter. For 9.1's split-K slice,
 where a loop over the whole K range with a mask `k >= k_start` gives the right numbers, the loads show
 it (interpreter): a load with every lane masked off is a K tile outside the slice.
+
+Over 350 lines: chapter 9's four exercises share one refusal of the course's answers, one
+operand set with guard zones and one fault catalogue (``gemm_faults``); split per exercise, each would
+import the others' internals.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ Under the interpreter the loads also show a tensor's rows read with another tens
 the forward in chunks (exercise 10.1, Welford's statistics), how many times the kernel reads each element of
 x: one pass for the statistics and one for y, where a mean pass, a variance pass and a y pass read it three
 times (the numbers alone cannot tell the methods apart: both are float32-accurate).
+
+Over 350 lines: chapter 10's exercises share the statistics' fault diagnosis (which
+mistake a kernel's mean and rstd look like), read by the forward, Welford and backward checks alike.
 """
 
 from __future__ import annotations

@@ -27,6 +27,11 @@ from collections.abc import Iterator
 import torch
 
 from .. import env, triton_internals
+from . import answer_keys
+
+# The course's kernels a case past 2**31 elements might be handed (chapters 11 and 12): refused before any launch
+COURSE_KERNELS = ("course_utils.kernels.gelu_backward", "course_utils.kernels.cross_entropy",
+                  "course_utils.kernels.fused_classifier", "course_utils.tuned.bias_gelu_dropout")
 
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 GPU_MARGIN = 2**30        # bytes left free on the card beside the buffer
@@ -86,7 +91,9 @@ def _skipped(why: str) -> None:
 
 def launch_last_programs(kernel, n_programs: int, n_last: int, args: tuple, kwargs: dict) -> bool:
     """``kernel[(n_programs,)](*args, **kwargs)``: whole on a GPU, its last ``n_last`` programs under the
-    interpreter. False where the interpreter cannot be told (its internal changed): nothing ran."""
+    interpreter. False where the interpreter cannot be told (its internal changed): nothing ran. The
+    kernel must be the student's: the course's own kernels are refused here too, not only by the caller."""
+    answer_keys.refuse("a case past 2**31 elements", kernel, answer_keys.course_answers(*COURSE_KERNELS))
     if env.on_gpu():
         kernel[(n_programs,)](*args, **kwargs)
         return True

@@ -1,5 +1,5 @@
 """FlashAttention backward, the tuned shelf (v2 of ``kernels.attention_backward``), and the autograd
-Function pairing it with the tuned forward. (Over 300 lines: two kernels and their tile loops, the
+Function pairing it with the tuned forward. (Over 350 lines: two kernels and their tile loops, the
 tiles per device, the launcher, the autograd Function and the compile cases belong together.)
 
 v1's kernels in base 2, the causal mask only on diagonal tiles (ragged edges: zero-filled loads),
