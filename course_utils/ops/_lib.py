@@ -37,7 +37,23 @@ def kernel_op(name: str, schema: str, impl: Callable, fake: Callable):
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)
     op.register_fake(fake)
     _DEFINED[name] = op
+    _inductor_fast_fallback(name)
     return op
+
+
+def _inductor_fast_fallback(name: str) -> None:
+    """Put ``course::<name>`` on Inductor's list of known fallbacks, on torch < 2.13 with CUDA only.
+
+    Why: Inductor before torch 2.13 formats every input of an op it meets without a lowering into a log
+    line, eagerly, by printing each input's IR, and each input prints its own inputs. A GPT's residual
+    stream feeds every ``add_layer_norm`` from the one before (both its inputs), so the printing doubles
+    with each layer: GPT-2 small's 24 of them did not compile within 120 s on an H100 (torch 2.11, stack
+    in ``results/h100-80gb-hbm3/bench_training.log``). A listed op takes the same fallback without the
+    log line. torch 2.13 formats the line lazily; the interpreter's CPU runs need nothing."""
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13) or not torch.cuda.is_available():
+        return
+    from torch._inductor import lowering  # imported only where the bug is
+    lowering.FALLBACK_ALLOW_LIST.add(f"{NAMESPACE}::{name}")
 
 
 def public_op(name: str, schema: str, fn: Callable) -> None:

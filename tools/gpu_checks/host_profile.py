@@ -1,0 +1,91 @@
+"""Where the host's time goes, op by op and in chapter 12's step (cProfile, own time): the evidence behind
+the lean host path of issue 27. Prints, for each course op at a tiny shape (launch-bound), the functions
+that spend the most own time over ``--calls`` forward + backward calls, then the same for one GPT-2 small
+step of the course (bf16 weights, MasterAdamW), and the per-call host table against aten.
+
+    python tools/gpu_checks/host_profile.py [--calls 200] [--top 14] [--config gpt2-b8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+
+import torch
+
+from benchmarks import training as T
+from course_utils import gpt, ops
+from course_utils.ops import overhead as O
+
+
+def _top(prof: cProfile.Profile, n: int, per: int, sort: str = "tottime") -> str:
+    out = io.StringIO()
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats(sort)
+    rows = []
+    for func, (_cc, nc, tt, ct, _) in st.stats.items():
+        rows.append((tt if sort == "tottime" else ct, tt, ct, nc, func))
+    rows.sort(reverse=True)
+    lines = [f"{'own us':>8} {'cum us':>8} {'calls':>7}  function"]
+    for _, tt, ct, nc, (path, line, name) in rows[:n]:
+        short = "/".join(path.split("/")[-2:])
+        lines.append(f"{tt / per * 1e6:8.1f} {ct / per * 1e6:8.1f} {nc / per:7.2f}  {short}:{line}({name})")
+    return "\n".join(lines)
+
+
+def per_op(calls: int, top: int):
+    dtype = torch.bfloat16
+    t = O._block_inputs(1, 16, 64, 2, 64, dtype, dtype, torch.device("cuda"))
+    seed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    for name, fn in O._block_calls(t, ops, seed):
+        call = O._with_backward(fn)
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            call()
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"\n=== {name}: forward + backward, per call (cProfile)\n{_top(prof, top, calls)}", flush=True)
+
+
+def step(config: str, top: int):
+    cfg, batch, _ = T.CONFIGS[config]
+    model = T._model(cfg, "course")
+    opt = gpt.optimizer(model)
+    x, y = T._batch(cfg, gpt.tokens(), batch=batch)
+    for _ in range(3):
+        gpt.train_step(model, opt, x, y)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    n = 3
+    prof.enable()
+    for _ in range(n):
+        gpt.train_step(model, opt, x, y)
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"\n=== course step {config}, per step, by own time\n{_top(prof, top, n)}")
+    print(f"\n=== course step {config}, per step, by cumulative time\n{_top(prof, top, n, 'cumtime')}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--config", default="gpt2-b8")
+    ap.add_argument("--skip-step", action="store_true")
+    a = ap.parse_args()
+    per_op(a.calls, a.top)
+    if not a.skip_step:
+        step(a.config, 3 * a.top)
+    import pandas as pd
+    pd.set_option("display.width", 200)
+    print(ops.host_overhead_table().round(1).to_string())
+
+
+if __name__ == "__main__":
+    main()
