@@ -2,24 +2,25 @@
 course's ops, like with like, in one run.
 
 Configurations (:data:`CONFIGS`): GPT-2 small (12 layers, width 768, 12 heads, vocabulary 50304, 1024
-tokens per sequence) at batch 8 (the headline) and 16, and chapter 12's first 6x768 toy (vocabulary
-256) at batch 8, kept for continuity and not judged; ``COURSE_TRAINING_CONFIGS`` (keys of
-:data:`CONFIGS`, comma-separated) runs a subset, whose rows replace that subset's rows in the recorded
-``training.csv`` (each row keeps its own date). The torch versions follow nanoGPT: float32 weights
-under bf16 autocast, torch's fused AdamW. The course's version follows llm.c: bf16 weights, float32
-masters and moments in the course's one-launch AdamW. Eight ways to run the same step
-(:data:`IMPLS`), timed in interleaved rounds; for each one the host's time to issue a step, the
-GPU-busy time (sum of its kernels' durations, torch.profiler), its kernels by category and its own
+tokens per sequence) at batch 8 (the headline) and 16, and chapter 12's first 6x768 toy (vocabulary 256)
+at batch 8, kept for continuity and not judged; ``COURSE_TRAINING_CONFIGS`` (keys of :data:`CONFIGS`,
+comma-separated) runs a subset, whose rows replace that subset's rows in the recorded ``training.csv``
+(each row keeps its own date). The torch versions follow nanoGPT: float32 weights under bf16 autocast,
+torch's fused AdamW. The course's version follows llm.c: bf16 weights, float32 masters and moments in
+the course's one-launch AdamW. Nine ways to run the same step (:data:`IMPLS`; ``course, step by hand``
+calls the course's forward and backward functions without the autograd engine, llm.c's way:
+:mod:`course_utils.step`), timed in interleaved rounds; for each one the host's time to issue a step,
+the GPU-busy time (sum of its kernels' durations, torch.profiler), its kernels by category and its own
 peak memory; MFU. For the headline configuration also (``_quick`` appended to the names under
 ``--quick``, so a quick run never overwrites a full one's side files): ``training_categories.csv``
-(launches and GPU ms per step by category, per version), ``training_kernels.csv`` (the largest
-kernels of each), ``training_host.csv`` (one step's host time by who spends it, cProfile, eager and
-course), ``training_overhead.csv`` (host us per call of each course op against aten's, forward and
-backward), ``training_ladder.csv`` (the fusions added one at a time, :data:`LADDER`),
-``training_loss.csv`` (every step's loss of the course's version, of eager, and of the noise floor:
-eager from another initialization seed, and torch.compile, on the same batches),
-``training_divergence.csv`` (when a step differs by more than :data:`LOSS_TOLERANCE`: that batch
-replayed through both versions, each layer against float32) and ``training_sample.csv``.
+(launches and GPU ms per step by category, per version), ``training_kernels.csv`` (the largest kernels
+of each), ``training_host.csv`` (one step's host time by who spends it, cProfile, eager and course),
+``training_overhead.csv`` (host us per call of each course op against aten's, forward and backward),
+``training_ladder.csv`` (the fusions added one at a time, :data:`LADDER`), ``training_loss.csv`` (every
+step's loss of the course's version, of eager, and of the noise floor: eager from another initialization
+seed, and torch.compile, on the same batches), ``training_divergence.csv`` (when a step differs by more
+than :data:`LOSS_TOLERANCE`: that batch replayed through both versions, each layer against float32) and
+``training_sample.csv``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ IMPLS = {
     "eager": ("torch", "python"),
     "torch.compile": ("torch", "compile"),
     "course": ("course", "python"),
+    "course, step by hand": ("course", "hand"),
     "course + torch.compile": ("course", "compile"),
     "eager + CUDA graph": ("torch", "graph"),
     "course + CUDA graph": ("course", "graph"),
@@ -123,6 +125,12 @@ def build(name: str, cfg, data, warmup: int = 3, batch: int = BATCH):
         replay, _ = gpt.graphed_step(model, x, y, warmup=warmup)
         return replay
     opt = gpt.optimizer(model)
+    if how == "hand":   # llm.c's way: forward and backward called by hand, no autograd engine (course_utils.step)
+        from course_utils.step import HandStep
+        hand = HandStep(model, opt)
+        for _ in range(warmup):
+            hand(x, y)
+        return lambda: hand(x, y)
     mode = {"compile": "default", "reduce-overhead": "reduce-overhead"}.get(how)
     run = model if mode is None else torch.compile(model, fullgraph=True, mode=mode)
 
@@ -341,7 +349,7 @@ def config_name(cfg, batch: int) -> str:
 
 
 def _time_config(key: str, quick: bool, t0: float):
-    """The eight versions of one configuration: timed, profiled, their peaks; (rows, categories, kernels, steps)."""
+    """The versions of one configuration: timed, profiled, their peaks; (rows, categories, kernels, steps)."""
     cfg, batch, judged = CONFIGS[key]
     data = gpt.tokens()
     flops = gpt.model_flops(cfg, batch)
@@ -480,6 +488,10 @@ def _col(df, impl, col="ms") -> float:
 TARGETS = [
     ("from Python: course / torch.compile (step time)", "torch.compile", "course", "ms", 1.0),
     ("from Python: course / eager (step time)", "eager", "course", "ms", 1.3),
+    ("from Python, no autograd engine: course step by hand / torch.compile (step time)", "torch.compile",
+     "course, step by hand", "ms", 1.0),
+    ("from Python, no autograd engine: course step by hand / eager (step time)", "eager", "course, step by hand",
+     "ms", 1.3),
     ("whole step graphed: course + CUDA graph / torch.compile reduce-overhead (step time)",
      "torch.compile reduce-overhead", "course + CUDA graph", "ms", 1.0),
     ("from Python: course under torch.compile / torch.compile of the torch version (step time)", "torch.compile",

@@ -1,0 +1,176 @@
+"""Chapter 12's training step written out by hand, llm.c's way: the GPT's forward and backward as plain
+calls of the course's kernels, with no autograd engine in between.
+
+Autograd is a bookkeeper: for every op of the forward it records a node (an ``autograd.Function``
+for each course op, a C++ node for each aten op), and the backward walks that graph, calling each
+node's backward through the engine. On a GPU host every call of that machinery costs microseconds,
+and a GPT-2 step has hundreds of them. A trainer that knows its model's graph can skip the
+bookkeeping: it keeps what each layer's backward reads in a list (:class:`Saved`), calls the backward
+functions in reverse order, and writes each parameter's gradient where the optimizer reads it.
+llm.c's ``gpt2_forward`` and ``gpt2_backward`` are this, in C.
+
+The kernels are the very ones the ``torch.ops.course`` ops run (the forward and backward functions
+of :mod:`course_utils.ops`, with their cached launch plans), and the GEMMs are cuBLAS's through
+``torch.addmm``/``torch.mm`` as ``nn.Linear``'s are, so the gradients are the autograd step's, the
+same kernels in the same order (:func:`grads_match` checks that, and tests/test_step.py on the CPU).
+
+:class:`HandStep` supports :class:`course_utils.gpt.GPT` without autocast (bf16 weights and
+:class:`course_utils.tuned.adamw.MasterAdamW` on a GPU; float32 or float16 weights on the CPU), a
+residual stream in the weights' dtype, and training only (no KV cache, no dropout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .ops import attn as A
+from .ops import linear as L
+from .ops import linear_ce as C
+from .ops import norms as Nm
+
+#: GPT-2's initial positions and tokens feed ``aten.embedding_dense_backward`` as autograd's embedding does
+_NO_PADDING = -1
+
+
+@dataclass
+class Saved:
+    """What one block's backward reads: the inputs of its GEMMs, attention's output and statistics,
+    and each fused residual add + LayerNorm's sum and statistics."""
+    h1: torch.Tensor          # LayerNorm 1's output: the qkv projection's input
+    qkv: torch.Tensor
+    o: torch.Tensor           # attention's output, (B, H, N, hd) view of (B, N, H, hd) memory
+    lse: torch.Tensor
+    o2: torch.Tensor          # o as (B, N, d): the output projection's input
+    s1: torch.Tensor          # residual stream after the attention branch
+    mean1: torch.Tensor
+    rstd1: torch.Tensor
+    h2: torch.Tensor          # LayerNorm 2's output: the MLP's input
+    acc: torch.Tensor         # linear_gelu's saved pre-activation (empty for the GEMM-epilogue plan)
+    f: torch.Tensor           # GELU's output: the second MLP GEMM's input
+    s2: torch.Tensor          # residual stream after the MLP branch
+    mean2: torch.Tensor
+    rstd2: torch.Tensor
+
+
+def _linear(x: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
+    """x @ W.T + b over the last dim, one cuBLAS call (what ``F.linear`` runs)."""
+    y = torch.addmm(lin.bias, x.reshape(-1, x.shape[-1]), lin.weight.t())
+    return y.view(*x.shape[:-1], lin.weight.shape[0])
+
+
+def _linear_backward(dy: torch.Tensor, x: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
+    """dW = dy.T @ x, db = the column sums of dy, into the parameters' ``.grad``; returns dx = dy @ W."""
+    dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+    lin.weight.grad = torch.mm(dy2.t(), x2)
+    lin.bias.grad = dy2.sum(0)
+    return torch.mm(dy2, lin.weight).view(x.shape)
+
+
+class HandStep:
+    """``step(x, y) -> loss``: forward, backward and the optimizer's step of ``model`` on a batch, by hand.
+
+    ``model`` must be a :class:`course_utils.gpt.GPT` on the course's ops with weights in the compute
+    dtype (:func:`course_utils.gpt.bf16_weights` on a GPU) and ``opt`` its optimizer
+    (:func:`course_utils.gpt.optimizer`). The loss is returned as a 0-d float32 tensor on the device."""
+
+    def __init__(self, model, opt):
+        from . import gpt
+        if gpt.uses_autocast(model) and next(model.parameters()).is_cuda:
+            raise ValueError("HandStep runs without autocast: convert the model with gpt.bf16_weights(model) "
+                             "first (bf16 weights, float32 masters in the optimizer)")
+        if model.residual_dtype not in (None, next(model.parameters()).dtype):
+            raise ValueError(f"HandStep keeps the residual stream in the weights' dtype; this model asks for "
+                             f"{model.residual_dtype}")
+        self.model, self.opt = model, opt
+        cfg = model.cfg
+        self.n_head, self.eps, self.scale = cfg.n_head, cfg.eps, cfg.head_dim ** -0.5
+
+    # --- forward --------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor):
+        """(loss, dh, dwte, saved): the loss with its gradients for the last hidden state and the tied
+        head (the fused classifier computes them with the loss), and what the backward reads."""
+        m, eps = self.model, self.eps
+        B, N = idx.shape
+        if N > m.cfg.seq_len:
+            raise ValueError(f"sequence of {N} tokens is longer than the model's seq_len={m.cfg.seq_len}")
+        pos = torch.arange(N, device=idx.device)
+        x = m.wte.weight[idx] + m.wpe.weight[pos]
+        first = m.blocks[0].ln1
+        h, mean0, rstd0 = Nm.layer_norm_fwd(x, first.weight, first.bias, eps)
+        ctx = {"x0": x, "mean0": mean0, "rstd0": rstd0, "pos": pos, "blocks": []}
+        for i, blk in enumerate(m.blocks):
+            qkv = _linear(h, blk.qkv)
+            o, lse = A.attention_qkv_fwd(qkv, self.n_head, True, self.scale)
+            o2 = o.transpose(1, 2).reshape(B, N, -1)
+            h1 = h
+            h, s1, mean1, rstd1 = Nm.add_layer_norm_fwd(_linear(o2, blk.proj), x, blk.ln2.weight, blk.ln2.bias, eps)
+            f, acc = L.linear_gelu_fwd(h, blk.fc.weight, blk.fc.bias)
+            nxt = m.blocks[i + 1].ln1 if i + 1 < len(m.blocks) else m.ln_f
+            h2 = h
+            h, x, mean2, rstd2 = Nm.add_layer_norm_fwd(_linear(f, blk.out), s1, nxt.weight, nxt.bias, eps)
+            ctx["blocks"].append(Saved(h1, qkv, o, lse, o2, s1, mean1, rstd1, h2, acc, f, x, mean2, rstd2))
+        loss, dh, dwte = C.linear_ce_fwd(h.reshape(-1, h.shape[-1]), m.wte.weight, targets.reshape(-1), -100)
+        return loss, dh.view(h.shape), dwte, ctx
+
+    # --- backward -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def backward(self, idx: torch.Tensor, dh: torch.Tensor, dwte: torch.Tensor, ctx: dict) -> None:
+        """Every parameter's gradient into its ``.grad``, the layers in reverse order."""
+        m = self.model
+        dres = None                                   # the residual stream's gradient (None: nothing yet)
+        for i in reversed(range(len(m.blocks))):
+            blk, sv = m.blocks[i], ctx["blocks"][i]
+            nxt = m.blocks[i + 1].ln1 if i + 1 < len(m.blocks) else m.ln_f
+            # h, x = add_layer_norm(out(f), s1): both inputs of the add get ds
+            ds, nxt.weight.grad, nxt.bias.grad = Nm.add_layer_norm_bwd(dh, dres, sv.s2, nxt.weight, sv.mean2,
+                                                                       sv.rstd2)
+            df = _linear_backward(ds, sv.f, blk.out)
+            dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(df, sv.h2, blk.fc.weight, blk.fc.bias,
+                                                                          sv.acc)
+            # h2, s1 = add_layer_norm(proj(o2), x)
+            dres, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(dh2, ds, sv.s1, blk.ln2.weight,
+                                                                                 sv.mean1, sv.rstd1)
+            do2 = _linear_backward(dres, sv.o2, blk.proj)
+            do = do2.view(sv.o.shape[0], sv.o.shape[2], sv.o.shape[1], sv.o.shape[3]).transpose(1, 2)
+            dqkv = A.attention_qkv_bwd(do, sv.qkv, sv.o, sv.lse, self.n_head, True, self.scale)
+            dh = _linear_backward(dqkv, sv.h1, blk.qkv)
+        first = m.blocks[0].ln1
+        dx, first.weight.grad, first.bias.grad = Nm.layer_norm_bwd(dh, ctx["x0"], first.weight, ctx["mean0"],
+                                                                   ctx["rstd0"])
+        dx += dres                                    # x0 feeds the first LayerNorm and the residual stream
+        V, P = m.wte.weight.shape[0], m.wpe.weight.shape[0]
+        dwte += torch.ops.aten.embedding_dense_backward(dx, idx, V, _NO_PADDING, False)
+        m.wte.weight.grad = dwte                      # the tied head's gradient plus the embedding's
+        m.wpe.weight.grad = torch.ops.aten.embedding_dense_backward(dx.sum(0), ctx["pos"], P, _NO_PADDING, False)
+
+    def __call__(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss, dh, dwte, ctx = self.forward(idx, targets)
+        self.backward(idx, dh, dwte, ctx)
+        del ctx
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+
+def grads_match(model, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Per parameter, max |hand - autograd| / max(|autograd|, tiny): the gradients of :class:`HandStep`
+    against the autograd step's on the same weights and batch (no optimizer step is taken)."""
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+    ref = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    hand = HandStep(model, opt=None)
+    hand_loss, dh, dwte, ctx = hand.forward(x, y)
+    hand.backward(x, dh, dwte, ctx)
+    out = {"loss": (hand_loss - loss.detach()).abs().item() / max(loss.abs().item(), 1e-30)}
+    for n, p in model.named_parameters():
+        r = ref[n].double()
+        out[n] = (p.grad.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+    model.zero_grad(set_to_none=True)
+    return out

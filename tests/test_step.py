@@ -1,0 +1,73 @@
+"""Chapter 12's step by hand (course_utils.step): the same gradients as the autograd step, the same
+training, and clear refusals of the models it does not support."""
+
+import copy
+
+import pytest
+import torch
+
+import course_utils as cu
+from course_utils import gpt, step
+from course_utils.ops import norms
+
+
+def _model(dtype=torch.float32, layers=2):
+    cfg = gpt.GPTConfig(n_layer=layers, n_head=2, d_model=32, seq_len=24)
+    return gpt.GPT(cfg, seed=3).to(device=cu.DEVICE, dtype=dtype).use("course")
+
+
+def _batch(cfg, batch=3, seed=1):
+    x, y = next(gpt.batches(gpt.tokens(), batch, cfg.seq_len, 1, seed=seed))
+    return x.to(cu.DEVICE), y.to(cu.DEVICE)
+
+
+# float32: the same kernels in the same order give the same bits; float16: the same up to the order of
+# the GEMMs' sums (cuBLAS or the CPU's BLAS may pick another for a transposed product)
+TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_hand_gradients_equal_autograd(dtype):
+    m = _model(dtype)
+    diffs = step.grads_match(m, *_batch(m.cfg))
+    assert len(diffs) == 1 + len(list(m.parameters()))
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] <= TOL[dtype], f"{worst}: {diffs[worst]:.2e}"
+
+
+def test_a_dropped_residual_gradient_is_caught(monkeypatch):
+    """The fault a hand-written backward invites: the residual stream's gradient not carried through
+    the fused add + LayerNorm (its ds input dropped). The comparison must see it."""
+    m = _model()
+    real = norms.add_layer_norm_bwd
+    monkeypatch.setattr(step.Nm, "add_layer_norm_bwd", lambda dy, ds, *a: real(dy, None, *a))
+    diffs = step.grads_match(m, *_batch(m.cfg))
+    assert diffs["blocks.0.qkv.weight"] > 1e-2 and diffs["wte.weight"] > 1e-2
+    assert diffs["loss"] == 0.0                      # the forward is untouched
+
+
+def test_hand_training_follows_the_autograd_step():
+    a = _model(layers=1)
+    b = copy.deepcopy(a)
+    opt_a, opt_b = gpt.optimizer(a), gpt.optimizer(b)
+    hand = step.HandStep(b, opt_b)
+    for seed in range(3):
+        x, y = _batch(a.cfg, seed=seed)
+        la = gpt.train_step(a, opt_a, x, y)
+        lb = hand(x, y)
+        assert torch.allclose(la, lb, rtol=1e-6, atol=0), (seed, la.item(), lb.item())
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert pb.grad is None                       # zeroed (set to None) after the step, as train_step does
+        assert torch.allclose(pa, pb, rtol=1e-5, atol=1e-7), n
+
+
+def test_refusals_say_what_is_expected():
+    m = _model()
+    m.residual_dtype = torch.float64
+    with pytest.raises(ValueError, match="residual stream"):
+        step.HandStep(m, None)
+    m.residual_dtype = None
+    x, y = _batch(m.cfg)
+    long = torch.cat([x, x], dim=1)
+    with pytest.raises(ValueError, match="longer than the model's seq_len"):
+        step.HandStep(m, None).forward(long, torch.cat([y, y], dim=1))
