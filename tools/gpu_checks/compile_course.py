@@ -2,7 +2,7 @@
 of ``benchmarks.training.IMPLS`` for one configuration, prints each one's build time, then ms per step
 (interleaved rounds) and host ms to issue a step.
 
-    python tools/gpu_checks/compile_course.py [--config gpt2-b8] [--impls "course,course + torch.compile"]
+    python tools/gpu_checks/compile_course.py [--config gpt2-b8] [--impls "course;course + torch.compile"]
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from course_utils import bench, gpt
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="gpt2-b8", choices=list(T.CONFIGS))
-    ap.add_argument("--impls", default="torch.compile,course,course + torch.compile")
+    ap.add_argument("--impls", default="torch.compile;course;course + torch.compile", help="names separated by ;")
     a = ap.parse_args()
     cfg, batch, _ = T.CONFIGS[a.config]
     data = gpt.tokens()
     steps = {}
-    for name in a.impls.split(","):
+    for name in a.impls.split(";"):
         t = time.perf_counter()
         try:
             steps[name] = T.build(name, cfg, data, batch=batch)
