@@ -422,3 +422,17 @@ def test_rows_view_gives_a_row_stride_only_for_evenly_strided_rows():
     got, s = ops.add_layer_norm(y, r, w, b)                     # a strided x read in place
     check.compare("add_layer_norm on a column slice", got, F.layer_norm((y + r).double(), (16,), w.double(),
                                                                        b.double(), 1e-5), **TOL)
+
+
+def test_no_autograd_node_when_nothing_needs_a_gradient():
+    """With nothing to differentiate the ops run their forward directly (no autograd.Function, as aten
+    records no node); with a tensor that requires grad they record one, and both give the same output."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 5, 24, generator=g).to(cu.DEVICE)
+    w, b = (torch.randn(24, generator=g).to(cu.DEVICE) for _ in range(2))
+    y0 = ops.layer_norm(x, w, b)
+    assert y0.grad_fn is None
+    with torch.no_grad():
+        assert ops.layer_norm(x, w, b.requires_grad_()).grad_fn is None
+    y1 = ops.layer_norm(x, w, b)
+    assert y1.grad_fn is not None and torch.equal(y0, y1.detach())

@@ -82,10 +82,22 @@ def fast_function(name: str, impl: Callable, setup: Callable, backward: Callable
         ctx.bwd = bwd_impl
         return out
 
-    return type(name, (torch.autograd.Function,), {
+    cls = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
         "backward": staticmethod(lambda ctx, *grads: backward(ctx, *grads)),
     })
+
+    def run(*args):
+        """``apply`` when autograd must record the call, else the forward itself: with nothing to
+        differentiate (inference, ``torch.no_grad()``), aten records no node either, and neither does this."""
+        if torch.is_grad_enabled():
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.requires_grad:
+                    return cls.apply(*args)
+        return impl(*args)
+
+    cls.run = staticmethod(run)
+    return cls
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
