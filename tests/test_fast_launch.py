@@ -225,3 +225,90 @@ def test_the_interpreter_and_the_switch_launch_plainly(monkeypatch):
         L.launch(k, "plan", (1,), (x, y, 32, 0.5), {"FLAG": True})
         L.launch(k, "plan", (1,), (x, y, 32, 0.5), {"FLAG": True})
     assert k.kinds() == ["plain"] * 4
+
+
+# --------------------------------------------------------------------------- the hot launchers' second calls
+# Under the interpreter ``launch`` is the plain launch, but a hot launcher's second call of a key takes its
+# own branch (cached plan, its own argument list): each must give the bits of the public launcher it stands for.
+
+
+def _grad_pair(shape, dtype=torch.float32, transposed=False):
+    from course_utils import check
+    x = check.randn(shape[::-1] if transposed else shape, dtype)
+    return x.t() if transposed else x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bias_gelu_scale_hot_is_bias_gelu_scale(dtype, transposed):
+    from course_utils import check
+    from course_utils.tuned import elementwise as EW
+    x, bias = _grad_pair((13, 37), dtype, transposed), check.randn((37,), dtype)
+    want = EW.bias_gelu_scale(x, bias, 1.0)
+    for _ in range(3):   # the first call of the key checks and plans, the later ones take the cached plan
+        got = EW.bias_gelu_scale_hot(x, bias, 1.0)
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    with pytest.raises(TypeError, match="bias"):
+        EW.bias_gelu_scale_hot(x, bias.double() if dtype == torch.float32 else bias.float(), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_hot_gelu_backward_is_the_teaching_one(dtype):
+    from course_utils import check
+    from course_utils.kernels.gelu_backward import bias_gelu_backward_teaching
+    from course_utils.tuned import gelu_backward as GB
+    x, dy, bias = check.randn((45, 70), dtype), check.randn((45, 70), dtype), check.randn((70,), dtype)
+    want = bias_gelu_backward_teaching(dy, x, bias)
+    for _ in range(3):
+        got = GB.bias_gelu_backward(dy, x, bias)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    with pytest.raises(ValueError):
+        GB.bias_gelu_backward(dy[:, :69], x[:, :69], bias)
+
+
+def test_cross_entropy_op_checks_each_layout_once_and_launches_as_the_teaching_one():
+    from course_utils import check
+    from course_utils.kernels import cross_entropy as K
+    from course_utils.ops import loss
+    logits = check.randn((9, 301), torch.float32, scale=3.0)
+    targets = torch.randint(0, 301, (9,), device=logits.device)
+    want_loss, want_lse = K.cross_entropy_teaching(logits, targets, **loss._plan(301))
+    dloss = torch.ones((), device=logits.device)
+    want_grad = K.cross_entropy_backward_teaching(dloss, logits, targets, want_lse, **loss._plan(301))
+    for _ in range(2):
+        got_loss, got_lse = loss.cross_entropy_fwd(logits, targets)
+        assert torch.equal(got_loss, want_loss) and torch.equal(got_lse, want_lse)
+        assert torch.equal(loss.cross_entropy_bwd(dloss, logits, targets, want_lse), want_grad)
+    with pytest.raises(ValueError, match="targets"):   # a new layout of the inputs is checked again
+        loss.cross_entropy_fwd(logits, targets.float())
+    with pytest.raises(ValueError, match="dloss"):
+        loss.cross_entropy_bwd(torch.ones(2, device=logits.device), logits, targets, want_lse)
+
+
+def test_delta_rows_is_row_delta():
+    from course_utils import check
+    from course_utils.kernels.attention_backward import row_delta
+    from course_utils.tuned.attention_backward import delta_rows
+    o = check.randn((2, 3, 37, 40), torch.float32).transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, d) memory
+    do = check.randn((2, 3, 37, 40), torch.float32)
+    assert torch.equal(delta_rows(o, do), row_delta(o, do))
+
+
+def test_attention_launch_plans_are_keyed_on_alignment():
+    """The forward's cached launch plan (descriptor mode and all) is per 16-byte alignment of q, k, v."""
+    from course_utils import check
+    from course_utils.tuned import attention as F_
+    buf = check.randn((3 * 2 * 16 * 32 + 1,), torch.float32)
+    aligned = buf[:-1].view(3, 1, 2, 16, 32)
+    shifted = buf[1:].view(3, 1, 2, 16, 32)
+    cfg = F_.INTERPRETER_TILES
+    outs = []
+    before = len(F_._LAUNCH_PLANS)
+    for qkv in (aligned, shifted, shifted.clone(), aligned):
+        q, k, v = qkv
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        F_._launch_tuned(cfg, q, k, v, o, lse, 32 ** -0.5, True)
+        outs.append(o)
+    assert len(F_._LAUNCH_PLANS) - before == 2    # aligned and shifted; the clone is aligned
+    assert torch.equal(outs[0], outs[3]) and torch.equal(outs[1], outs[2])
