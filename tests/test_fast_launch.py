@@ -232,7 +232,7 @@ def test_the_interpreter_and_the_switch_launch_plainly(monkeypatch):
 # own branch (cached plan, its own argument list): each must give the bits of the public launcher it stands for.
 
 
-def _grad_pair(shape, dtype=torch.float32, transposed=False):
+def _matrix(shape, dtype=torch.float32, transposed=False):
     from course_utils import check
     x = check.randn(shape[::-1] if transposed else shape, dtype)
     return x.t() if transposed else x
@@ -243,7 +243,7 @@ def _grad_pair(shape, dtype=torch.float32, transposed=False):
 def test_bias_gelu_scale_hot_is_bias_gelu_scale(dtype, transposed):
     from course_utils import check
     from course_utils.tuned import elementwise as EW
-    x, bias = _grad_pair((13, 37), dtype, transposed), check.randn((37,), dtype)
+    x, bias = _matrix((13, 37), dtype, transposed), check.randn((37,), dtype)
     want = EW.bias_gelu_scale(x, bias, 1.0)
     for _ in range(3):   # the first call of the key checks and plans, the later ones take the cached plan
         got = EW.bias_gelu_scale_hot(x, bias, 1.0)
