@@ -202,10 +202,12 @@ def test_a_plain_hook_is_a_hook(fake, monkeypatch):
     assert k.kinds() == ["plain", "plain"]
 
 
-def test_specialization_is_prefix_free():
+def test_specialization_tells_kinds_apart():
     x = _buf()
-    assert L.specialization((True,)) != L.specialization((1,))
-    assert L.specialization((1.0,)) != L.specialization((1,))
+    assert L.specialization((True,)) != L.specialization((1,))       # True == 1 in Python
+    assert L.specialization((1.0,)) != L.specialization((1,))        # 1.0 == 1 in Python
+    assert L.specialization((2.5,)) == L.specialization((0.5,))      # a float is a runtime value
+    assert L.specialization((x,)) != L.specialization((x.half(),))
     assert L.specialization((None, 1)) != L.specialization((1, None))
     assert L.specialization((x, 16)) != L.specialization((x[1:], 16))
     assert L.specialization((object(),)) is None

@@ -16,8 +16,8 @@ runtime value, never specialized), a host tensor descriptor's base dtype, block 
 and strides (Triton reads the first three; its base is 16-byte aligned by construction). ``meta``
 (constexprs and options such as ``num_warps``) enters the key by name, value and type (True and 1 are
 equal keys in Python, not to Triton). So a launch reuses a compiled kernel only where ``kernel[grid]``
-would have picked the same one; the call site's ``key``
-(a name for the launch) adds to this, it is never trusted alone.
+would have picked the same one; the call site's ``key`` (a name for the launch) adds to this, it is
+never trusted alone.
 
 The first call of a key goes through ``kernel[grid]``, which checks, compiles and launches as always.
 Anything this module does not map goes through ``kernel[grid]`` every time and is not cached: the
@@ -103,9 +103,10 @@ def _hooked(hook) -> bool:
 
 
 def specialization(args: tuple):
-    """What Triton's specialization of ``args`` reads, as a flat tuple (None where an argument is of a
-    type not mapped here). Each kind starts with an item no other kind's first item equals (a dtype, an
-    int, the type ``float``, the type ``bool``, None), so equal tuples mean equal kinds in every position."""
+    """What Triton's specialization of ``args`` reads, one item per argument (None when an argument is of a
+    type not mapped here). Items of different kinds never compare equal (an int; a tuple that starts with
+    a dtype, the type ``bool`` or ``TensorDescriptor``; the type ``float``; None), so equal tuples mean
+    equal kinds in every position, whatever Python's 1 == True and 1 == 1.0 say."""
     out = []
     put = out.append
     for a in args:
@@ -113,22 +114,15 @@ def specialization(args: tuple):
         if t is int:
             put(a)
         elif t in _TENSORS:
-            put(a.dtype)
-            put(a.data_ptr() % 16 == 0)
+            put((a.dtype, a.data_ptr() % 16 == 0))
         elif t is float:
             put(float)
         elif t is bool:
-            put(bool)
-            put(a)
+            put((bool, a))
         elif a is None:
             put(None)
         elif t is TensorDescriptor:   # Triton reads the base's dtype and the block shape; shape and strides too here
-            put(TensorDescriptor)
-            put(a.base.dtype)
-            put(tuple(a.block_shape))
-            put(a.padding)
-            put(a.shape)
-            put(a.strides)
+            put((TensorDescriptor, a.base.dtype, tuple(a.block_shape), a.padding, a.shape, a.strides))
         else:
             return None
     return tuple(out)
