@@ -194,10 +194,25 @@ def test_forward_is_one_launch_and_partials_are_deterministic():
     assert count_launches(L.layer_norm_teaching, x, w, b).total == 1
     _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
     T.layer_norm_backward(dy, x, w, mean, rstd)  # on a GPU the first call times the candidate plans
-    assert count_launches(T.layer_norm_backward, dy, x, w, mean, rstd).total == 3  # kernel + two column sums
+    assert count_launches(T.layer_norm_backward, dy, x, w, mean, rstd).total == 2  # kernel + both column sums
     first = T.layer_norm_backward(dy, x, w, mean, rstd)
     again = T.layer_norm_backward(dy, x, w, mean, rstd)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("n_partials, n_cols", [(1, 1), (37, 65), (70, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_column_sum_pair_is_the_two_teaching_launches(n_partials, n_cols, dtype):
+    """The one-launch reduction of both partial buffers gives the bits of two teaching ``column_sum``s."""
+    dw_partial = check.randn((n_partials, n_cols), torch.float32, scale=3.0)
+    db_partial = check.randn((n_partials, n_cols), torch.float32)
+    dw, db = T.column_sum_pair(dw_partial, db_partial, dtype)
+    assert torch.equal(dw, L.column_sum(dw_partial, dtype)) and torch.equal(db, L.column_sum(db_partial, dtype))
+    assert dict(count_launches(T.column_sum_pair, dw_partial, db_partial, dtype).triton) == {
+        "column_sum_pair_kernel": 1}
+    atol, rtol = check.tolerance(dtype)
+    for out, partial in ((dw, dw_partial), (db, db_partial)):
+        torch.testing.assert_close(out.double(), partial.double().sum(0), atol=atol, rtol=rtol)
 
 
 def test_outputs_are_fully_written_and_empty_inputs_launch_nothing():
@@ -311,8 +326,9 @@ def test_the_choice_times_the_whole_backward_with_its_column_sum(monkeypatch):
     x, w, b, dy = _inputs(21, 37, torch.float32)
     _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
     sums, seen = [], []
-    real_sum = T.column_sum
-    monkeypatch.setattr(T, "column_sum", lambda part, dt: sums.append(part.shape) or real_sum(part, dt))
+    real_pair = T.column_sum_pair   # both partial buffers, one launch
+    monkeypatch.setattr(T, "column_sum_pair",
+                        lambda dw, db, dt: sums.extend((dw.shape, db.shape)) or real_pair(dw, db, dt))
 
     def choose(cands, key, launch):
         before = len(sums)
@@ -361,15 +377,15 @@ def test_backward_plan_pins_a_plan_through_autograd(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_atomics_save_no_launch(dtype):
-    """What chapter 10 says of atomics: the reduction kernels go, but zeroing the float32 sums (and, in 16-bit
-    dtypes, converting them) takes as many launches or more."""
+    """What chapter 10 says of atomics: the reduction kernel goes, but zeroing the float32 sums (and, in 16-bit
+    dtypes, converting them) takes more launches (the partial sums: the backward and one column-sum launch)."""
     x, w, b, dy = _inputs(40, 200, dtype)
     _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
     for atomic in (False, True):  # the shape's first call times its candidate plans (on a GPU): count a later one
         T.layer_norm_backward(dy, x, w, mean, rstd, atomic=atomic)
     partials = count_launches(T.layer_norm_backward, dy, x, w, mean, rstd)
     atomics = count_launches(lambda: T.layer_norm_backward(dy, x, w, mean, rstd, atomic=True))
-    assert partials.total == 3 and atomics.total == (3 if dtype == torch.float32 else 5)
+    assert partials.total == 2 and atomics.total == (3 if dtype == torch.float32 else 5)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not env.on_gpu(), reason="needs a GPU")

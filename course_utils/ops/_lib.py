@@ -17,6 +17,11 @@ kernels): the course's CI runs every kernel under Triton's interpreter on CPU te
 ``triton_op`` fails ``opcheck``'s fake-tensor test and ``torch.compile`` (the interpreter asks the fake
 tensors for data pointers; tried with torch 2.13 and Triton 3.6). A custom op is opaque to Inductor,
 which still fuses the code around it.
+
+The ops launch their hot kernels through :func:`launch` (:mod:`course_utils.tuned.launch`): on a GPU it
+keeps the compiled kernel that ``kernel[grid]`` found for each specialization and calls it directly,
+skipping the binder and the cache key (``course_utils.tuned.launch.ENABLED = False`` turns it off).
+It lives on the tuned shelf, not here, so that tuned modules can import it without importing the ops.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from ..tuned.launch import launch  # noqa: F401  (the ops' hot launches: course_utils.tuned.launch says why)
 
 NAMESPACE = "course"
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")

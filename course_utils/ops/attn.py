@@ -25,7 +25,6 @@ import torch
 
 from .. import hardware
 from ..kernels.attention import validate
-from ..kernels.attention_backward import row_delta
 from ..tuned import attention as F_
 from ..tuned import attention_backward as B_
 from . import _lib
@@ -97,7 +96,7 @@ def _bwd_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
         for t in (dq, dk, dv):
             t.zero_()
         return
-    delta = row_delta(o, do)
+    delta = B_.delta_rows(o, do)
     key = _plan_key("bwd", causal, q, k)
     cfg = PLANS.get(key)
     if cfg is None:

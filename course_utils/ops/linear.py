@@ -3,7 +3,8 @@
 
 - ``"cublas"``: cuBLAS's matmul writes ``acc = x @ weight.T``, chapter 4's bias + GELU kernel reads it
   and writes y; ``acc`` is saved, and the backward's one kernel (chapter 11) reads dy and acc and
-  writes dacc and the bias gradient; cuBLAS computes dx and dW.
+  writes dacc and the bias gradient; cuBLAS computes dx and dW. Both kernels are launched through the
+  ops' cheaper launch (``bias_gelu_scale_hot``, :mod:`course_utils.tuned.gelu_backward`).
 - ``"gemm"``: chapter 9's GEMM with bias + GELU in its epilogue (y only, one kernel); the backward
   recomputes ``acc`` with the same GEMM (z is never stored), then the same bias + GELU backward and
   two more GEMMs of the course.
@@ -21,10 +22,10 @@ import contextlib
 import torch
 
 from .. import env, hardware
-from ..kernels.gelu_backward import bias_gelu_backward_teaching
 from ..kernels.gemm import check_operands
 from ..tuned import choice
 from ..tuned import elementwise as EW
+from ..tuned import gelu_backward as GB
 from ..tuned import gemm as G
 from . import _lib
 
@@ -112,7 +113,7 @@ def _forward(plan: str, x, weight, bias):
     if plan == "gemm":
         return matmul(x2, weight.t(), bias, gelu=True).view(*x.shape[:-1], weight.shape[0]), x.new_empty((0,))
     acc = torch.mm(x2, weight.t())
-    y = EW.bias_gelu_scale(acc, bias, 1.0)
+    y = EW.bias_gelu_scale_hot(acc, bias, 1.0)
     return y.view(*x.shape[:-1], weight.shape[0]), acc
 
 
@@ -139,7 +140,7 @@ def _backward_kernels(plan, dy, x, weight, bias, acc):
         acc = matmul(x2, weight.t())                           # z - b, recomputed rather than stored
     dy2 = dy.reshape(acc.shape)
     dy2 = dy2.to(acc.dtype) if dy2.dtype != acc.dtype else dy2
-    dacc, db = bias_gelu_backward_teaching(dy2.contiguous(), acc, bias)
+    dacc, db = GB.bias_gelu_backward(dy2.contiguous(), acc, bias)
     dx = mm(dacc, weight)                                      # (M, N) @ (N, K)
     dw = mm(dacc.t(), x2)                                      # (N, M) @ (M, K)
     return dx.view(x.shape), dw, db

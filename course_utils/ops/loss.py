@@ -5,7 +5,9 @@ softmax and saves each row's logsumexp; one kernel writes the gradient, reading 
 The gradient goes to a new buffer, not into the logits: a custom op may not write into its input
 unless its schema says it mutates it, and the logits may still be needed by others (the float32
 reference of a test, a second loss). The tile (vocabulary block, warps) is a function of the vocabulary
-size and is kept in ``PLANS``.
+size and is kept in ``PLANS``; the inputs are checked once per layout (``CHECKED``), and the kernels of
+:mod:`course_utils.kernels.cross_entropy` are launched with the teaching launchers' arguments through
+the ops' cheaper launch (:func:`course_utils.ops._lib.launch`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ..kernels import cross_entropy as K
 from . import _lib
 
 PLANS: dict = {}
+CHECKED: set = set()   # the input layouts whose checks passed
 
 
 def _plan(n_cols: int) -> dict:
@@ -26,9 +29,33 @@ def _plan(n_cols: int) -> dict:
     return plan
 
 
+def _check_once(logits: torch.Tensor, targets: torch.Tensor, what: str = "cross_entropy", dloss=None) -> None:
+    """The kernels' input checks, once per (shapes, strides, dtypes, devices) of the inputs: what they check
+    depends on nothing else."""
+    key = (what, logits.shape, logits.stride(), logits.dtype, logits.device, targets.shape, targets.stride(),
+           targets.dtype, targets.device, None if dloss is None else (type(dloss), getattr(dloss, "shape", None),
+                                                                      getattr(dloss, "device", None)))
+    if key not in CHECKED:
+        K.check(logits, targets, what)
+        if dloss is not None and (not isinstance(dloss, torch.Tensor) or dloss.numel() != 1
+                                  or dloss.device != logits.device):
+            raise ValueError(f"cross_entropy backward: dloss must be a one-element tensor on {logits.device}")
+        CHECKED.add(key)
+
+
 def cross_entropy_fwd(logits: torch.Tensor, targets: torch.Tensor):
-    K.check(logits, targets)
-    return K.cross_entropy_teaching(logits, targets, **_plan(logits.shape[1]))
+    """``cross_entropy_teaching``'s launch with this module's plan, the inputs checked once per layout."""
+    _check_once(logits, targets)
+    n_rows, n_cols = logits.shape
+    plan = _plan(n_cols)
+    losses = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    lse = torch.empty_like(losses)
+    if n_rows == 0:
+        return losses.sum() / 0.0, lse   # the mean of no rows: NaN, as F.cross_entropy
+    _lib.launch(K.cross_entropy_fwd_kernel, "ce_fwd", (n_rows,), (losses, lse, logits, targets, n_cols,
+                                                                   logits.stride(0)),
+                dict(BLOCK_SIZE=plan["block"], NUM_STAGES=plan["num_stages"], num_warps=plan["num_warps"]))
+    return losses.mean(), lse
 
 
 def _fake_fwd(logits, targets):
@@ -37,7 +64,16 @@ def _fake_fwd(logits, targets):
 
 
 def cross_entropy_bwd(dloss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor):
-    return K.cross_entropy_backward_teaching(dloss, logits, targets, lse, **_plan(logits.shape[1]))
+    """``cross_entropy_backward_teaching``'s launch with this module's plan, the inputs checked once per layout."""
+    _check_once(logits, targets, "cross_entropy backward", dloss)
+    n_rows, n_cols = logits.shape
+    plan = _plan(n_cols)
+    dlogits = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
+    if n_rows:
+        _lib.launch(K.cross_entropy_bwd_kernel, "ce_bwd", (n_rows,),
+                    (dlogits, logits, targets, lse, dloss, n_cols, logits.stride(0), n_cols, 1.0 / n_rows),
+                    dict(BLOCK_SIZE=plan["block"], NUM_STAGES=plan["num_stages"], num_warps=plan["num_warps"]))
+    return dlogits
 
 
 def _fake_bwd(dloss, logits, targets, lse):

@@ -17,7 +17,6 @@ import torch
 
 from .. import env, hardware
 from ..kernels import add_layernorm as A
-from ..kernels.layernorm import column_sum
 from ..tuned import layernorm as T
 from ..tuned.layernorm_kernels import norm_fwd_kernel
 from . import _lib
@@ -63,9 +62,8 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
     if n_rows:
         if stride is None:   # rows that are not evenly strided: one copy
             x, stride = A.rows_of(x, n), n
-        norm_fwd_kernel[(p.grid,)](y, x, weight, bias, mean, rstd, n_rows, n, stride, n, eps,
-                                   BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=False, HAS_BIAS=True, STATS=True,
-                                   num_warps=p.num_warps)
+        _lib.launch(norm_fwd_kernel, "ln_fwd", (p.grid,), (y, x, weight, bias, mean, rstd, n_rows, n, stride, n, eps),
+                    dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=False, HAS_BIAS=True, STATS=True, num_warps=p.num_warps))
     return y, mean, rstd
 
 
@@ -161,8 +159,9 @@ def add_layer_norm_fwd(x, residual, weight, bias, eps: float):
             x, xs = A.rows_of(x, n), n
         if rs is None:
             residual, rs = A.rows_of(residual, n), n
-        A.add_layer_norm_fwd_kernel[(p["grid"],)](s, y, x, residual, weight, bias, mean, rstd, n_rows, n, xs, rs, eps,
-                                                  BLOCK_N=p["block"], ROWS=p["rows"], num_warps=p["num_warps"])
+        _lib.launch(A.add_layer_norm_fwd_kernel, "aln_fwd", (p["grid"],),
+                    (s, y, x, residual, weight, bias, mean, rstd, n_rows, n, xs, rs, eps),
+                    dict(BLOCK_N=p["block"], ROWS=p["rows"], num_warps=p["num_warps"]))
     return y, s, mean, rstd
 
 
@@ -205,11 +204,11 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
         ds, dss = A.rows_of(ds, n), n
     dw = s.new_empty((p["grid"], n), dtype=torch.float32)
     db = s.new_empty((p["grid"], n), dtype=torch.float32)
-    A.add_layer_norm_bwd_kernel[(p["grid"],)](dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db,
-                                              n_rows, n, dys, dys if ds is None else dss, p["per_program"],
-                                              BLOCK_N=p["block"], ROWS=p["rows"], HAS_DS=ds is not None,
-                                              num_warps=p["num_warps"])
-    return dx, column_sum(dw, weight.dtype), column_sum(db, weight.dtype)
+    _lib.launch(A.add_layer_norm_bwd_kernel, "aln_bwd", (p["grid"],),
+                (dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
+                 dys if ds is None else dss, p["per_program"]),
+                dict(BLOCK_N=p["block"], ROWS=p["rows"], HAS_DS=ds is not None, num_warps=p["num_warps"]))
+    return (dx, *T.column_sum_pair(dw, db, weight.dtype))
 
 
 def _fake_aln_bwd(dy, ds, s, weight, mean, rstd):

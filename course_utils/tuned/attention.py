@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import env, hardware
 from ..kernels.attention import DTYPES, LOG2E, MAX_HEAD_DIM, block_d, head_offset, prepare, tile_offsets
 from . import choice
 from .choice import CHOICE_ROUNDS  # noqa: F401  (course_utils.kernels.attention forwards it)
+from .launch import launch
 
 
 @triton.jit
@@ -254,29 +256,46 @@ def power_of_two_part(scale: float) -> float:
 
 def _launch_tuned(cfg: TileConfig, q, k, v, o, lse, scale, causal):
     B, H, N, D = q.shape
-    n_kv, BD = k.shape[2], block_d(D)
-    tma = _tma_mode(cfg, q, k, v)
+    plan = _launch_plan(cfg, q, k, v, o, lse, causal)
+    tma, grid, meta = plan
     q_src, k_src, v_src = q, k, v
     if tma == 1:
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=env.DEVICE))
     elif tma == 2:
-        from triton.tools.tensor_descriptor import TensorDescriptor
+        BD = meta["BLOCK_D"]
         q_src = TensorDescriptor.from_tensor(q.view(-1, D), [cfg.block_m, BD])
         k_src = TensorDescriptor.from_tensor(k.view(-1, D), [cfg.block_n, BD])
         v_src = TensorDescriptor.from_tensor(v.view(-1, D), [cfg.block_n, BD])
-    grid = (triton.cdiv(N, cfg.block_m) * B * H,)
     qk_scale, q_scale = scale * LOG2E, 1.0
     if cfg.q_regs:
         q_scale = power_of_two_part(qk_scale)
         qk_scale /= q_scale
-    attn_fwd_tuned_kernel[grid](q_src, k_src, v_src, o, lse if lse is not None else o,
-                                *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-                                H, H // k.shape[1], N, n_kv, D, n_kv - N, qk_scale, q_scale,
-                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, CAUSAL=bool(causal),
-                                STORE_LSE=lse is not None, TMA=tma,
-                                DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-                                NUM_STAGES=cfg.num_stages, Q_REGS=cfg.q_regs, EVEN_D=D == BD,
-                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    n_kv = k.shape[2]
+    launch(attn_fwd_tuned_kernel, "attn_fwd", grid,
+           (q_src, k_src, v_src, o, lse if lse is not None else o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            H, H // k.shape[1], N, n_kv, D, n_kv - N, qk_scale, q_scale), meta)
+
+
+_LAUNCH_PLANS: dict = {}   # what _launch_tuned works out per (tile, shapes, strides, dtype, alignment): host time
+
+
+def _launch_plan(cfg: TileConfig, q, k, v, o, lse, causal):
+    """(descriptor mode, grid, constexprs and options) of a forward launch: a pure function of the tile, the
+    shapes, strides, dtype and device of q, k, v, whether their data pointers are 16-byte aligned, lse and
+    causal."""
+    key = (cfg, q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
+           q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0, lse is None, bool(causal))
+    plan = _LAUNCH_PLANS.get(key)
+    if plan is None:
+        B, H, N, D = q.shape
+        BD = block_d(D)
+        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, CAUSAL=bool(causal),
+                    STORE_LSE=lse is not None, TMA=_tma_mode(cfg, q, k, v),
+                    DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+                    NUM_STAGES=cfg.num_stages, Q_REGS=cfg.q_regs, EVEN_D=D == BD,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        plan = _LAUNCH_PLANS[key] = (meta["TMA"], (triton.cdiv(N, cfg.block_m) * B * H,), meta)
+    return plan
 
 
 def choose(cands, key, launch):

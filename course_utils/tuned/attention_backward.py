@@ -20,11 +20,18 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import env, hardware
 from ..kernels.attention import LOG2E, block_d, head_offset, tile_offsets
-from ..kernels.attention_backward import check_backward_inputs, dot_precision, row_delta
+from ..kernels.attention_backward import (
+    attn_bwd_preprocess_kernel,
+    check_backward_inputs,
+    dot_precision,
+    row_delta,  # noqa: F401  (importable from here, as before)
+)
 from .attention import choose, flash_attention, load_tile, tma_ok
+from .launch import launch
 
 
 @triton.jit
@@ -297,31 +304,65 @@ def _use_tma(cfg: BwdConfig, q, k, v, do) -> bool:
 def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
     B, H, N, D = q.shape
     H_kv, n_kv = k.shape[1], k.shape[2]
-    BD = block_d(D)
-    tma = _use_tma(cfg, q, k, v, do)
+    tma, grid_kv, meta_kv, grid_q, meta_q = _launch_plan(cfg, q, k, v, do, causal)
     q_in, do_in, k_in, v_in = q, do, k, v
     if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
+        BD = meta_kv["BLOCK_D"]
         q_in, do_in = (TensorDescriptor.from_tensor(t.view(-1, D), [cfg.block_m1, BD]) for t in (q, do))
         k_in, v_in = (TensorDescriptor.from_tensor(t.view(-1, D), [cfg.block_n2, BD]) for t in (k, v))
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N,
               scale * LOG2E, scale)
-    flags = dict(CAUSAL=bool(causal), EVEN_D=D == BD, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                 NUM_STAGES=cfg.num_stages, PREC=dot_precision(q.dtype))
     dq_buf = dq
     if cfg.atomic_dq:   # a contiguous float32 scratch for the atomics, copied into dq (of any strides) after
         dq_buf = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    attn_bwd_dkdv_tuned_kernel[(-(-n_kv // cfg.block_n1) * B * H_kv,)](
-        q_in, k, v, do_in, lse, delta, dk, dv, dq_buf, *common, *dk.stride()[:3], *dv.stride()[:3],
-        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-        BLOCK_D=BD, EVEN_M=N % cfg.block_m1 == 0, EVEN_N=n_kv % cfg.block_n1 == 0, ATOMIC_DQ=cfg.atomic_dq,
-        TMA=tma, **flags)
+    launch(attn_bwd_dkdv_tuned_kernel, "attn_bwd_dkdv", grid_kv,
+           (q_in, k, v, do_in, lse, delta, dk, dv, dq_buf, *common, *dk.stride()[:3], *dv.stride()[:3]), meta_kv)
     if cfg.atomic_dq:
         dq.copy_(dq_buf)
     else:
-        attn_bwd_dq_tuned_kernel[(-(-N // cfg.block_m2) * B * H,)](
-            q, k_in, v_in, do, lse, delta, dq, *common, *dq.stride()[:3], BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-            BLOCK_D=BD, EVEN_M=N % cfg.block_m2 == 0, EVEN_N=n_kv % cfg.block_n2 == 0, TMA=tma, **flags)
+        launch(attn_bwd_dq_tuned_kernel, "attn_bwd_dq", grid_q,
+               (q, k_in, v_in, do, lse, delta, dq, *common, *dq.stride()[:3]), meta_q)
+
+
+_LAUNCH_PLANS: dict = {}   # what _launch works out per (tiles, shapes, strides, dtype, alignment): host time
+
+
+def _launch_plan(cfg: BwdConfig, q, k, v, do, causal):
+    """(descriptors or not, then grid and constexprs/options of the dK/dV and the dQ launch): a pure function
+    of the tiles, the shapes, strides, dtype and device of q, k, v, do, whether their pointers are 16-byte
+    aligned, and causal."""
+    key = (cfg, q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), q.dtype, q.device, bool(causal),
+           q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0, do.data_ptr() % 16 == 0)
+    plan = _LAUNCH_PLANS.get(key)
+    if plan is None:
+        B, H, N, D = q.shape
+        H_kv, n_kv = k.shape[1], k.shape[2]
+        BD = block_d(D)
+        tma = _use_tma(cfg, q, k, v, do)
+        flags = dict(CAUSAL=bool(causal), EVEN_D=D == BD, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                     NUM_STAGES=cfg.num_stages, PREC=dot_precision(q.dtype))
+        meta_kv = dict(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, BLOCK_D=BD, EVEN_M=N % cfg.block_m1 == 0,
+                       EVEN_N=n_kv % cfg.block_n1 == 0, ATOMIC_DQ=cfg.atomic_dq, TMA=tma, **flags)
+        meta_q = dict(BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, BLOCK_D=BD, EVEN_M=N % cfg.block_m2 == 0,
+                      EVEN_N=n_kv % cfg.block_n2 == 0, TMA=tma, **flags)
+        plan = _LAUNCH_PLANS[key] = (tma, (-(-n_kv // cfg.block_n1) * B * H_kv,), meta_kv,
+                                     (-(-N // cfg.block_m2) * B * H,), meta_q)
+    return plan
+
+
+def _block_d(head_dim: int) -> int:
+    """``block_d`` in plain integers (``triton.next_power_of_2`` is a constexpr function: microseconds a call)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def delta_rows(o: torch.Tensor, do: torch.Tensor, block_m: int = 64) -> torch.Tensor:
+    """``row_delta`` of the teaching module (delta = rowsum(dO * O), float32, (B, H, N)), the same kernel and
+    arguments, through the ops' cheaper launch (:mod:`.launch`)."""
+    B, H, N, D = o.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
+    launch(attn_bwd_preprocess_kernel, "attn_bwd_delta", (-(-N // block_m) * B * H,),
+           (o, do, delta, *o.stride(), *do.stride(), H, N, D), dict(BLOCK_M=block_m, BLOCK_D=_block_d(D)))
+    return delta
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, config: BwdConfig | None = None):
@@ -334,7 +375,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, c
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = row_delta(o, do)
+    delta = delta_rows(o, do)
     if config is None:
         cands = backward_configs(hardware.device_info(), D, q.dtype)
         key = ("bwd", torch.cuda.current_device() if env.on_gpu() else -1, q.shape, k.shape, q.dtype, bool(causal))

@@ -29,6 +29,7 @@ from ..kernels.layouts import (
     output_like,  # noqa: F401  (the layout the op returns: ops/dropout.py's fakes)
     row_offsets,
 )
+from .launch import launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -104,9 +105,9 @@ def bias_gelu_dropout(x, bias, p: float, seed: torch.Tensor, *, block: int = 102
     if n and not x.is_contiguous():   # dense, any strides: the strided kernel, the mask by logical index
         bias_gelu_strided(x, bias, y, 1.0, float(p), seed_tensor=seed)
     elif n:
-        bias_gelu_dropout_seeded_kernel[(triton.cdiv(n, block),)](x, bias, y, seed, n, x.shape[-1], float(p),
-                                                                 1.0 / (1.0 - float(p)), BLOCK_SIZE=block,
-                                                                 DROPOUT=p > 0, num_warps=num_warps)
+        launch(bias_gelu_dropout_seeded_kernel, "bias_gelu_dropout", (-(-n // block),),
+               (x, bias, y, seed, n, x.shape[-1], float(p), 1.0 / (1.0 - float(p))),
+               dict(BLOCK_SIZE=block, DROPOUT=p > 0, num_warps=num_warps))
     return y
 
 
@@ -129,11 +130,11 @@ def bias_gelu_dropout_backward(dy, x, bias, p: float, seed: torch.Tensor, *, blo
     dx = torch.empty_like(x)
     if x.numel() == 0:
         return dx, torch.zeros_like(bias)
-    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))
+    grid = (-(-n_rows // block_m), -(-n_cols // block_n))
     partial = torch.empty((grid[0], n_cols), device=x.device, dtype=torch.float32)
-    bias_gelu_dropout_seeded_bwd_kernel[grid](dy, x, bias, dx, partial, seed, n_rows, n_cols, float(p),
-                                              1.0 / (1.0 - float(p)), *_layout(x), BLOCK_M=block_m,
-                                              BLOCK_N=block_n, DROPOUT=p > 0, STRIDED=not x.is_contiguous())
+    launch(bias_gelu_dropout_seeded_bwd_kernel, "bias_gelu_dropout_bwd", grid,
+           (dy, x, bias, dx, partial, seed, n_rows, n_cols, float(p), 1.0 / (1.0 - float(p)), *_layout(x)),
+           dict(BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=p > 0, STRIDED=not x.is_contiguous()))
     return dx, partial.sum(dim=0).to(bias.dtype)
 
 

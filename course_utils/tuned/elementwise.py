@@ -44,6 +44,7 @@ from .elementwise_config import (  # noqa: F401  (names users import from here)
     needs_int64,
     rows_of,
 )
+from .launch import launch
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -207,10 +208,39 @@ def bias_gelu_scale(x: torch.Tensor, bias: torch.Tensor, scale: float, approxima
     if x.numel() > 0 and not x.is_contiguous():
         bias_gelu_strided(x, bias, out, scale, 0.0, approximate=flag)
     elif x.numel() > 0:
-        cfg = config_for(x, x.dtype)
-        bias_gelu_scale_tuned_kernel[cfg.grid](x, bias, out, x.numel(), n_cols, scale, BLOCK_SIZE=cfg.BLOCK_SIZE,
-                                               APPROXIMATE=flag, INT64=cfg.int64,
-                                               WRAPS=bias_wraps(cfg.BLOCK_SIZE, n_cols), num_warps=cfg.num_warps)
+        grid, meta = _bias_gelu_scale_plan(x, n_cols, flag)
+        bias_gelu_scale_tuned_kernel[grid](x, bias, out, x.numel(), n_cols, scale, **meta)
+    return out
+
+
+def _bias_gelu_scale_plan(x: torch.Tensor, n_cols: int, flag: bool):
+    """(grid, constexprs and options) of ``bias_gelu_scale_tuned_kernel`` on a contiguous x."""
+    cfg = config_for(x, x.dtype)
+    return cfg.grid, dict(BLOCK_SIZE=cfg.BLOCK_SIZE, APPROXIMATE=flag, INT64=cfg.int64,
+                          WRAPS=bias_wraps(cfg.BLOCK_SIZE, n_cols), num_warps=cfg.num_warps)
+
+
+_HOT_PLANS: dict = {}   # bias_gelu_scale_hot: (shape, strides, dtypes, devices) -> (grid, meta), checked once
+
+
+def bias_gelu_scale_hot(x: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`bias_gelu_scale` (approximate="tanh") for a hot path that calls it on the same layouts over
+    and over: the first call of a (shape, strides, dtypes, devices) key is :func:`bias_gelu_scale` itself,
+    every check included; a later one allocates the output and launches the kernel through the ops'
+    cheaper launch (:mod:`.launch`), with the grid and constexprs that first call used."""
+    key = (x.shape, x.stride(), x.dtype, x.device, bias.shape, bias.stride(), bias.dtype, bias.device)
+    plan = _HOT_PLANS.get(key)
+    if plan is None or not math.isfinite(scale):
+        out = bias_gelu_scale(x, bias, scale)
+        if x.numel() > 0 and x.is_contiguous():
+            if len(_HOT_PLANS) >= 4096:   # many distinct layouts (a sweep): start over rather than grow
+                _HOT_PLANS.clear()
+            _HOT_PLANS[key] = _bias_gelu_scale_plan(x, bias.shape[0], True)
+        return out
+    grid, meta = plan
+    out = torch.empty_like(x)
+    launch(bias_gelu_scale_tuned_kernel, "bias_gelu_scale", grid, (x, bias, out, x.numel(), bias.shape[0],
+                                                                     float(scale)), meta)
     return out
 
 

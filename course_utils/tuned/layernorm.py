@@ -3,7 +3,8 @@
 Forward: a tile of ROWS rows x BLOCK_N columns per program (several rows per program when rows are
 short), statistics in float32, mean/rstd stored only when a backward pass will need them.
 Backward: one kernel reads x and dy once, writes dx, and sums dy * x_hat and dy over its rows into
-one float32 partial row per program; ``column_sum_kernel`` adds the partials up (deterministic).
+one float32 partial row per program; ``column_sum_pair_kernel`` adds both partial buffers up in one launch
+(deterministic; the teaching ``column_sum`` takes one launch per buffer, in the same order: same bits).
 ``atomic=True`` adds each program's sums into one float32 row with ``tl.atomic_add`` instead: no
 reduction kernel, but no fewer launches (the float32 rows are zeroed first, and converted after in 16-bit
 dtypes), and the order of the additions changes from run to run (the notebook counts and measures both).
@@ -26,9 +27,11 @@ import torch
 import triton
 
 from .. import env, hardware
-from ..kernels.layernorm import as_rows, column_sum
+from ..kernels.layernorm import REDUCE_BLOCK_N, as_rows, column_sum
 from . import choice
+from .launch import launch
 from .layernorm_kernels import (
+    column_sum_pair_kernel,
     norm_bwd_chunked_kernel,
     norm_bwd_kernel,
     norm_bwd_row_kernel,
@@ -76,6 +79,7 @@ ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192:
 # programs share a row, each keeping a slice, and L2 serves all but one of their reads).
 SPLIT = {8192: ((8192, 2048, 16, 1), (4096, 2048, 8, 2)),
          16384: ((8192, 2048, 16, 1), (4096, 2048, 8, 2), (16384, 2048, 32, 1))}
+COLUMN_SUM_ROWS = 32        # BLOCK_M of the teaching column_sum, which column_sum_pair sums as (same bits)
 _BEST: dict = {}
 _PINNED = None              # a Plan that backward_plan() forces instead of the timed choice
 
@@ -214,10 +218,11 @@ def _forward(x, weight, bias, eps, rms: bool, stats: bool, what: str):
     if x.numel():
         p = plan_forward(n_rows, n_cols, x.element_size(), hardware.device_info())
         dummy = y  # pointers the kernel never touches (no bias, no statistics)
-        norm_fwd_kernel[(p.grid,)](y, x2, weight, dummy if bias is None else bias, dummy if mean is None else mean,
-                                    dummy if rstd is None else rstd, n_rows, n_cols, x2.stride(0), y.stride(0), eps,
-                                    BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, HAS_BIAS=bias is not None,
-                                    STATS=stats, num_warps=p.num_warps)
+        launch(norm_fwd_kernel, "norm_fwd", (p.grid,),
+               (y, x2, weight, dummy if bias is None else bias, dummy if mean is None else mean,
+                dummy if rstd is None else rstd, n_rows, n_cols, x2.stride(0), y.stride(0), eps),
+               dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, HAS_BIAS=bias is not None, STATS=stats,
+                    num_warps=p.num_warps))
     return y.view(x.shape), mean, rstd
 
 
@@ -233,24 +238,24 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
         db = dw if rms else (torch.zeros_like(dw) if atomic else torch.empty_like(dw))
         args = (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols, *strides, p.rows_per_program)
         if p.version == "row":
-            norm_bwd_row_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, STAGES=p.stages or None,
-                                           num_warps=p.num_warps)
+            launch(norm_bwd_row_kernel, "norm_bwd_row", (p.grid,), args,
+                   dict(BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, STAGES=p.stages or None, num_warps=p.num_warps))
         elif p.version == "split":
             if p.grid % slices:
                 raise ValueError(f"a split plan needs a grid of whole runs of {slices} slices, got {p.grid} programs")
-            norm_bwd_split_kernel[(p.grid,)](*args, slices, SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms,
-                                             ATOMIC=atomic, num_warps=p.num_warps)
+            launch(norm_bwd_split_kernel, "norm_bwd_split", (p.grid,), (*args, slices),
+                   dict(SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
         else:
-            norm_bwd_kernel[(p.grid,)](*args, BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic,
-                                        num_warps=p.num_warps)
+            launch(norm_bwd_kernel, "norm_bwd", (p.grid,), args,
+                   dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
         return dw, None if rms else db
     dw = torch.empty((p.grid, n_cols), dtype=torch.float32, device=dev)
     db = dw if rms else torch.empty_like(dw)
     dw_out = torch.zeros(n_cols, dtype=torch.float32, device=dev) if atomic else dw
     db_out = dw_out if rms or not atomic else torch.zeros_like(dw_out)
-    norm_bwd_chunked_kernel[(p.grid,)](dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, dw_out, db_out,
-                                        n_rows, n_cols, *strides, p.rows_per_program, CHUNK=p.BLOCK_N, RMS=rms,
-                                        ATOMIC=atomic, num_warps=p.num_warps)
+    launch(norm_bwd_chunked_kernel, "norm_bwd_chunked", (p.grid,),
+           (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, dw_out, db_out, n_rows, n_cols, *strides,
+            p.rows_per_program), dict(CHUNK=p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
     return (dw_out, None if rms else db_out) if atomic else (dw, None if rms else db)
 
 
@@ -260,7 +265,20 @@ def _finish_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
     dw, db = _launch_backward(p, dx, dy2, x2, weight, mean, rstd, rms, atomic)
     if atomic:
         return dx, dw.to(weight.dtype), None if rms else db.to(weight.dtype)
-    return dx, column_sum(dw, weight.dtype), None if rms else column_sum(db, weight.dtype)
+    if rms:
+        return dx, column_sum(dw, weight.dtype), None
+    return (dx, *column_sum_pair(dw, db, weight.dtype))
+
+
+def column_sum_pair(dw_partial: torch.Tensor, db_partial: torch.Tensor, dtype: torch.dtype):
+    """(dw, db): the column sums of two contiguous float32 (n_partials, N) buffers of one shape, in ``dtype``,
+    in one launch; the bits of ``column_sum`` (kernels/layernorm.py) on each, which takes two launches."""
+    n_partials, n_cols = dw_partial.shape
+    dw = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
+    db = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
+    launch(column_sum_pair_kernel, "column_sum_pair", (-(-n_cols // REDUCE_BLOCK_N),),
+           (dw, db, dw_partial, db_partial, n_partials, n_cols), dict(BLOCK_M=COLUMN_SUM_ROWS, BLOCK_N=REDUCE_BLOCK_N))
+    return dw, db
 
 
 def _choose(cands: list[Plan], key, launch) -> Plan:

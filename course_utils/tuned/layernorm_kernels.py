@@ -244,3 +244,23 @@ def norm_bwd_split_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_p
         tl.store(dw_ptr + out, dw, mask=mask)
         if not RMS:
             tl.store(db_ptr + out, db, mask=mask)
+
+
+@triton.jit
+def column_sum_pair_kernel(dw_ptr, db_ptr, dw_partial_ptr, db_partial_ptr, n_partials, n_cols,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dw[j] = sum_i dw_partial[i, j] and db[j] = sum_i db_partial[i, j]: the teaching ``column_sum_kernel``
+    on both float32 (n_partials, n_cols) buffers in one launch, each summed in the teaching kernel's order
+    (the same tiles of BLOCK_M rows, so the same bits as its two launches)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    acc_w = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in tl.range(0, n_partials, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        mask = (rows < n_partials)[:, None] & col_mask[None, :]
+        offsets = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        acc_w += tl.sum(tl.load(dw_partial_ptr + offsets, mask=mask, other=0.0), axis=0)
+        acc_b += tl.sum(tl.load(db_partial_ptr + offsets, mask=mask, other=0.0), axis=0)
+    tl.store(dw_ptr + cols, acc_w.to(dw_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(db_ptr + cols, acc_b.to(db_ptr.dtype.element_ty), mask=col_mask)

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from ..kernels import fused_classifier as K
 from ..traffic.classifier import CHUNK_BYTES, ROW_MULTIPLE, chunk_rows_for  # the chunk rule is a bytes rule
+from .launch import launch
 
 __all__ = ["CHUNK_BYTES", "ROW_MULTIPLE", "chunk_rows_for", "check", "linear_cross_entropy_forward",
            "linear_cross_entropy_backward", "LinearCrossEntropy", "linear_cross_entropy", "linear_cross_entropy_ref"]
@@ -139,14 +140,22 @@ def linear_cross_entropy_forward(h: torch.Tensor, weight: torch.Tensor, targets:
         stop = min(start + chunk, rows)
         h_c, g = h[start:stop], logits[:stop - start]
         torch.mm(h_c, wt, out=g)
-        K.fused_classifier_teaching(g, targets[start:stop], scale, ignore_index=ignore_index,
-                                    losses=losses[start:stop], block=block, num_warps=num_warps)
+        _classify(g, targets[start:stop], scale, int(ignore_index), losses[start:stop], block, num_warps)
         torch.mm(g, weight, out=dh[start:stop])
         _accumulate(acc, g, h_c, first=i == 0)
     if rows == 0:
         acc.zero_()
     dweight = acc if acc.dtype == weight.dtype else acc.to(weight.dtype)
     return losses.sum() * scale, dh, dweight
+
+
+def _classify(g, targets_c, scale, ignore_index: int, losses_c, block: int, num_warps: int) -> None:
+    """``fused_classifier_teaching(g, targets_c, scale, ...)`` on a chunk this module made from checked inputs
+    (g: the chunk's logits, scale: the device tensor of ``mean_scale``): the same kernel and arguments,
+    through the ops' cheaper launch (:mod:`.launch`), without the per-chunk checks that cannot fail here."""
+    launch(K.fused_classifier_kernel, "fused_classifier", (g.shape[0],),
+           (g, losses_c, targets_c, scale, 0.0, g.shape[1], g.stride(0), ignore_index),
+           dict(SCALE_FROM_PTR=True, BLOCK_SIZE=block, NUM_STAGES=2, num_warps=num_warps))
 
 
 def linear_cross_entropy_backward(grad_output: torch.Tensor, dh: torch.Tensor, dweight: torch.Tensor):

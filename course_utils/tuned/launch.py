@@ -1,0 +1,164 @@
+"""A cheaper launch for the ops' hot kernels (chapter 12: host time is speed), on Triton's public API.
+
+``kernel[grid](*args, **meta)`` costs a host CPU tens of microseconds on every call: ``JITFunction.run``
+binds the arguments, specializes each of them, builds the compile cache key and looks it up, all
+before the launch itself. The compiled kernel it finds is a pure function of what the specialization
+reads, and ``JITFunction.run`` returns it (a ``CompiledKernel``): its public call ``compiled[grid](*all)``
+launches it directly, with every parameter of the kernel in signature order (constexprs included, as
+``run`` passes them). :func:`launch` keeps that compiled kernel per specialization and calls it:
+
+    key = (kernel, call site's key, grid, the specialization of args, meta, debug knobs, current device)
+
+where the specialization of ``args`` is exactly what Triton's depends on, and more: each tensor's dtype
+and whether its data pointer is 16-byte aligned, each int's value (Triton reads 1, divisible by 16, and
+32- or 64-bit range from it), bool values, None, "a float" for floats (Triton passes a float as an fp32
+runtime value, never specialized), a host tensor descriptor's base dtype, block shape, padding, shape
+and strides (Triton reads the first three; its base is 16-byte aligned by construction). ``meta``
+(constexprs and options such as ``num_warps``) enters the key by name, value and type (True and 1 are
+equal keys in Python, not to Triton). So a launch reuses a compiled kernel only where ``kernel[grid]``
+would have picked the same one; the call site's ``key`` (a name for the launch) adds to this, it is
+never trusted alone.
+
+The first call of a key goes through ``kernel[grid]``, which checks, compiles and launches as always.
+Anything this module does not map goes through ``kernel[grid]`` every time and is not cached: the
+interpreter (``env.on_gpu()`` false), ``ENABLED = False``, a kernel that is not a plain ``JITFunction``
+(an autotuner, heuristics) or has pre-run hooks, ``JITFunction.run`` replaced by a launch counter
+(``course_utils.profile.count_launches`` counts every launch), a ``knobs.runtime.launch_enter_hook`` set (a profiler
+sees the plain launch), a grid that is not a tuple of ints, an argument of another type (a
+tensor subclass, a tuple), a non-constexpr parameter passed by keyword, a constexpr passed
+positionally that is not an int, bool or None, a parameter missing with no default. One thing
+``JITFunction.run`` checks that the cached call does not: that the kernel's global constants have not
+changed since it was compiled (the course never rebinds them; the first call of each key still checks).
+
+The cache holds at most ``MAX_ENTRIES`` compiled launches and is emptied when full (ints that change on
+every call, a seed or a step, would make a new key every call: they cost one plain launch each, never
+unbounded memory). The stream is looked up at every launch, as ``kernel[grid]`` does, so the same call
+works on any stream and inside a CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.compiler import CompiledKernel
+from triton.knobs import HookChain
+from triton.runtime import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import env
+
+ENABLED = True          # False: every launch is the plain kernel[grid](*args, **meta) (checks compare both)
+MAX_ENTRIES = 4096      # compiled launches kept; the cache is emptied when it holds more
+_CACHE: dict = {}
+_TENSORS = (torch.Tensor, torch.nn.Parameter)   # exact types: a tensor subclass may mean another data_ptr
+_MISSING = object()
+# the types these names stand for, replaced by fakes in the tests of the cache logic (no GPU there)
+JIT_TYPES: tuple = (JITFunction,)
+COMPILED_TYPES: tuple = (CompiledKernel,)
+current_device = torch.cuda.current_device
+# JITFunction.run as Triton defines it: a launch counter or recorder that replaces it (course_utils.profile's
+# triton_launch_hook, aot's pretend launches) must see every launch, so then every launch is the plain one
+PLAIN_RUN = JITFunction.run
+
+
+def launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
+    """``kernel[grid](*args, **meta)``, through the compiled kernel kept for this specialization when there is
+    one (on a GPU only). ``key``: the call site's plan key (hashable), added to the specialization."""
+    if not ENABLED or not env.on_gpu():
+        kernel[grid](*args, **meta)
+        return
+    fast_launch(kernel, key, grid, args, meta)
+
+
+def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
+    """:func:`launch` without its mode check (the tests drive it with fake kernels on the CPU)."""
+    spec = specialization(args)
+    if (spec is None or type(kernel).run is not PLAIN_RUN or _hooked(knobs.runtime.launch_enter_hook)
+            or type(grid) is not tuple):
+        kernel[grid](*args, **meta)
+        return
+    try:
+        full_key = (kernel, key, grid, spec, tuple(meta.items()), tuple(map(type, meta.values())), knobs.runtime.debug,
+                    knobs.compilation.instrumentation_mode, current_device())
+        entry = _CACHE.get(full_key)
+    except TypeError:    # something unhashable in the key or in meta: not cached
+        kernel[grid](*args, **meta)
+        return
+    if entry is not None:
+        runner, tail = entry
+        runner(*args, *tail)
+        return
+    compiled = kernel[grid](*args, **meta)
+    tail = _tail(kernel, args, meta)
+    if tail is None or not isinstance(compiled, COMPILED_TYPES) or not all(type(g) is int for g in grid):
+        return
+    if len(_CACHE) >= MAX_ENTRIES:
+        _CACHE.clear()
+    _CACHE[full_key] = (compiled[grid + (1,) * (3 - len(grid))], tail)
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch-enter hook is set (Triton 3.6 keeps an empty ``HookChain`` there when none is)."""
+    return hook is not None and (type(hook) is not HookChain or bool(hook.calls))
+
+
+def specialization(args: tuple):
+    """What Triton's specialization of ``args`` reads, one item per argument (None when an argument is of a
+    type not mapped here). Items of different kinds never compare equal (an int; a tuple that starts with
+    a dtype, the type ``bool`` or ``TensorDescriptor``; the type ``float``; None), so equal tuples mean
+    equal kinds in every position, whatever Python's 1 == True and 1 == 1.0 say."""
+    out = []
+    put = out.append
+    for a in args:
+        t = type(a)
+        if t is int:
+            put(a)
+        elif t in _TENSORS:
+            put((a.dtype, a.data_ptr() % 16 == 0))
+        elif t is float:
+            put(float)
+        elif t is bool:
+            put((bool, a))
+        elif a is None:
+            put(None)
+        elif t is TensorDescriptor:   # Triton reads the base's dtype and the block shape; shape and strides too here
+            put((TensorDescriptor, a.base.dtype, tuple(a.block_shape), a.padding, a.shape, a.strides))
+        else:
+            return None
+    return tuple(out)
+
+
+def _tail(kernel, args: tuple, meta: dict):
+    """The parameters after ``args`` in signature order (from ``meta`` or their defaults), or None when the
+    call's layout is not the simple one mapped here: then the launch is never cached."""
+    if not isinstance(kernel, JIT_TYPES) or kernel.pre_run_hooks:
+        return None
+    params = kernel.params
+    if len(args) > len(params):
+        return None
+    for p, a in zip(params, args):   # a constexpr given positionally: its value is in the key only if an int
+        if p.is_constexpr and type(a) not in (int, bool, type(None)):
+            return None
+    tail = []
+    for p in params[len(args):]:
+        value = meta.get(p.name, _MISSING)
+        if value is _MISSING:
+            if not p.has_default:
+                return None
+            value = p.default
+        elif not p.is_constexpr:   # a runtime argument by keyword: its value would key the cache
+            return None
+        tail.append(value)
+    return tuple(tail)
+
+
+def clear() -> None:
+    """Forget every compiled launch (the next call of each key goes through ``kernel[grid]`` again)."""
+    _CACHE.clear()
+
+
+def size() -> int:
+    return len(_CACHE)
+
+
+__all__ = ["launch", "fast_launch", "specialization", "clear", "size", "ENABLED", "MAX_ENTRIES"]
