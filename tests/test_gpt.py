@@ -194,7 +194,8 @@ def test_targets_are_the_issues_ratios(training_bench, monkeypatch):
     import pandas as pd
     monkeypatch.setattr(training_bench.bench, "recorded", lambda name: None)   # no recorded overhead table
     rows = {"eager": (18.0, 10.0, 5.0), "torch.compile": (14.0, 9.0, 4.5), "course": (15.0, 7.5, 4.0),
-            "course, step by hand": (12.0, None, None), "course + torch.compile": (13.0, 7.0, 4.0), "eager + CUDA graph": (11.0, None, None),
+            "course, step by hand": (12.0, None, None), "course + torch.compile": (13.0, 7.0, 4.0),
+            "eager + CUDA graph": (11.0, None, None),
             "course + CUDA graph": (8.0, None, None), "torch.compile reduce-overhead": (9.0, None, None),
             "course + torch.compile reduce-overhead": (8.5, None, None)}
     one = pd.DataFrame([{"impl": k, "ms": ms, "gpu_busy_ms": busy, "peak_alone_gib": peak}
