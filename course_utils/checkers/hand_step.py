@@ -1,0 +1,407 @@
+"""Checks for chapter 12's exercise 12.3: one block's backward by hand.
+
+:func:`check_block_backward` judges a student's
+
+    block_backward(blk, saved, dh, dres, ln_next, n_head, scale) -> (dh_in, dres_in)
+
+the backward of one :class:`course_utils.gpt.Block` of :class:`course_utils.step.HandStep`'s forward:
+``blk`` the block, ``saved`` its :class:`course_utils.step.Saved`, ``dh`` the gradient of the block's
+output h (``ln_next``'s output), ``dres`` the gradient of the residual stream s2 it leaves (None for
+the last block), ``ln_next`` the LayerNorm that follows the block (the next block's ``ln1``, or
+``ln_f``). It writes the ``.grad`` of every parameter of the block and of ``ln_next`` and returns
+the gradients of the block's inputs: h1 (``saved.h1``) and the residual stream x it received.
+
+Every call builds a small GPT (fresh random weights, LayerNorm parameters and biases included, and a
+fresh batch), runs ``HandStep.forward``, and calls the student's function on each block from the
+last to the first, as the step does, with the gradients the student's previous call returned. Each
+block is compared with a float64 reference made of the same saved activations, per op with
+torch.autograd in float64 (:func:`reference`); a wrong answer is compared with the float64 answer of
+each usual mistake (:data:`FLOW_FAULTS`, then each tensor's own: a transposed or misplaced GEMM, a
+bias averaged) to name it. The student's function must call the course's backward functions
+(``add_layer_norm_bwd`` twice, ``linear_gelu_bwd`` and ``attention_qkv_bwd`` once) and no autograd, nor
+:mod:`course_utils.step`'s own backward: those are refused by reading the code and, while it runs, by
+watching the calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from .. import check, env
+from .calls import run_watched
+
+NAME = "block backward"
+LAYERS, HEADS, WIDTH, SEQ, BATCH = 2, 2, 32, 24, 3
+# max |got - ref| / max |ref| per tensor against float64. The course's solution on the CPU, worst of 8 models:
+# float32 6e-7, float16 4e-3 (LayerNorm 2's weight). bfloat16 (a GPU) is float16's times its 8x wider epsilon.
+TOL = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1e-1}
+ORDER = ("ln_next.weight", "ln_next.bias", "out.weight", "out.bias", "fc.weight", "fc.bias", "ln2.weight",
+         "ln2.bias", "proj.weight", "proj.bias", "qkv.weight", "qkv.bias", "dh_in", "dres_in")
+SIGNATURE = "block_backward(blk, saved, dh, dres, ln_next, n_head, scale) -> (dh_in, dres_in)"
+HINT = {
+    "ln_next": "y, s2 = add_layer_norm(out(f), s1) with ln_next's weight: add_layer_norm_bwd(dh, dres, saved.s2, "
+               "ln_next.weight, saved.mean2, saved.rstd2) returns (ds, dw, db)",
+    "out": "the out GEMM reads saved.f: dW = ds.T @ f over all B*N rows, db = ds summed over the rows",
+    "fc": "linear_gelu_bwd(df, saved.h2, blk.fc.weight, blk.fc.bias, saved.acc) returns (dh2, dw, db)",
+    "ln2": "h2, s1 = add_layer_norm(proj(o2), x) with ln2's weight: add_layer_norm_bwd(dh2, ds, saved.s1, "
+           "blk.ln2.weight, saved.mean1, saved.rstd1)",
+    "proj": "the proj GEMM reads saved.o2: dW = dy.T @ o2, db = dy summed over the rows, with dy the gradient "
+            "of s1 (add_layer_norm_bwd's dx)",
+    "qkv": "the qkv GEMM reads saved.h1: dW = dqkv.T @ h1, db = dqkv summed over the rows, dqkv from "
+           "attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, True, scale) with do laid out as saved.o",
+    "dh_in": "dh_in = dqkv @ W of the qkv GEMM, shaped as saved.h1",
+    "dres_in": "x feeds the add before LayerNorm 2: dres_in is the dx that add_layer_norm_bwd returns for it",
+}
+GRAD_SHAPES = ("every .grad has its parameter's shape and dtype: dW = dy.T @ x is (out_features, in_features) "
+               "(dy and x as (B*N, features) matrices), db = dy summed over all B*N rows is (out_features,)")
+# (name, how a student's block backward makes it, what to do); each is a float64 reference with that mistake
+FLOW_FAULTS = {
+    "dres dropped": "the residual stream's gradient dres never reached the block: s2 leaves the block as the "
+        "next block's residual, so pass dres as ds to the backward of the add + LayerNorm that ends the block: "
+        "add_layer_norm_bwd(dh, dres, saved.s2, ...)",
+    "ds dropped at LayerNorm 2": "the backward of add + LayerNorm 2 did not get ds: s1 feeds LayerNorm 2 and the "
+        "add after the MLP, so its gradient is ds (from above) plus LayerNorm 2's part: "
+        "add_layer_norm_bwd(dh2, ds, saved.s1, ...)",
+    "MLP branch without dres": "the MLP's output (the out GEMM's dy) got LayerNorm's gradient but not dres: both "
+        "inputs of the add s2 = out(f) + s1 get the same ds = dres + dLayerNorm(dh), the dx add_layer_norm_bwd "
+        "returns when it is given ds=dres",
+    "residual without LayerNorm's part after the MLP": "the residual s1 got only dres from above, not the "
+        "gradient through ln_next: both inputs of the add s2 = out(f) + s1 get the same ds, the dx that "
+        "add_layer_norm_bwd(dh, dres, ...) returns",
+    "attention branch without ds": "the attention's output (the proj GEMM's dy) got LayerNorm 2's gradient but "
+        "not ds from above: both inputs of the add s1 = proj(o2) + x get the same gradient, the dx that "
+        "add_layer_norm_bwd(dh2, ds, ...) returns",
+    "dres_in without the attention branch": "dres_in is the gradient s1 got from above (ds) only: x also feeds "
+        "LayerNorm 2 through s1 = proj(o2) + x, so dres_in is the dx that add_layer_norm_bwd(dh2, ds, ...) "
+        "returns, the same gradient the proj GEMM gets",
+    "dres returned unchanged": "dres_in is the dres the block was given: the residual stream's gradient grows in "
+        "each block by what flows through its two LayerNorms; return the dx of add + LayerNorm 2's backward",
+    "do not laid out as o": "the attention's gradient do was read in the wrong layout: o2 is o.transpose(1, 2) "
+        "reshaped to (B, N, d), so do = do2.view(B, N, n_head, head_dim).transpose(1, 2), laid out as saved.o "
+        "(B, H, N, hd); a plain view to (B, H, N, hd) mixes heads and positions",
+}
+
+
+# --- the float64 reference, one op at a time ------------------------------------------------------------
+
+
+def _f64(t: torch.Tensor, grad: bool = False) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64).requires_grad_(grad)
+
+
+def _vjp(fn, inputs, dy):
+    """The gradients of ``fn(*inputs)`` for each input, given dy, in float64."""
+    xs = [_f64(t, True) for t in inputs]
+    with torch.enable_grad():
+        return torch.autograd.grad(fn(*xs), xs, _f64(dy))
+
+
+def _layer_norm(s, ln, dy, eps):
+    """(ds, dw, db) of LayerNorm(s) with ln's weight and bias."""
+    return _vjp(lambda s, w, b: F.layer_norm(s, (s.shape[-1],), w, b, eps), (s, ln.weight, ln.bias), dy)
+
+
+def _linear(dy, x, weight):
+    """(dx, dW, db) of y = x @ W.T + b over the rows of 2-D views."""
+    dy2, x2 = dy.reshape(-1, dy.shape[-1]), _f64(x).reshape(-1, x.shape[-1])
+    return (dy2 @ _f64(weight)).view(x.shape), dy2.t() @ x2, dy2.sum(0)
+
+
+def _gelu_pre(df, h2, fc):
+    """d(pre-activation) of f = gelu_tanh(a), a = h2 @ W.T + b, given df."""
+    a = _f64(h2) @ _f64(fc.weight).t() + _f64(fc.bias)
+    return _vjp(lambda a: F.gelu(a, approximate="tanh"), (a,), df)[0]
+
+
+def _attention(do, qkv, n_head, scale):
+    """dqkv of causal attention on the packed projection, given do laid out (B, H, N, hd)."""
+    def attend(qkv):
+        B, N, W = qkv.shape
+        q, k, v = qkv.view(B, N, 3, n_head, W // (3 * n_head)).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return _vjp(attend, (qkv,), do)[0]
+
+
+def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float, fault: str | None = None) -> dict:
+    """Every gradient of one block in float64 from its saved activations, as :data:`ORDER` names them, plus
+    each GEMM's dy (``"dy.out"`` ...); ``fault`` (a key of :data:`FLOW_FAULTS`) makes that mistake."""
+    g, zero = {}, torch.zeros(sv.s2.shape, dtype=torch.float64)
+    dres64 = zero if dres is None or fault == "dres dropped" else _f64(dres)
+    d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(sv.s2, ln_next, dh, eps)
+    ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
+    d_out = d_ln if fault == "MLP branch without dres" else ds
+    d_s1_above = dres64 if fault == "residual without LayerNorm's part after the MLP" else ds
+    df, g["out.weight"], g["out.bias"] = _linear(d_out, sv.f, blk.out.weight)
+    dacc = _gelu_pre(df, sv.h2, blk.fc)
+    dh2, g["fc.weight"], g["fc.bias"] = _linear(dacc, sv.h2, blk.fc.weight)
+    d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(sv.s1, blk.ln2, dh2, eps)
+    ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
+    d_proj = d_ln2 if fault == "attention branch without ds" else ds1
+    g["dres_in"] = {"dres_in without the attention branch": d_s1_above, "dres returned unchanged": dres64}.get(
+        fault, ds1)
+    do2, g["proj.weight"], g["proj.bias"] = _linear(d_proj, sv.o2, blk.proj.weight)
+    B, H, N, hd = sv.o.shape
+    do = do2.view(B, H, N, hd) if fault == "do not laid out as o" else do2.view(B, N, H, hd).transpose(1, 2)
+    dqkv = _attention(do, sv.qkv, n_head, scale)
+    g["dh_in"], g["qkv.weight"], g["qkv.bias"] = _linear(dqkv, sv.h1, blk.qkv.weight)
+    g.update({"dy.out": d_out, "dy.fc": dacc, "dy.proj": d_proj, "dy.qkv": dqkv})
+    return g
+
+
+# --- refusing the answer key ---------------------------------------------------------------------------
+
+_AUTOGRAD_WORDS = re.compile(r"\bautograd\b|\.backward\(|\brequires_grad\b|\benable_grad\b")
+
+
+def _forbidden() -> dict:
+    from .. import step
+    return {"hand-written step (course_utils.step.HandStep)": step.HandStep,
+            "hand-written backward (course_utils.step.HandStep.backward)": step.HandStep.backward,
+            "GEMM backward (course_utils.step._linear_backward)": step._linear_backward,
+            "gradient comparison (course_utils.step.grads_match)": step.grads_match,
+            "torch.autograd.grad": torch.autograd.grad, "torch.autograd.backward": torch.autograd.backward}
+
+
+def _required() -> dict:
+    from ..ops import attn, linear, norms
+    return {"add_layer_norm_bwd": norms.add_layer_norm_bwd, "linear_gelu_bwd": linear.linear_gelu_bwd,
+            "attention_qkv_bwd": attn.attention_qkv_bwd}
+
+
+def _refuse_source(fn) -> None:
+    """The course's backward and autograd refused by reading the student's code and their helpers'."""
+    check.refuse_answer_key(NAME, fn, _forbidden())
+    mine = [fn] + [o for _, o in check._referenced(fn) if inspect.isfunction(o) and o.__module__ == fn.__module__]
+    for f in mine:
+        try:
+            src = inspect.getsource(f)
+        except (OSError, TypeError):
+            continue
+        m = _AUTOGRAD_WORDS.search(src)
+        if m:
+            raise check.CheckFailure(f"{NAME}: your code uses autograd ({m.group(0)!r} in {f.__name__}): the "
+                                     "exercise is the backward written without it. Call the course's backward "
+                                     "functions and torch.mm in reverse order of the forward.")
+
+
+class _NoAutograd:
+    """torch.autograd.backward/grad and Tensor.backward raise while the student's function runs."""
+
+    def __enter__(self):
+        self.saved = (torch.autograd.backward, torch.autograd.grad, torch.Tensor.backward)
+
+        def refuse(*_a, **_k):
+            raise check.CheckFailure(f"{NAME}: your function called autograd (backward or torch.autograd.grad) while "
+                                     "it ran: the exercise is the backward without it. Call the course's backward "
+                                     "functions and torch.mm in reverse order of the forward.")
+        torch.autograd.backward = torch.autograd.grad = torch.Tensor.backward = refuse
+        return self
+
+    def __exit__(self, *exc):
+        torch.autograd.backward, torch.autograd.grad, torch.Tensor.backward = self.saved
+        return False
+
+
+# --- calling and judging --------------------------------------------------------------------------------
+
+
+def _your_line(e: BaseException) -> str:
+    """The last line of the student's own code in the traceback (not torch's, not the course's)."""
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        if "site-packages" not in fr.filename and "course_utils" not in fr.filename and fr.line:
+            return f" (at: {fr.line.strip()})"
+    return ""
+
+
+def _call(fn, case, args):
+    """fn(*args) under the refusals; the calls of the course's functions it made."""
+    watched = {**_required(), **{d: f for d, f in _forbidden().items() if inspect.isfunction(f)}}
+    try:
+        with _NoAutograd():
+            out, calls = run_watched(fn, args, watched)
+    except (NotImplementedError, check.CheckFailure):
+        raise
+    except Exception as e:
+        text = str(e)[:300]
+        hint = (GRAD_SHAPES if "assign a gradient" in text else
+                f"it is called as {SIGNATURE}, as the step calls it for each block from the last")
+        raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {text}{_your_line(e)}\n"
+                                 f"Hint: {hint}.") from e
+    used = [d for d in _forbidden() if calls.first(d) is not None]
+    if used:
+        raise check.CheckFailure(f"{case}: while your function ran it called the course's {used[0]}: that is the "
+                                 "answer the check compares with. Write the block's backward yourself.")
+    counts = {d: sum(1 for name, _ in calls.seen if name == d) for d in _required()}
+    for d, want in (("add_layer_norm_bwd", 2), ("linear_gelu_bwd", 1), ("attention_qkv_bwd", 1)):
+        if counts[d] < want:
+            raise check.CheckFailure(f"{case}: your function called {d} {counts[d]} time(s), the block's backward "
+                                     f"needs it {want}: the exercise builds the backward from the course's backward "
+                                     "functions (norms.add_layer_norm_bwd for each fused add + LayerNorm, "
+                                     "linear.linear_gelu_bwd for the MLP's first GEMM, attn.attention_qkv_bwd) and "
+                                     "torch.mm for the other GEMMs.")
+    return out
+
+
+def _params(blk, ln_next) -> dict:
+    return {"ln_next.weight": ln_next.weight, "ln_next.bias": ln_next.bias, **{
+        f"{lin}.{p}": getattr(getattr(blk, lin), p) for lin in ("out", "fc", "ln2", "proj", "qkv")
+        for p in ("weight", "bias")}}
+
+
+def _collect(case, out, params, like) -> dict:
+    """The student's gradients by name, after the return value and every .grad were validated."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        what = f"{len(out)} items" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise check.CheckFailure(f"{case}: your function returned {what}: return the pair (dh_in, dres_in), the "
+                                 "gradients of saved.h1 and of the block's residual input x, each a tensor shaped "
+                                 "like saved.h1.")
+    got = {}
+    for name, t in zip(("dh_in", "dres_in"), out):
+        shape = tuple(like.shape)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != like.dtype \
+                or t.device != like.device:
+            what = (f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor)
+                    else type(t).__name__)
+            raise check.CheckFailure(f"{case}: {name} is {what}; expected a {shape} tensor of {like.dtype} on "
+                                     f"{like.device}, shaped like saved.h1 (B, N, d) in the model's dtype.")
+        got[name] = t
+    for name, p in params.items():
+        g = p.grad
+        if g is None:
+            kind = "bias" if name.endswith("bias") else "weight"
+            raise check.CheckFailure(f"{case}: {_label(name)} was not written (it is None): assign the {kind}'s "
+                                     f"gradient to .grad; {HINT[name.split('.')[0]]}.")
+        if tuple(g.shape) != tuple(p.shape) or g.dtype != p.dtype:
+            raise check.CheckFailure(f"{case}: {_label(name)} is {tuple(g.shape)} {g.dtype}; expected {tuple(p.shape)} "
+                                     f"{p.dtype}: {GRAD_SHAPES}.")
+        got[name] = g
+    return got
+
+
+def _label(name: str) -> str:
+    """How the student's code names a gradient: blk.out.weight.grad, ln_next.bias.grad, dh_in."""
+    return name if name in ("dh_in", "dres_in") else f"{'' if name.startswith('ln_next') else 'blk.'}{name}.grad"
+
+
+def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref| (inf where got holds a NaN or an infinity)."""
+    g = got.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(g).all()):
+        return float("inf")
+    return float((g - ref).abs().max()) / max(float(ref.abs().max()), 1e-30)
+
+
+def _tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: float) -> str | None:
+    """The mistake that makes this one tensor, if it is a usual one."""
+    r = ref[name]
+    lin, _, kind = name.partition(".")
+    cands = {}
+    if kind == "weight" and lin in ("out", "fc", "proj", "qkv"):
+        dy = ref[f"dy.{lin}"].reshape(-1, r.shape[0])
+        if r.shape[0] == r.shape[1]:
+            cands["transposed: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"] = r.t()
+        inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc}
+        right = {"out": "saved.f", "fc": "saved.h2", "proj": "saved.o2", "qkv": "saved.h1"}[lin]
+        for label, x in inputs.items():
+            if label != right and x.numel() == rows * r.shape[1]:
+                cands[f"taken from {label}: the {lin} GEMM's input is {right} (dW = dy.T @ the GEMM's input)"] = \
+                    dy.t() @ _f64(x).reshape(rows, -1)
+    if kind == "bias":
+        cands[f"averaged over the rows: db is dy summed over all {rows} rows, not their mean"] = r / rows
+    if lin in ("ln_next", "ln2"):
+        other = f"{lin}.{'bias' if kind == 'weight' else 'weight'}"
+        cands[f"{lin}'s weight and bias gradients swapped: add_layer_norm_bwd returns (dx, dw, db)"] = ref[other]
+    for why, c in cands.items():
+        if _error(got, c) <= tol:
+            return why
+    return None
+
+
+def _judge(case, got: dict, ref: dict, fault_refs, sv, tol) -> None:
+    bad = next((n for n in ORDER if not _error(got[n], ref[n]) <= tol), None)
+    if bad is None:
+        return
+    for fault, why in FLOW_FAULTS.items():
+        alt = fault_refs(fault)
+        if alt is not None and all(_error(got[n], alt[n]) <= tol for n in ORDER):
+            raise check.CheckFailure(f"{case}: {fault}: {why}.")
+    rows = sv.h1.numel() // sv.h1.shape[-1]
+    why = _tensor_faults(bad, got[bad], ref, sv, rows, tol)
+    if why is not None:
+        raise check.CheckFailure(f"{case}: {_label(bad)} is {why}.")
+    err = _error(got[bad], ref[bad])
+    raise check.CheckFailure(f"{case}: {_label(bad)} differs from the float64 reference: max |error| = {err:.3g} "
+                             f"of its largest value (allowed {tol:g}); every gradient before it in the backward's "
+                             f"order ({', '.join(map(_label, ORDER[:ORDER.index(bad)])) or 'none'}) is right.\n"
+                             f"Hint: {HINT[bad.split('.')[0]]}.")
+
+
+def _model(dtype):
+    """A small GPT on the course's ops with fresh random weights, biases and LayerNorm parameters."""
+    from .. import gpt
+    g = check.generator("cpu")
+    cfg = gpt.GPTConfig(n_layer=LAYERS, n_head=HEADS, d_model=WIDTH, seq_len=SEQ)
+    m = gpt.GPT(cfg, seed=int(torch.randint(0, 2**31, (1,), generator=g)))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif ".ln" in name or name.startswith("ln_f"):
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.3)
+    return m.to(device=env.DEVICE, dtype=dtype).use("course")
+
+
+def _batch(vocab):
+    g = check.generator("cpu")
+    x, y = (torch.randint(0, vocab, (BATCH, SEQ), generator=g) for _ in range(2))
+    return x.to(env.DEVICE), y.to(env.DEVICE)
+
+
+def _dtypes():
+    # on a GPU the hand step runs without autocast, on 16-bit weights (float32 ones mean autocast)
+    return tuple(d for d in env.supported_dtypes() if not (env.on_gpu() and d == torch.float32))
+
+
+def _one_model(fn, dtype) -> None:
+    from .. import step
+    m = _model(dtype)
+    hand = step.HandStep(m, None)
+    _, dh, _, ctx = hand.forward(*_batch(m.cfg.vocab))
+    dres = None
+    for i in reversed(range(LAYERS)):
+        blk, sv = m.blocks[i], ctx["blocks"][i]
+        ln_next = m.blocks[i + 1].ln1 if i + 1 < LAYERS else m.ln_f
+        case = (f"{NAME} ({str(dtype).removeprefix('torch.')}, block {i} of {LAYERS}, "
+                f"{'dres given' if dres is not None else 'the last block: dres=None'})")
+        params = _params(blk, ln_next)
+        for p in params.values():
+            p.grad = None
+        before = [t.clone() for t in (dh, dres) if t is not None]
+        ref = reference(blk, sv, dh, dres, ln_next, hand.n_head, hand.scale, hand.eps)
+        out = _call(fn, case, (blk, sv, dh, dres, ln_next, hand.n_head, hand.scale))
+        if not all(torch.equal(a, b) for a, b in zip(before, [t for t in (dh, dres) if t is not None])):
+            raise check.CheckFailure(f"{case}: your function changed dh or dres in place: the step keeps them "
+                                     "(a GPU step replays them); write new tensors.")
+        got = _collect(case, out, params, sv.h1)
+
+        def fault_ref(fault, blk=blk, sv=sv, dh=dh, dres=dres, ln_next=ln_next):
+            if fault == "dres dropped" and dres is None:
+                return None
+            return reference(blk, sv, dh, dres, ln_next, hand.n_head, hand.scale, hand.eps, fault)
+        _judge(case, got, ref, fault_ref, sv, TOL[dtype])
+        dh, dres = got["dh_in"], got["dres_in"]
+
+
+def check_block_backward(fn, name: str = NAME) -> None:
+    """Judge ``fn`` (see the module docstring) on a fresh GPT of each dtype the hand step runs."""
+    _refuse_source(fn)
+    for dtype in _dtypes():
+        _one_model(fn, dtype)
+    check.verdict(name, "every block's parameter gradients and input gradients match float64 on every dtype "
+                        "tried, with and without the residual's gradient from above, from the course's backward "
+                        "functions and torch.mm, without autograd")
