@@ -26,7 +26,9 @@ watching the calls.
 from __future__ import annotations
 
 import inspect
-import re
+import io
+import textwrap
+import tokenize
 import traceback
 
 import torch
@@ -37,9 +39,9 @@ from .calls import run_watched
 
 NAME = "block backward"
 LAYERS, HEADS, WIDTH, SEQ, BATCH = 2, 2, 32, 24, 3
-# max |got - ref| / max |ref| per tensor against float64. The course's solution on the CPU, worst of 8 models:
-# float32 6e-7, float16 4e-3 (LayerNorm 2's weight). bfloat16 (a GPU) is float16's times its 8x wider epsilon.
-TOL = {torch.float32: 1e-5, torch.float16: 1.5e-2, torch.bfloat16: 1e-1}
+# max |got - ref| / max |ref| per tensor against float64. The course's solution on the CPU, worst of 40 models
+# (80 blocks) each: float32 6.6e-7, float16 1.1e-3; bfloat16 (a GPU) gets float16's times its 8x wider epsilon.
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 ORDER = ("ln_next.weight", "ln_next.bias", "out.weight", "out.bias", "fc.weight", "fc.bias", "ln2.weight",
          "ln2.bias", "proj.weight", "proj.bias", "qkv.weight", "qkv.bias", "dh_in", "dres_in")
 SIGNATURE = "block_backward(blk, saved, dh, dres, ln_next, n_head, scale) -> (dh_in, dres_in)"
@@ -155,7 +157,22 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
 
 # --- refusing the answer key ---------------------------------------------------------------------------
 
-_AUTOGRAD_WORDS = re.compile(r"\bautograd\b|\.backward\(|\brequires_grad\b|\benable_grad\b")
+_AUTOGRAD_NAMES = ("autograd", "requires_grad", "requires_grad_", "enable_grad")
+
+
+def _autograd_in(src: str) -> str | None:
+    """The first use of autograd in this code (comments and strings left out), or None."""
+    try:
+        toks = [t.string for t in tokenize.generate_tokens(io.StringIO(textwrap.dedent(src)).readline)
+                if t.type in (tokenize.NAME, tokenize.OP)]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    for i, t in enumerate(toks):
+        if t in _AUTOGRAD_NAMES:
+            return t
+        if t == "backward" and toks[i - 1:i] == ["."] and toks[i + 1:i + 2] == ["("]:
+            return ".backward("
+    return None
 
 
 def _forbidden() -> dict:
@@ -182,9 +199,9 @@ def _refuse_source(fn) -> None:
             src = inspect.getsource(f)
         except (OSError, TypeError):
             continue
-        m = _AUTOGRAD_WORDS.search(src)
-        if m:
-            raise check.CheckFailure(f"{NAME}: your code uses autograd ({m.group(0)!r} in {f.__name__}): the "
+        word = _autograd_in(src)
+        if word:
+            raise check.CheckFailure(f"{NAME}: your code uses autograd ({word!r} in {f.__name__}): the "
                                      "exercise is the backward written without it. Call the course's backward "
                                      "functions and torch.mm in reverse order of the forward.")
 
@@ -372,6 +389,9 @@ def _one_model(fn, dtype) -> None:
     m = _model(dtype)
     hand = step.HandStep(m, None)
     _, dh, _, ctx = hand.forward(*_batch(m.cfg.vocab))
+    # a loss scale, as float16 training uses: a power of two (exact) that brings the largest |dh| near 1, so
+    # that the gradients stay clear of float16's subnormals (below 6e-5) and the comparison sees the math
+    dh = dh * 2.0 ** -torch.log2(dh.abs().max().float()).round().item()
     dres = None
     for i in reversed(range(LAYERS)):
         blk, sv = m.blocks[i], ctx["blocks"][i]
