@@ -155,9 +155,14 @@ def test_the_courses_backward_and_autograd_are_refused():
     with pytest.raises(check.CheckFailure, match=r"step._linear_backward, the course's GEMM backward"):
         checks.check_block_backward(the_courses)
 
+    def whole_step(blk, saved, dh, dres, ln_next, n_head, scale):
+        return step.HandStep.backward
+    with pytest.raises(check.CheckFailure, match=r"your code calls step.HandStep, the course's hand-written step"):
+        checks.check_block_backward(whole_step)
+
     def hidden(blk, saved, dh, dres, ln_next, n_head, scale):   # no course name in the code: seen as it runs
         back = getattr(importlib.import_module("course_utils." + "step"), "_linear" + "_backward")
-        return back(dh, saved.o2, blk.proj), dres
+        return back(dh, saved.h1, blk.qkv), dres                 # (raises: dh is not qkv's output gradient)
     with pytest.raises(check.CheckFailure, match="while your function ran it called the course's GEMM backward"):
         checks.check_block_backward(hidden)
 

@@ -236,23 +236,30 @@ def _your_line(e: BaseException) -> str:
 
 
 def _call(fn, case, args):
-    """fn(*args) under the refusals; the calls of the course's functions it made."""
+    """fn(*args) under the refusals; the calls of the course's functions it made. A call of the course's
+    backward is refused even when the student's function raised after it."""
     watched = {**_required(), **{d: f for d, f in _forbidden().items() if inspect.isfunction(f)}}
-    try:
-        with _NoAutograd():
-            out, calls = run_watched(fn, args, watched)
-    except (NotImplementedError, check.CheckFailure):
-        raise
-    except Exception as e:
-        text = str(e)[:300]
-        hint = (GRAD_SHAPES if "assign a gradient" in text else
-                f"it is called as {SIGNATURE}, as the step calls it for each block from the last")
-        raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {text}{_your_line(e)}\n"
-                                 f"Hint: {hint}.") from e
+
+    def caught(*a):
+        try:
+            return fn(*a), None
+        except Exception as e:  # noqa: BLE001 (judged below, once the calls are known)
+            return None, e
+
+    with _NoAutograd():
+        (out, error), calls = run_watched(caught, args, watched)
     used = [d for d in _forbidden() if calls.first(d) is not None]
     if used:
         raise check.CheckFailure(f"{case}: while your function ran it called the course's {used[0]}: that is the "
                                  "answer the check compares with. Write the block's backward yourself.")
+    if isinstance(error, (NotImplementedError, check.CheckFailure)):
+        raise error
+    if error is not None:
+        text = str(error)[:300]
+        hint = (GRAD_SHAPES if "assign a gradient" in text else
+                f"it is called as {SIGNATURE}, as the step calls it for each block from the last")
+        raise check.CheckFailure(f"{case}: your function raised {type(error).__name__}: {text}{_your_line(error)}\n"
+                                 f"Hint: {hint}.") from error
     counts = {d: sum(1 for name, _ in calls.seen if name == d) for d in _required()}
     for d, want in (("add_layer_norm_bwd", 2), ("linear_gelu_bwd", 1), ("attention_qkv_bwd", 1)):
         if counts[d] < want:
