@@ -13,7 +13,8 @@ the gradients of the block's inputs: h1 (``saved.h1``) and the residual stream x
 
 Every call builds a small GPT (fresh random weights, LayerNorm parameters and biases included, and a
 fresh batch), runs ``HandStep.forward``, and calls the student's function on each block from the
-last to the first, as the step does, with the gradients the student's previous call returned. Each
+last to the first, as the step does, with the gradients the student's previous call returned (the
+loss's dh times a power-of-two loss scale, which keeps float16's gradients clear of subnormals). Each
 block is compared with a float64 reference made of the same saved activations, per op with
 torch.autograd in float64 (:func:`reference`); a wrong answer is compared with the float64 answer of
 each usual mistake (:data:`FLOW_FAULTS`, then each tensor's own: a transposed or misplaced GEMM, a
