@@ -21,6 +21,8 @@ def student(fault: str = "none"):
         dw = torch.mm(dy2.t(), x2)
         if fault == f"{name} dW transposed":
             dw = torch.mm(x2.t(), dy2)
+        if fault == "dW added into .grad":
+            lin.weight.grad += dw
         lin.weight.grad = dw
         if fault == f"{name} bias averaged":
             lin.bias.grad = dy2.mean(0)
@@ -104,6 +106,7 @@ def test_right_block_backward_passes(capsys):
                         "torch.float16"),
     ("returns rows", r"dh_in is \(72, 32\) .*; expected a \(3, 24, 32\) tensor"),
     ("dh changed in place", "changed dh or dres in place"),
+    ("dW added into .grad", r"raised TypeError(.|\n)*at: lin.weight.grad \+= dw(.|\n)*every .grad is None .* assign"),
     ("dh_in doubled", r"dh_in differs from the float64 reference(.|\n)*before it .*blk.qkv.bias.grad\) is right"
                       r"(.|\n)*Hint: dh_in = dqkv @ W"),
 ])

@@ -162,6 +162,8 @@ def _call(fn, case, args):
     if error is not None:
         text = str(error)[:300]
         hint = (GRAD_SHAPES if "assign a gradient" in text else
+                "every .grad is None when the block's backward starts (the step zeroes gradients by setting them "
+                "to None): assign it, lin.weight.grad = ..., rather than adding into it" if "NoneType" in text else
                 f"it is called as {SIGNATURE}, as the step calls it for each block from the last")
         raise check.CheckFailure(f"{case}: your function raised {type(error).__name__}: {text}{_your_line(error)}\n"
                                  f"Hint: {hint}.") from error
