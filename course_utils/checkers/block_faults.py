@@ -1,0 +1,138 @@
+"""The float64 answers of exercise 12.3's check (:mod:`.hand_step`): one block's backward, right and with
+each usual mistake, made of the block's saved activations one op at a time with torch.autograd in float64.
+
+:func:`reference` is the right answer, or with ``fault`` one of :data:`FLOW_FAULTS` (a gradient that
+misses one of its paths through the block's two adds); :func:`tensor_faults` names a mistake that
+touches one tensor only (a transposed or misplaced GEMM, a bias averaged, LayerNorm's two swapped).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ORDER = ("ln_next.weight", "ln_next.bias", "out.weight", "out.bias", "fc.weight", "fc.bias", "ln2.weight",
+         "ln2.bias", "proj.weight", "proj.bias", "qkv.weight", "qkv.bias", "dh_in", "dres_in")
+# {mistake: what went wrong and what to do}; reference(..., fault=mistake) gives the gradients it makes
+FLOW_FAULTS = {
+    "dres dropped": "the residual stream's gradient dres never reached the block: s2 leaves the block as the "
+        "next block's residual, so pass dres as ds to the backward of the add + LayerNorm that ends the block: "
+        "add_layer_norm_bwd(dh, dres, saved.s2, ...)",
+    "ds dropped at LayerNorm 2": "the backward of add + LayerNorm 2 did not get ds: s1 feeds LayerNorm 2 and the "
+        "add after the MLP, so its gradient is ds (from above) plus LayerNorm 2's part: "
+        "add_layer_norm_bwd(dh2, ds, saved.s1, ...)",
+    "MLP branch without dres": "the MLP's output (the out GEMM's dy) got LayerNorm's gradient but not dres: both "
+        "inputs of the add s2 = out(f) + s1 get the same ds = dres + dLayerNorm(dh), the dx add_layer_norm_bwd "
+        "returns when it is given ds=dres",
+    "residual without LayerNorm's part after the MLP": "the residual s1 got only dres from above, not the "
+        "gradient through ln_next: both inputs of the add s2 = out(f) + s1 get the same ds, the dx that "
+        "add_layer_norm_bwd(dh, dres, ...) returns",
+    "attention branch without ds": "the attention's output (the proj GEMM's dy) got LayerNorm 2's gradient but "
+        "not ds from above: both inputs of the add s1 = proj(o2) + x get the same gradient, the dx that "
+        "add_layer_norm_bwd(dh2, ds, ...) returns",
+    "dres_in without the attention branch": "dres_in is the gradient s1 got from above (ds) only: x also feeds "
+        "LayerNorm 2 through s1 = proj(o2) + x, so dres_in is the dx that add_layer_norm_bwd(dh2, ds, ...) "
+        "returns, the same gradient the proj GEMM gets",
+    "dres returned unchanged": "dres_in is the dres the block was given: the residual stream's gradient grows in "
+        "each block by what flows through its two LayerNorms; return the dx of add + LayerNorm 2's backward",
+    "do not laid out as o": "the attention's gradient do was read in the wrong layout: o2 is o.transpose(1, 2) "
+        "reshaped to (B, N, d), so do = do2.view(B, N, n_head, head_dim).transpose(1, 2), laid out as saved.o "
+        "(B, H, N, hd); a plain view to (B, H, N, hd) mixes heads and positions",
+}
+
+
+def _f64(t: torch.Tensor, grad: bool = False) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64).requires_grad_(grad)
+
+
+def _vjp(fn, inputs, dy):
+    """The gradients of ``fn(*inputs)`` for each input, given dy, in float64."""
+    xs = [_f64(t, True) for t in inputs]
+    with torch.enable_grad():
+        return torch.autograd.grad(fn(*xs), xs, _f64(dy))
+
+
+def _layer_norm(s, ln, dy, eps):
+    """(ds, dw, db) of LayerNorm(s) with ln's weight and bias."""
+    return _vjp(lambda s, w, b: F.layer_norm(s, (s.shape[-1],), w, b, eps), (s, ln.weight, ln.bias), dy)
+
+
+def _linear(dy, x, weight):
+    """(dx, dW, db) of y = x @ W.T + b over the rows of 2-D views."""
+    dy2, x2 = dy.reshape(-1, dy.shape[-1]), _f64(x).reshape(-1, x.shape[-1])
+    return (dy2 @ _f64(weight)).view(x.shape), dy2.t() @ x2, dy2.sum(0)
+
+
+def _gelu_pre(df, h2, fc):
+    """d(pre-activation) of f = gelu_tanh(a), a = h2 @ W.T + b, given df."""
+    a = _f64(h2) @ _f64(fc.weight).t() + _f64(fc.bias)
+    return _vjp(lambda a: F.gelu(a, approximate="tanh"), (a,), df)[0]
+
+
+def _attention(do, qkv, n_head, scale):
+    """dqkv of causal attention on the packed projection, given do laid out (B, H, N, hd)."""
+    def attend(qkv):
+        B, N, W = qkv.shape
+        q, k, v = qkv.view(B, N, 3, n_head, W // (3 * n_head)).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return _vjp(attend, (qkv,), do)[0]
+
+
+def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float, fault: str | None = None) -> dict:
+    """Every gradient of one block in float64 from its saved activations, as :data:`ORDER` names them, plus
+    each GEMM's dy (``"dy.out"`` ...); ``fault`` (a key of :data:`FLOW_FAULTS`) makes that mistake."""
+    g, zero = {}, torch.zeros(sv.s2.shape, dtype=torch.float64)
+    dres64 = zero if dres is None or fault == "dres dropped" else _f64(dres)
+    d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(sv.s2, ln_next, dh, eps)
+    ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
+    d_out = d_ln if fault == "MLP branch without dres" else ds
+    d_s1_above = dres64 if fault == "residual without LayerNorm's part after the MLP" else ds
+    df, g["out.weight"], g["out.bias"] = _linear(d_out, sv.f, blk.out.weight)
+    dacc = _gelu_pre(df, sv.h2, blk.fc)
+    dh2, g["fc.weight"], g["fc.bias"] = _linear(dacc, sv.h2, blk.fc.weight)
+    d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(sv.s1, blk.ln2, dh2, eps)
+    ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
+    d_proj = d_ln2 if fault == "attention branch without ds" else ds1
+    g["dres_in"] = {"dres_in without the attention branch": d_s1_above, "dres returned unchanged": dres64}.get(
+        fault, ds1)
+    do2, g["proj.weight"], g["proj.bias"] = _linear(d_proj, sv.o2, blk.proj.weight)
+    B, H, N, hd = sv.o.shape
+    do = do2.view(B, H, N, hd) if fault == "do not laid out as o" else do2.view(B, N, H, hd).transpose(1, 2)
+    dqkv = _attention(do, sv.qkv, n_head, scale)
+    g["dh_in"], g["qkv.weight"], g["qkv.bias"] = _linear(dqkv, sv.h1, blk.qkv.weight)
+    g.update({"dy.out": d_out, "dy.fc": dacc, "dy.proj": d_proj, "dy.qkv": dqkv})
+    return g
+
+
+def error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref| (inf where got holds a NaN or an infinity)."""
+    g = got.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(g).all()):
+        return float("inf")
+    return float((g - ref).abs().max()) / max(float(ref.abs().max()), 1e-30)
+
+
+def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: float) -> str | None:
+    """The mistake that makes this one tensor, if it is a usual one."""
+    r = ref[name]
+    lin, _, kind = name.partition(".")
+    cands = {}
+    if kind == "weight" and lin in ("out", "fc", "proj", "qkv"):
+        dy = ref[f"dy.{lin}"].reshape(-1, r.shape[0])
+        if r.shape[0] == r.shape[1]:
+            cands["transposed: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"] = r.t()
+        inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc}
+        right = {"out": "saved.f", "fc": "saved.h2", "proj": "saved.o2", "qkv": "saved.h1"}[lin]
+        for label, x in inputs.items():
+            if label != right and x.numel() == rows * r.shape[1]:
+                cands[f"taken from {label}: the {lin} GEMM's input is {right} (dW = dy.T @ the GEMM's input)"] = \
+                    dy.t() @ _f64(x).reshape(rows, -1)
+    if kind == "bias":
+        cands[f"averaged over the rows: db is dy summed over all {rows} rows, not their mean"] = r / rows
+    if lin in ("ln_next", "ln2"):
+        other = f"{lin}.{'bias' if kind == 'weight' else 'weight'}"
+        cands[f"{lin}'s weight and bias gradients swapped: add_layer_norm_bwd returns (dx, dw, db)"] = ref[other]
+    for why, c in cands.items():
+        if error(got, c) <= tol:
+            return why
+    return None

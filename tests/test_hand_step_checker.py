@@ -1,0 +1,206 @@
+"""Exercise 12.3's checker (course_utils.checkers.hand_step): a right block backward passes, the course's own
+backward and autograd are refused, and each usual mistake fails with a message naming it."""
+
+import importlib
+
+import pytest
+import torch
+
+import course_utils as cu
+from course_utils import check, gpt, step
+from course_utils.checkers import hand_step as checks
+from course_utils.ops import attn as A
+from course_utils.ops import linear as L
+from course_utils.ops import norms as Nm
+
+
+def student(fault: str = "none"):
+    """A block backward written from step.py's forward, with one usual mistake (``fault``) baked in."""
+    def linear_backward(dy, x, lin, name):
+        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        dw = torch.mm(dy2.t(), x2)
+        if fault == f"{name} dW transposed":
+            dw = torch.mm(x2.t(), dy2)
+        if fault == "dW added into .grad":
+            lin.weight.grad += dw
+        lin.weight.grad = dw
+        if fault == f"{name} bias averaged":
+            lin.bias.grad = dy2.mean(0)
+        elif fault == f"{name} bias over the batch":
+            lin.bias.grad = dy.sum(0)
+        elif fault != f"{name} bias missing":
+            lin.bias.grad = dy2.sum(0)
+        return torch.mm(dy2, lin.weight).view(x.shape)
+
+    def block_backward(blk, saved, dh, dres, ln_next, n_head, scale):
+        """No autograd here: x.backward() is what this replaces."""   # words in comments and strings are fine
+        ds, ln_next.weight.grad, ln_next.bias.grad = Nm.add_layer_norm_bwd(
+            dh, None if fault == "dres dropped" else dres, saved.s2, ln_next.weight, saved.mean2, saved.rstd2)
+        if fault == "ln grads swapped":
+            ln_next.weight.grad, ln_next.bias.grad = ln_next.bias.grad, ln_next.weight.grad
+        d_out, d_s1 = ds, ds
+        if fault in ("MLP branch without dres", "residual only dres"):
+            d_ln, _, _ = Nm.add_layer_norm_bwd(dh, None, saved.s2, ln_next.weight, saved.mean2, saved.rstd2)
+            if fault == "MLP branch without dres":
+                d_out = d_ln
+            else:
+                d_s1 = dres
+        df = linear_backward(d_out, saved.acc if fault == "out from acc" else saved.f, blk.out, "out")
+        dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(
+            df, saved.h1 if fault == "fc from h1" else saved.h2, blk.fc.weight, blk.fc.bias, saved.acc)
+        dx, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(
+            dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
+        d_proj, dres_in = dx, dx
+        if fault == "attention branch without ds":      # the branch given LayerNorm 2's part alone
+            d_proj, _, _ = Nm.add_layer_norm_bwd(dh2, None, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
+        if fault == "dres_in is ds":
+            dres_in = ds
+        if fault == "dres passed through":
+            dres_in = dres if dres is not None else torch.zeros_like(dx)
+        do2 = linear_backward(d_proj, saved.o2, blk.proj, "proj")
+        B, H, N, hd = saved.o.shape
+        do = do2.view(B, H, N, hd) if fault == "do not transposed" else do2.view(B, N, H, hd).transpose(1, 2)
+        dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, True, scale)
+        dh_in = linear_backward(dqkv, saved.h2 if fault == "qkv from h2" else saved.h1, blk.qkv, "qkv")
+        if fault == "returns None":
+            return None
+        if fault == "returns float32":
+            return dh_in.float(), dres_in.float()
+        if fault == "returns rows":
+            return dh_in.reshape(-1, dh_in.shape[-1]), dres_in
+        if fault == "dh_in doubled":                    # no usual mistake: the first wrong gradient is named
+            dh_in = dh_in * 2
+        if fault == "dh changed in place":
+            dh.zero_()
+        return dh_in, dres_in
+    return block_backward
+
+
+def test_right_block_backward_passes(capsys):
+    checks.check_block_backward(student())
+    assert capsys.readouterr().out.startswith("PASS block backward")
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("dres dropped", r"dres dropped: .*add_layer_norm_bwd\(dh, dres, saved.s2"),                           # (a)
+    ("ds dropped at ln2", r"ds dropped at LayerNorm 2: .*add_layer_norm_bwd\(dh2, ds, saved.s1"),          # (a)
+    ("MLP branch without dres", "MLP branch without dres: .*both inputs of the add"),                      # (b)
+    # (b); in the last block (dres=None) it is the same mistake as the one above
+    ("residual only dres", "ds dropped at LayerNorm 2|residual without LayerNorm.s part after the MLP"),
+    ("attention branch without ds", "attention branch without ds: .*both inputs of the add"),              # (b)
+    ("dres_in is ds", "dres_in without the attention branch"),                                             # (b)
+    ("dres passed through", "dres returned unchanged"),                                                    # (b)
+    ("proj dW transposed", r"blk.proj.weight.grad is transposed: dW = dy.T @ x"),                             # (c)
+    ("qkv dW transposed", r"assign a gradient(.|\n)*at: lin.weight.grad = dw(.|\n)*dW = dy.T @ x is \(out_features"),
+    ("qkv from h2", r"blk.qkv.weight.grad is taken from saved.h2: the qkv GEMM's input is saved.h1"),         # (c)
+    ("fc from h1", r"blk.fc.weight.grad is taken from saved.h1: the fc GEMM's input is saved.h2"),            # (c)
+    ("out from acc", r"blk.out.weight.grad is taken from saved.acc: the out GEMM's input is saved.f"),        # (c)
+    ("out bias missing", r"blk.out.bias.grad was not written \(it is None\)(.|\n)*ds summed over the rows"),   # (d)
+    ("qkv bias averaged", "blk.qkv.bias.grad is averaged over the rows: db is dy summed over all 72 rows"),    # (d)
+    ("proj bias over the batch",                                                                          # (d)
+     r"assign a gradient(.|\n)*at: lin.bias.grad = dy.sum\(0\)(.|\n)*db = dy summed over all B\*N rows"),
+    ("do not transposed", r"do not laid out as o: .*do = do2.view\(B, N, n_head, head_dim\).transpose"),   # (e)
+    ("ln grads swapped", "ln_next's weight and bias gradients swapped"),
+    ("returns None", r"returned NoneType: return the pair \(dh_in, dres_in\)"),                           # (f)
+    ("returns float32", r"dh_in is \(3, 24, 32\) torch.float32 on \S+; expected a \(3, 24, 32\) tensor of "
+                        "torch.float16"),
+    ("returns rows", r"dh_in is \(72, 32\) .*; expected a \(3, 24, 32\) tensor"),
+    ("dh changed in place", "changed dh or dres in place"),
+    ("dW added into .grad", r"raised TypeError(.|\n)*at: lin.weight.grad \+= dw(.|\n)*every .grad is None .* assign"),
+    ("dh_in doubled", r"dh_in differs from the float64 reference(.|\n)*before it .*blk.qkv.bias.grad\) is right"
+                      r"(.|\n)*Hint: dh_in = dqkv @ W"),
+])
+def test_each_fault_is_named(fault, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_block_backward(student(fault))
+
+
+@pytest.mark.parametrize("fault", ["dres dropped", "ds dropped at ln2", "MLP branch without dres",
+                                   "attention branch without ds", "dres_in is ds", "do not transposed"])
+def test_the_flow_faults_are_named_in_float16_alone(fault, monkeypatch):
+    """A GPU judges float16 first (its float32 weights mean autocast): the names must not need float32."""
+    monkeypatch.setattr(checks, "_dtypes", lambda: (torch.float16,))
+    with pytest.raises(check.CheckFailure, match=r"\(float16, .*\): " + fault.replace("ln2", "LayerNorm 2")
+                       .replace("dres_in is ds", "dres_in without the attention branch")
+                       .replace("do not transposed", "do not laid out as o")):
+        checks.check_block_backward(student(fault))
+
+
+@pytest.mark.skipif(cu.on_gpu(), reason="HandStep takes 16-bit weights on a GPU; float32 is compared on the CPU")
+def test_the_reference_is_autograds_gradient():
+    """The checker's float64 reference, block by block from the last with the first LayerNorm and the
+    embeddings added as step.py does, equals autograd's gradients of the whole model."""
+    m = checks._model(torch.float32)
+    x, y = checks._batch(m.cfg.vocab)
+    _, loss = m(x, y)
+    loss.backward()
+    want = {n: p.grad.double() for n, p in m.named_parameters()}
+    hand = step.HandStep(m, None)
+    _, dh, dwte, ctx = hand.forward(x, y)
+    dres, got = None, {}
+    for i in reversed(range(checks.LAYERS)):
+        blk, sv = m.blocks[i], ctx["blocks"][i]
+        nxt_name = f"blocks.{i + 1}.ln1" if i + 1 < checks.LAYERS else "ln_f"
+        nxt = m.get_submodule(nxt_name)
+        ref = checks.reference(blk, sv, dh, dres, nxt, hand.n_head, hand.scale, hand.eps)
+        for k in checks.ORDER[:-2]:
+            lin, _, p = k.partition(".")
+            got[f"{nxt_name}.{p}" if lin == "ln_next" else f"blocks.{i}.{k}"] = ref[k]
+        dh, dres = ref["dh_in"], ref["dres_in"]
+    for n, g in got.items():
+        assert (g - want[n]).abs().max() <= 1e-5 * want[n].abs().max(), n
+    assert len(got) == len(want) - 4          # all but wte, wpe and the first LayerNorm's weight and bias
+
+
+def test_the_courses_backward_and_autograd_are_refused():
+    def the_courses(blk, saved, dh, dres, ln_next, n_head, scale):
+        return step._linear_backward(dh, saved.h1, blk.qkv), dres
+    with pytest.raises(check.CheckFailure, match=r"step._linear_backward, the course's GEMM backward"):
+        checks.check_block_backward(the_courses)
+
+    def whole_step(blk, saved, dh, dres, ln_next, n_head, scale):
+        return step.HandStep.backward
+    with pytest.raises(check.CheckFailure, match=r"your code calls step.HandStep, the course's hand-written step"):
+        checks.check_block_backward(whole_step)
+
+    def hidden(blk, saved, dh, dres, ln_next, n_head, scale):   # no course name in the code: seen as it runs
+        back = getattr(importlib.import_module("course_utils." + "step"), "_linear" + "_backward")
+        return back(dh, saved.h1, blk.qkv), dres                 # (raises: dh is not qkv's output gradient)
+    with pytest.raises(check.CheckFailure, match="while your function ran it called the course's GEMM backward"):
+        checks.check_block_backward(hidden)
+
+    def with_autograd(blk, saved, dh, dres, ln_next, n_head, scale):
+        return torch.autograd.grad(saved.h1.sum(), saved.h1), dres
+    with pytest.raises(check.CheckFailure, match="torch.autograd.grad, the course's torch.autograd.grad"):
+        checks.check_block_backward(with_autograd)
+
+    def with_backward(blk, saved, dh, dres, ln_next, n_head, scale):
+        saved.h1.sum().backward()
+    with pytest.raises(check.CheckFailure, match=r"uses autograd \('.backward\('"):
+        checks.check_block_backward(with_backward)
+
+    def hidden_autograd(blk, saved, dh, dres, ln_next, n_head, scale):
+        getattr(torch, "auto" + "grad").grad(saved.h1.sum(), saved.h1)
+    with pytest.raises(check.CheckFailure, match="called autograd .* while it ran"):
+        checks.check_block_backward(hidden_autograd)
+    assert torch.autograd.grad is not None and torch.Tensor.backward.__name__ == "backward"   # restored
+
+
+def test_a_backward_without_the_courses_functions_is_named():
+    def in_torch(blk, saved, dh, dres, ln_next, n_head, scale):
+        return torch.zeros_like(saved.h1), torch.zeros_like(saved.h1)
+    with pytest.raises(check.CheckFailure, match="called add_layer_norm_bwd 0 time"):
+        checks.check_block_backward(in_torch)
+
+
+def test_an_untouched_stub_fails():
+    def stub(blk, saved, dh, dres, ln_next, n_head, scale):
+        raise NotImplementedError("Exercise 12.3: replace this line with your code")
+    with pytest.raises(NotImplementedError):
+        checks.check_block_backward(stub)
+
+
+def test_the_model_is_one_the_hand_step_runs():
+    m = checks._model(torch.float16)
+    assert isinstance(m, gpt.GPT) and next(m.parameters()).dtype == torch.float16
+    assert any(float(p.detach().abs().max()) > 0 for n, p in m.named_parameters() if n.endswith("bias"))
