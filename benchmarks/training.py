@@ -351,7 +351,7 @@ def config_name(cfg, batch: int) -> str:
 def _time_config(key: str, quick: bool, t0: float):
     """The versions of one configuration: timed, profiled, their peaks; (rows, categories, kernels, steps)."""
     cfg, batch, judged = CONFIGS[key]
-    torch._dynamo.reset()   # each configuration compiles afresh: a second one would hit dynamo's recompile limit
+    torch.compiler.reset()   # each configuration compiles afresh: a second one would hit dynamo's recompile limit
     data = gpt.tokens()
     flops = gpt.model_flops(cfg, batch)
     spec = hardware.current()
