@@ -36,7 +36,12 @@ import sys
 import time
 
 import pandas as pd
-import torch
+
+# Inductor compiles in a pool of worker processes that starts with the first torch.compile and keeps the host's
+# cores busy for seconds after a build served from its cache: the host-bound versions, timed right after the
+# builds, ran up to 1.6x slower in some rounds (p80 against p20 in training.csv). One compile thread: no pool.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+import torch  # noqa: E402
 
 from course_utils import bench, gpt, hardware, profile
 from course_utils.autograd import registry
