@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=1 -m benchmarks.multigpu --ddp-only --out ...   # the 1-GPU DDP baseline
     torchrun --nproc_per_node=2 -m benchmarks.multigpu --graphs --no-ddp --out ...   # CUDA-graph timings
+    torchrun --nproc_per_node=4 -m benchmarks.multigpu --graphs --no-ddp --sizes 1,4,16,64 --out ...   # fewer sizes
     python -m benchmarks.multigpu --judge --out results/h100-80gb-hbm3   # issue 28's targets from the CSVs
     python -m benchmarks.multigpu --simulate       # no torchrun: simulated ranks, CPU or one GPU
 
@@ -12,7 +13,8 @@ NVLink multicast is switched off in every process (``NCCL_NVLS_ENABLE=0``,
 starts and checked after). Per message size (1 to 64 MiB per rank, bf16, rows of 768 and 4096) and
 per call: NCCL ``all_reduce``; NCCL ``all_reduce`` + the course's add+LayerNorm; NCCL + ``x + r`` +
 ``F.rms_norm``; ``torch.ops.symm_mem.one_shot_all_reduce`` (its input already in symmetric memory);
-the course's one-shot all-reduce; the course's fused all-reduce + residual + RMSNorm; a
+the course's one-shot all-reduce; the course's fused all-reduce + residual + RMSNorm; the fast path's
+(course_utils/tuned/allreduce.py) one-shot and two-shot, plain and fused; a
 tensor-parallel MLP block (column-parallel fc + GELU, row-parallel out) ending in the fused epilogue
 against the same block with NCCL and separate kernels. Each is checked against a float64 reference
 first, then a stress loop runs many calls back to back with new data (exact small integers, so every
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 
 from course_utils import gpt, ops, results, symmetric
 from course_utils.kernels import allreduce as K
+from course_utils.tuned import allreduce as T
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -167,6 +170,9 @@ class Pieces:
             "course fused all-reduce + add + rms_norm": lambda: self._fused(self.x),
             "tp mlp, nccl + separate kernels": lambda: self._mlp(fused=False),
             "tp mlp, fused epilogue": lambda: self._mlp(fused=True),
+            **{f"tuned {a}": lambda a=a: T.all_reduce([self.x], self.ranks, a)[0] for a in T.ALGORITHMS},
+            **{f"tuned fused {a}": lambda a=a: self._tuned(self.x, a) for a in T.ALGORITHMS},
+            "tp mlp, tuned epilogue": lambda: self._mlp(fused=True, tuned=True),
         }
         if self.symm is not None:
             out["torch symm_mem one_shot_all_reduce"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(
@@ -187,10 +193,13 @@ class Pieces:
     def _fused(self, partial):
         return K.all_reduce_add_rms_norm_teaching([partial], [self.res], self.w, self.ranks, EPS)[0]
 
-    def _mlp(self, fused: bool):
+    def _tuned(self, partial, algorithm="auto"):
+        return T.all_reduce_add_rms_norm([partial], [self.res], self.w, self.ranks, EPS, algorithm)[0]
+
+    def _mlp(self, fused: bool, tuned: bool = False):
         partial = F.linear(F.gelu(F.linear(self.h, self.fc), approximate="tanh"), self.out)  # row-parallel partial
         if fused:
-            return self._fused(partial)
+            return self._tuned(partial) if tuned else self._fused(partial)
         dist.all_reduce(partial)
         return self._torch_norm(partial)
 
@@ -215,6 +224,11 @@ def reference_checks(p: Pieces, world: int) -> list[dict]:
     y, s = p._fused(p.x)
     err("course fused: s", s, s64, 1.6e-2)
     err("course fused: y", y, y64, 3e-2, y64.abs() + 1)
+    for a in T.ALGORITHMS:
+        err(f"tuned {a}", T.all_reduce([p.x], p.ranks, a)[0], total, 1.6e-2)
+        y, s = p._tuned(p.x, a)
+        err(f"tuned fused {a}: s", s, s64, 1.6e-2)
+        err(f"tuned fused {a}: y", y, y64, 3e-2, y64.abs() + 1)
     t = p.x.clone()
     dist.all_reduce(t)
     err("nccl all_reduce", t, total, 1.6e-2)
@@ -225,6 +239,8 @@ def reference_checks(p: Pieces, world: int) -> list[dict]:
     y_f, s_f = p._mlp(fused=True)
     y_n, s_n = p._mlp(fused=False)
     err("tp mlp fused vs nccl: y", y_f, y_n.double(), 3e-2, y_n.double().abs() + 1)
+    y_t, _ = p._mlp(fused=True, tuned=True)
+    err("tp mlp tuned vs nccl: y", y_t, y_n.double(), 3e-2, y_n.double().abs() + 1)
     return rows
 
 
@@ -235,11 +251,14 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
     res = torch.zeros(rows, width, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(width, device="cuda", dtype=torch.bfloat16)
     outs, fused = [], []
-    for call in range(calls):
+    tuned = [lambda x: T.all_reduce([x], ranks, "one-shot")[0], lambda x: T.all_reduce([x], ranks, "two-shot")[0]]
+    for call in range(calls):   # the teaching one-shot and the tuned one- and two-shot in turn, on the same pads
         x = ((i + call + 3 * rank) % 7 - 3).to(torch.bfloat16)
-        outs.append(K.one_shot_all_reduce_teaching([x], ranks)[0])
+        outs.append(([lambda x: K.one_shot_all_reduce_teaching([x], ranks)[0]] + tuned)[call % 3](x))
         if call % 10 == 0:
             fused.append((call, K.all_reduce_add_rms_norm_teaching([x], [res], w, ranks, EPS)[0][1]))
+        if call % 10 == 5:
+            fused.append((call, T.all_reduce_add_rms_norm([x], [res], w, ranks, EPS, "two-shot")[0][1]))
     torch.cuda.synchronize()
     bad = 0
     for call, out in enumerate(outs):
@@ -304,7 +323,7 @@ def run_distributed(args) -> None:
     device = torch.device("cuda", local)
     tables = []
     if not args.ddp_only:
-        sizes = (1, 16) if args.quick or args.check_only else SIZES_MIB
+        sizes = (1, 16) if args.quick or args.check_only else args.sizes
         capacity = max(sizes) * MIB // 2
         ranks = symmetric.SymmetricRanks(capacity, torch.bfloat16)
         timing, checks, stresses = [], [], []
@@ -361,6 +380,15 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
                                            if "torch symm_mem one_shot_all_reduce" in t else float("nan")),
             "tp mlp speedup": t["tp mlp, nccl + separate kernels"] / t["tp mlp, fused epilogue"],
         })
+        if "tuned one-shot" in t:   # the fast path: its best algorithm per size, and the one "auto" picks
+            best_fused = t[[f"tuned fused {a}" for a in T.ALGORITHMS]].min(axis=1)
+            summary["tuned fused us"] = best_fused * 1e3
+            summary["tuned fused vs nccl+add_layer_norm"] = t[base] / best_fused
+            summary["tuned one-shot vs symm_mem"] = (t["torch symm_mem one_shot_all_reduce"] / t["tuned one-shot"]
+                                                     if "torch symm_mem one_shot_all_reduce" in t else float("nan"))
+            summary["tuned two-shot vs nccl"] = t["nccl all_reduce"] / t["tuned two-shot"]
+            summary["tp tuned speedup"] = t["tp mlp, nccl + separate kernels"] / t["tp mlp, tuned epilogue"]
+            summary["auto picks"] = [T.pick_algorithm(m * MIB, world) for _, m in t.index]
         how = "CUDA graphs of 20 calls" if name.endswith("graphs") else "20 calls back to back"
         print(f"\nper call, {world} GPUs, {how} (targets: fused >= 1.5x at 1-16 MiB, one-shot >= 1.0x, "
               "tp mlp >= 1.2x)")
@@ -455,9 +483,12 @@ def run_simulated(args) -> None:
             xs = [check.randn((37, 129), dtype) for _ in range(world)]
             for out in K.one_shot_all_reduce_teaching(xs, ranks):
                 check.compare(f"simulated all-reduce, {world} ranks, call {call}", out, K.all_reduce_ref(xs))
+            for a in T.ALGORITHMS:
+                for out in T.all_reduce(xs, ranks, a):
+                    check.compare(f"simulated tuned {a}, {world} ranks, call {call}", out, K.all_reduce_ref(xs))
     checks.stress(K.one_shot_all_reduce_kernel, "simulated one-shot")
     checks.stress(K.all_reduce_add_rms_norm_kernel, "simulated fused", fused=True)
-    print("PASS simulated all-reduce and fused epilogue on 2 and 4 ranks")
+    print("PASS simulated all-reduce and fused epilogue on 2 and 4 ranks (teaching; tuned one- and two-shot)")
     tp_block_simulated(dev)
     print("PASS tensor-parallel MLP block on 2 simulated ranks = the unsplit block")
     df = ddp_one_process(torch.device(dev), steps=3)
@@ -502,6 +533,8 @@ def main(argv=None) -> None:
     ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")
     ap.add_argument("--check-only", action="store_true", help="correctness and stress only, two sizes, no timing")
     ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
+    ap.add_argument("--sizes", type=lambda v: tuple(int(m) for m in v.split(",")), default=SIZES_MIB,
+                    help="MiB per rank, comma-separated (default %(default)s)")
     args = ap.parse_args(argv)
     os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
     if args.judge:

@@ -1,0 +1,148 @@
+"""The fast path of chapter 13's all-reduce (course_utils/tuned/allreduce.py), on simulated ranks: the
+one-shot and the two-shot, plain and fused with the residual + RMSNorm, against float64 on odd sizes and
+1 to 4 ranks, calls back to back with new data (and between calls of the teaching kernel on the same
+pads), the checker's adversarial schedule for the one-shot, phases launched before anyone published,
+and a peer that never comes."""
+
+import pytest
+import torch
+
+from course_utils import check, env
+from course_utils import symmetric as S
+from course_utils.checkers import allreduce as checks
+from course_utils.kernels import allreduce as K
+from course_utils.tuned import allreduce as T
+
+SHAPES = [(1, 1), (7, 37), (13, 100), (3, 5, 129), (11, 16)]
+DTYPES = list(env.supported_dtypes())
+
+
+def _ranks(world, dtype, capacity=2000, programs=None):
+    return S.SimulatedRanks(world, capacity, dtype, device=env.DEVICE, max_programs=programs)
+
+
+def _pads_zero(ranks):
+    return not any(bool(p.any()) for p in ranks.pads)
+
+
+@pytest.mark.parametrize("algorithm", T.ALGORITHMS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_reduce_matches_float64_back_to_back(nan_empty, algorithm, world, dtype):
+    ranks = _ranks(world, dtype)
+    for shape in SHAPES + SHAPES[::-1]:          # every shape twice: both halves of the buffers
+        xs = [check.randn(shape, dtype, scale=2.0) for _ in range(world)]
+        outs = T.all_reduce(xs, ranks, algorithm)
+        for out in outs:
+            assert out.shape == xs[0].shape and out.dtype == dtype
+            check.compare(f"{algorithm} all-reduce {shape}", out, K.all_reduce_ref(xs))
+        assert all(torch.equal(out, outs[0]) for out in outs)   # the same sum order on every rank
+        assert _pads_zero(ranks)
+
+
+@pytest.mark.parametrize("algorithm", T.ALGORITHMS)
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_add_rms_norm_matches_float64(nan_empty, algorithm, world, dtype):
+    ranks = _ranks(world, dtype)
+    for shape in SHAPES:
+        xs = [check.randn(shape, dtype, scale=2.0) for _ in range(world)]
+        residual = check.randn(shape, dtype)
+        weight = check.randn(shape[-1:], dtype, offset=1.0, scale=0.5)
+        got = T.all_reduce_add_rms_norm(xs, [residual] * world, weight, ranks, 1e-6, algorithm)
+        summed = K.all_reduce_ref(xs)
+        if algorithm == "two-shot":   # the gathered sum is stored in x's dtype before the residual is added
+            summed = summed.to(dtype).double()
+        y64, s64 = K.all_reduce_add_rms_norm_ref([summed], residual, weight, 1e-6, dtype=dtype)
+        for y, s in got:
+            check.compare(f"{algorithm} s {shape}", s, s64)
+            check.compare(f"{algorithm} y {shape}", y, y64)
+        assert _pads_zero(ranks)
+
+
+def test_tuned_and_teaching_calls_interleave_on_the_same_ranks():
+    ranks = _ranks(4, torch.float32)
+    for call in range(6):
+        xs = [check.randn((9, 33)) for _ in range(4)]
+        launch = (lambda: K.one_shot_all_reduce_teaching(xs, ranks), lambda: T.all_reduce(xs, ranks, "one-shot"),
+                  lambda: T.all_reduce(xs, ranks, "two-shot"))[call % 3]
+        for out in launch():
+            check.compare(f"call {call}", out, K.all_reduce_ref(xs))
+        assert _pads_zero(ranks)
+
+
+class _CheckerLaunch:
+    """The tuned one-shot launched as the checker launches a student's kernel (its argument list)."""
+
+    def __init__(self, fused):
+        self.fused = fused
+
+    def __getitem__(self, grid):
+        def launch(*args, WORLD, BLOCK_N, PUBLISH, REDUCE):
+            if self.fused:
+                y, s, x, r, w, bt, pt, rank, n_rows, n_cols, offset, eps, spins = args
+            else:
+                y, x, bt, pt, rank, n_rows, n_cols, offset, spins = args
+                s, r, w, eps = y, x, x, 0.0
+            T.one_shot_kernel[grid](y, s, x, r, w, bt, pt, rank, n_rows, n_cols, offset, 0, eps, spins, WORLD=WORLD,
+                                    WORLD_P2=1 << (WORLD - 1).bit_length(), BLOCK_N=BLOCK_N, FUSED=self.fused,
+                                    PUBLISH=PUBLISH, REDUCE=REDUCE)
+        return launch
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_tuned_one_shot_survives_the_checkers_adversarial_schedule(fused):
+    checks.stress(_CheckerLaunch(fused), "tuned one-shot", fused=fused)
+
+
+@pytest.mark.parametrize("algorithm, phase", [("one-shot", "REDUCE"), ("two-shot", "SCATTER"),
+                                              ("two-shot", "GATHER")])
+def test_a_phase_launched_before_any_publish_reads_nothing_and_leaves_the_pads(algorithm, phase):
+    ranks = _ranks(2, torch.float32)
+    x = check.randn((5, 33))
+    out = torch.full_like(x, float("nan"))
+    names = ("PUBLISH", "REDUCE") if algorithm == "one-shot" else ("PUBLISH", "SCATTER", "GATHER")
+    kernel = T.one_shot_kernel if algorithm == "one-shot" else T.two_shot_kernel
+    with check.track_loads() as loads:
+        kernel[(3,)](out, out, x, x, x, ranks.buf_table, ranks.pad_table, 0, 5, 33, 0, ranks.tuned_pad_offset, 0.0,
+                     ranks.max_spins, WORLD=2, WORLD_P2=2, BLOCK_N=64, FUSED=False, **{n: n == phase for n in names})
+    assert checks._peer_reads(loads, ranks, rank=0) == 0
+    assert bool(out.isnan().all()) and _pads_zero(ranks)
+    assert all(bool(b.isnan().all()) for b in ranks.buffers)   # no sum was stored either
+
+
+@pytest.mark.parametrize("algorithm", T.ALGORITHMS)
+def test_a_peer_that_never_signals_gives_nan_rows(algorithm):
+    class Alone(S.SimulatedRanks):
+        def schedule(self):
+            return [(0, True, True)]   # one launch of rank 0, as on a GPU; rank 1 never runs
+
+    ranks = Alone(2, 64, dtype=torch.float32, device=env.DEVICE, max_programs=2)
+    xs = [check.randn((3, 7)), check.randn((3, 7))]
+    assert torch.isnan(T.all_reduce(xs, ranks, algorithm)[0]).all()
+    y, s = T.all_reduce_add_rms_norm(xs, [check.randn((3, 7))] * 2, check.randn((7,)), ranks, 1e-6, algorithm)[0]
+    assert torch.isnan(y).all() and torch.isnan(s).all()
+
+
+def test_auto_picks_two_shot_only_where_it_moves_fewer_bytes():
+    assert T.pick_algorithm(64 * 2**20, 2) == "one-shot"          # W = 2: the same bytes, one barrier fewer
+    assert T.pick_algorithm(1 * 2**20, 4) == "one-shot"           # latency-bound
+    assert T.pick_algorithm(16 * 2**20, 4) == "two-shot"          # half the one-shot's bytes
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        T.all_reduce([torch.zeros(2, 8, device=env.DEVICE)] * 2, _ranks(2, torch.float32), "ring")
+
+
+def test_unaligned_tables_are_refused():
+    ranks = _ranks(2, torch.float32)
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        ranks.tables([ranks.buffers[0].data_ptr() + 4, ranks.buffers[1].data_ptr()],
+                     [p.data_ptr() for p in ranks.pads], ranks.device)
+
+
+def test_bad_inputs_get_the_teaching_launchers_errors():
+    ranks = _ranks(2, torch.float32)
+    with pytest.raises(ValueError, match="list of 2 tensors"):
+        T.all_reduce([torch.zeros(4, 8, device=env.DEVICE)], ranks)
+    with pytest.raises(ValueError, match="weight must be a tensor of shape"):
+        T.all_reduce_add_rms_norm([torch.zeros(4, 8, device=env.DEVICE)] * 2, [torch.zeros(4, 8)] * 2,
+                                  torch.ones(9, device=env.DEVICE), ranks)
