@@ -45,6 +45,18 @@ class Ranks:
         self.calls += 1
         return (self.calls % 2) * self.capacity
 
+    def staging(self, shape, rank: int | None = None) -> torch.Tensor:
+        """The part of ``rank``'s buffer (default: this process's first rank) that the *next* call publishes
+        from: a producer that writes its output there (``torch.matmul(..., out=)``) saves the call its copy
+        (course_utils/tuned/allreduce.py, ``in_buffer=True``). Safe to write once the previous call returned
+        on this stream: its wait proved every peer done with this half."""
+        rank = self.local_ranks[0] if rank is None else rank
+        numel = int(torch.Size(shape).numel())
+        if numel > self.capacity:
+            raise ValueError(f"staging: {numel} elements do not fit the symmetric buffers' {self.capacity}")
+        start = ((self.calls + 1) % 2) * self.capacity
+        return self.buffer_of(rank)[start:start + numel].view(shape)
+
 
 class SimulatedRanks(Ranks):
     """W ranks in one process (CPU under the interpreter, or one GPU): all publishes, then all reduces."""
@@ -64,6 +76,9 @@ class SimulatedRanks(Ranks):
 
     def schedule(self):
         return [(r, True, False) for r in self.local_ranks] + [(r, False, True) for r in self.local_ranks]
+
+    def buffer_of(self, rank: int) -> torch.Tensor:
+        return self.buffers[rank]
 
 
 class SymmetricRanks(Ranks):
@@ -108,3 +123,8 @@ class SymmetricRanks(Ranks):
 
     def schedule(self):
         return [(self.local_ranks[0], True, True)]
+
+    def buffer_of(self, rank: int) -> torch.Tensor:
+        if rank != self.local_ranks[0]:
+            raise ValueError(f"rank {self.local_ranks[0]} can stage only into its own buffer, not rank {rank}'s")
+        return self.buffer

@@ -86,7 +86,7 @@ class _CheckerLaunch:
                 s, r, w, eps = y, x, x, 0.0
             T.one_shot_kernel[grid](y, s, x, r, w, bt, pt, rank, n_rows, n_cols, offset, 0, eps, spins, WORLD=WORLD,
                                     WORLD_P2=1 << (WORLD - 1).bit_length(), BLOCK_N=BLOCK_N, FUSED=self.fused,
-                                    PUBLISH=PUBLISH, REDUCE=REDUCE)
+                                    COPY=True, PUBLISH=PUBLISH, REDUCE=REDUCE)
         return launch
 
 
@@ -105,7 +105,8 @@ def test_a_phase_launched_before_any_publish_reads_nothing_and_leaves_the_pads(a
     kernel = T.one_shot_kernel if algorithm == "one-shot" else T.two_shot_kernel
     with check.track_loads() as loads:
         kernel[(3,)](out, out, x, x, x, ranks.buf_table, ranks.pad_table, 0, 5, 33, 0, ranks.tuned_pad_offset, 0.0,
-                     ranks.max_spins, WORLD=2, WORLD_P2=2, BLOCK_N=64, FUSED=False, **{n: n == phase for n in names})
+                     ranks.max_spins, WORLD=2, WORLD_P2=2, BLOCK_N=64, FUSED=False, COPY=True,
+                     **{n: n == phase for n in names})
     assert checks._peer_reads(loads, ranks, rank=0) == 0
     assert bool(out.isnan().all()) and _pads_zero(ranks)
     assert all(bool(b.isnan().all()) for b in ranks.buffers)   # no sum was stored either
@@ -122,6 +123,44 @@ def test_a_peer_that_never_signals_gives_nan_rows(algorithm):
     assert torch.isnan(T.all_reduce(xs, ranks, algorithm)[0]).all()
     y, s = T.all_reduce_add_rms_norm(xs, [check.randn((3, 7))] * 2, check.randn((7,)), ranks, 1e-6, algorithm)[0]
     assert torch.isnan(y).all() and torch.isnan(s).all()
+
+
+@pytest.mark.parametrize("algorithm", T.ALGORITHMS)
+def test_inputs_written_into_the_staging_buffer_skip_the_copy(algorithm):
+    world, dtype = 4, torch.float32
+    ranks = _ranks(world, dtype)
+    for call, shape in enumerate([(9, 33), (5, 129), (9, 33), (1, 7)]):
+        xs = [check.randn(shape, dtype) for _ in range(world)]
+        staged = [ranks.staging(shape, r) for r in range(world)]
+        for x, view in zip(xs, staged):
+            view.copy_(x)   # what a producer writing with out= does
+        if call % 2:
+            residual, weight = check.randn(shape), check.randn(shape[-1:], offset=1.0, scale=0.5)
+            got = T.all_reduce_add_rms_norm(staged, [residual] * world, weight, ranks, 1e-6, algorithm, in_buffer=True)
+            summed = K.all_reduce_ref(xs).to(dtype).double() if algorithm == "two-shot" else K.all_reduce_ref(xs)
+            y64, s64 = K.all_reduce_add_rms_norm_ref([summed], residual, weight, 1e-6, dtype=dtype)
+            for y, s in got:
+                check.compare(f"staged fused {algorithm}, call {call}", y, y64)
+                check.compare(f"staged fused {algorithm}, call {call}", s, s64)
+        else:
+            for out in T.all_reduce(staged, ranks, algorithm, in_buffer=True):
+                check.compare(f"staged {algorithm}, call {call}", out, K.all_reduce_ref(xs))
+        for out in T.all_reduce(xs, ranks, algorithm):   # and a call with the copy between staged calls
+            check.compare(f"copied {algorithm}, call {call}", out, K.all_reduce_ref(xs))
+        assert _pads_zero(ranks)
+
+
+def test_in_buffer_refuses_tensors_that_are_not_the_staging_view():
+    ranks = _ranks(2, torch.float32)
+    xs = [check.randn((4, 8)) for _ in range(2)]
+    with pytest.raises(ValueError, match="ranks.staging"):
+        T.all_reduce(xs, ranks, in_buffer=True)
+    stale = [ranks.staging((4, 8), r) for r in range(2)]
+    T.all_reduce(xs, ranks)   # a call in between: the staging half is now the other one
+    with pytest.raises(ValueError, match="ranks.staging"):
+        T.all_reduce(stale, ranks, in_buffer=True)
+    with pytest.raises(ValueError, match="do not fit"):
+        ranks.staging((100, 100))
 
 
 def test_auto_picks_two_shot_only_where_it_moves_fewer_bytes():

@@ -157,14 +157,17 @@ def poison(y_ptr, s_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr, FUSED: tl.conste
 @triton.jit
 def one_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols,
                     buf_offset, pad_offset, eps, max_spins, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
-                    BLOCK_N: tl.constexpr, FUSED: tl.constexpr, PUBLISH: tl.constexpr, REDUCE: tl.constexpr):
-    """Publish, one barrier, every rank's rows summed: y = sum (or, FUSED, s = sum + r, y = RMSNorm(s) * w)."""
+                    BLOCK_N: tl.constexpr, FUSED: tl.constexpr, COPY: tl.constexpr, PUBLISH: tl.constexpr,
+                    REDUCE: tl.constexpr):
+    """Publish (copy x into this rank's buffer unless it is there already, then signal), one barrier, every
+    rank's rows summed: y = sum (or, FUSED, s = sum + r, y = RMSNorm(s) * w)."""
     pid = tl.program_id(0)
     slot = pad_offset + pid * WORLD
     if PUBLISH:
-        my_buf = owner_buffer(buffer_table(buf_table_ptr, WORLD, WORLD_P2), rank, buf_offset, x_ptr.dtype.element_ty,
-                              WORLD_P2)
-        copy_rows(x_ptr, my_buf, n_rows, n_cols, BLOCK_N)
+        if COPY:
+            my_buf = owner_buffer(buffer_table(buf_table_ptr, WORLD, WORLD_P2), rank, buf_offset,
+                                  x_ptr.dtype.element_ty, WORLD_P2)
+            copy_rows(x_ptr, my_buf, n_rows, n_cols, BLOCK_N)
         signal_all(pad_table_ptr, rank, slot, WORLD, WORLD_P2)
     if REDUCE:
         my_pad = tl.load(pad_table_ptr + rank).to(tl.pointer_type(tl.int32))
@@ -184,8 +187,8 @@ def one_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
 @triton.jit
 def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols,
                     buf_offset, pad_offset, eps, max_spins, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
-                    BLOCK_N: tl.constexpr, FUSED: tl.constexpr, PUBLISH: tl.constexpr, SCATTER: tl.constexpr,
-                    GATHER: tl.constexpr):
+                    BLOCK_N: tl.constexpr, FUSED: tl.constexpr, COPY: tl.constexpr, PUBLISH: tl.constexpr,
+                    SCATTER: tl.constexpr, GATHER: tl.constexpr):
     """Publish; barrier; reduce-scatter (this rank's rows j = rank, rank + W, ... summed in place in its own
     buffer); barrier; all-gather (row j read from rank j % W) with the epilogue of :func:`finish_row`."""
     pid = tl.program_id(0)
@@ -199,7 +202,8 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
     mask = cols < n_cols
     ok = True
     if PUBLISH:
-        copy_rows(x_ptr, my_buf, n_rows, n_cols, BLOCK_N)
+        if COPY:
+            copy_rows(x_ptr, my_buf, n_rows, n_cols, BLOCK_N)
         signal_all(pad_table_ptr, rank, slot, WORLD, WORLD_P2)
     if SCATTER:
         ok = wait_all(my_pad, rank, slot, max_spins, WORLD, WORLD_P2)
@@ -247,9 +251,20 @@ def _phases(ranks: Ranks, names: tuple[str, ...]) -> list[tuple[int, dict]]:
     return [(rank, {n: n == phase for n in names}) for phase in names for rank in ranks.local_ranks]
 
 
-def _launch(algorithm, ys, ss, rows, res, weight, ranks, n_rows, n_cols, eps, fused):
+def _check_staged(rows, ranks: Ranks) -> None:
+    """``in_buffer=True``: every x must be the view ``ranks.staging`` gives for this call."""
+    for rank, x in zip(ranks.local_ranks, rows):
+        want = ranks.staging(x.shape, rank)
+        if x.data_ptr() != want.data_ptr():
+            raise ValueError("in_buffer=True: x must be ranks.staging(shape) taken just before this call (the half "
+                             "this call publishes from), filled by its producer")
+
+
+def _launch(algorithm, ys, ss, rows, res, weight, ranks, n_rows, n_cols, eps, fused, in_buffer):
     if algorithm not in ALGORITHMS + ("auto",):
         raise ValueError(f"algorithm must be one of {ALGORITHMS + ('auto',)}, got {algorithm!r}")
+    if in_buffer:
+        _check_staged(rows, ranks)
     world = ranks.world_size
     if algorithm == "auto":
         algorithm = pick_algorithm(n_rows * n_cols * rows[0].element_size(), world)
@@ -261,29 +276,32 @@ def _launch(algorithm, ys, ss, rows, res, weight, ranks, n_rows, n_cols, eps, fu
         i = ranks.local_ranks.index(rank)
         kernel[grid](ys[i], ss[i], rows[i], res[i], weight, ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols,
                      offset, ranks.tuned_pad_offset, eps, ranks.max_spins, WORLD=world,
-                     WORLD_P2=triton.next_power_of_2(world), BLOCK_N=block, FUSED=fused,
+                     WORLD_P2=triton.next_power_of_2(world), BLOCK_N=block, FUSED=fused, COPY=not in_buffer,
                      num_warps=num_warps_for(world, block), **phases)
 
 
-def all_reduce(xs, ranks: Ranks, algorithm: str = "auto") -> list[torch.Tensor]:
-    """For each local rank, a new tensor holding the sum of every rank's x (one-shot or two-shot)."""
+def all_reduce(xs, ranks: Ranks, algorithm: str = "auto", in_buffer: bool = False) -> list[torch.Tensor]:
+    """For each local rank, a new tensor holding the sum of every rank's x (one-shot or two-shot). With
+    ``in_buffer``, each x is ``ranks.staging(shape, rank)``, already written: the call skips its copy."""
     rows, n_rows, n_cols = _rows("all_reduce", xs, ranks)
     outs = [torch.empty_like(x) for x in xs]
     if n_rows * n_cols:
-        _launch(algorithm, outs, outs, rows, rows, rows[0], ranks, n_rows, n_cols, 0.0, fused=False)
+        _launch(algorithm, outs, outs, rows, rows, rows[0], ranks, n_rows, n_cols, 0.0, False, in_buffer)
     return outs
 
 
-def all_reduce_add_rms_norm(xs, residuals, weight, ranks: Ranks, eps: float = 1e-6, algorithm: str = "auto"):
+def all_reduce_add_rms_norm(xs, residuals, weight, ranks: Ranks, eps: float = 1e-6, algorithm: str = "auto",
+                            in_buffer: bool = False):
     """For each local rank, (y, s): s = sum of every rank's x + residual, y = RMSNorm(s) * weight. In the
-    two-shot the sum is rounded to x's dtype before the residual is added (NCCL's all-reduce + add does too)."""
+    two-shot the sum is rounded to x's dtype before the residual is added (NCCL's all-reduce + add does too).
+    ``in_buffer`` as in :func:`all_reduce`."""
     rows, n_rows, n_cols = _rows("all_reduce_add_rms_norm", xs, ranks)
     res, _, _ = _rows("all_reduce_add_rms_norm", residuals, ranks, "residuals")
     if not isinstance(weight, torch.Tensor) or weight.shape != (n_cols,) or weight.device != ranks.device:
         raise ValueError(f"all_reduce_add_rms_norm: weight must be a tensor of shape ({n_cols},) on {ranks.device}")
     ys, ss = [torch.empty_like(x) for x in xs], [torch.empty_like(x) for x in xs]
     if n_rows * n_cols:
-        _launch(algorithm, ys, ss, rows, res, weight.contiguous(), ranks, n_rows, n_cols, eps, fused=True)
+        _launch(algorithm, ys, ss, rows, res, weight.contiguous(), ranks, n_rows, n_cols, eps, True, in_buffer)
     return list(zip(ys, ss))
 
 
