@@ -467,6 +467,7 @@ def targets(tables: dict) -> list:
                                             r["torch symm_mem one_shot_all_reduce"] / r["course one-shot"], 1.0))
                 found.append(Target(ISSUE, f"TP MLP block, fused epilogue vs NCCL + separate kernels, {where}",
                                     r["tp mlp, nccl + separate kernels"] / r["tp mlp, fused epilogue"], 1.2))
+                found += fast_path_targets(r, where, mib)
         one, d = tables.get(("multigpu_ddp", 1)), tables.get(("multigpu_ddp", world))
         if one is not None and d is not None:
             n = min(len(one), len(d))
@@ -475,6 +476,25 @@ def targets(tables: dict) -> list:
                                 d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
             found.append(Target(ISSUE, f"DDP losses within 2% of 1 GPU (1 - largest relative difference), {world} GPUs",
                                 1 - rel, 0.98))
+    return found
+
+
+def fast_path_targets(r, where: str, mib: int) -> list:
+    """The same targets met by course_utils/tuned/allreduce.py, where the CSV has its columns: the fused
+    epilogue with x already in the symmetric buffer (NCCL's all-reduce works in place too, torch's one-shot
+    reads its input from symmetric memory), the tuned one-shot, the TP block with the tuned epilogue."""
+    from course_utils.bench import Target
+    found = []
+    if "tuned fused, x in buffer" in r and r.notna()["tuned fused, x in buffer"]:
+        if mib in TARGET_MIB:
+            found.append(Target(ISSUE, f"fast path: fused all-reduce + add + RMSNorm (x in buffer) vs NCCL + "
+                                       f"add_layer_norm, {where}",
+                                r["nccl + course add_layer_norm"] / r["tuned fused, x in buffer"], 1.5))
+            if r.get("torch symm_mem one_shot_all_reduce", 0) > 0:
+                found.append(Target(ISSUE, f"fast path: one-shot vs torch symm_mem one_shot_all_reduce, {where}",
+                                    r["torch symm_mem one_shot_all_reduce"] / r["tuned one-shot"], 1.0))
+        found.append(Target(ISSUE, f"fast path: TP MLP block, tuned epilogue vs NCCL + separate kernels, {where}",
+                            r["tp mlp, nccl + separate kernels"] / r["tp mlp, tuned epilogue"], 1.2))
     return found
 
 
