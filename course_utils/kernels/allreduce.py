@@ -26,7 +26,9 @@ up after ``max_spins`` tries and then skip the reduce: a check can launch a redu
 purpose and see that a correct kernel refuses to read (course_utils/checkers/allreduce.py).
 
 Launchers: ``one_shot_all_reduce_teaching`` and ``all_reduce_add_rms_norm_teaching`` (lists of
-tensors in, one per local rank, lists out). No multicast, no inline assembly.
+tensors in, one per local rank, lists out). No multicast, no inline assembly. The fast path, with a
+barrier that talks to every peer at once and a two-shot all-reduce for large messages on 4 GPUs, is
+:mod:`course_utils.tuned.allreduce` (results/h100-80gb-hbm3/multigpu_w4_analysis.md says why).
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def sum_ranks(buf_table_ptr, offsets, mask, buf_offset, DTYPE: tl.constexpr, WOR
     gets the same bits."""
     acc = tl.zeros(offsets.shape, dtype=tl.float32)
     for r in tl.static_range(WORLD):
-        acc += tl.load(rank_buffer(buf_table_ptr, r, buf_offset, DTYPE) + offsets, mask=mask, other=0.0).to(tl.float32)
+        buf = rank_buffer(buf_table_ptr, r, buf_offset, DTYPE)
+        acc += tl.load(buf + offsets, mask=mask, other=0.0).to(tl.float32)
     return acc
 
 
