@@ -163,6 +163,21 @@ def test_in_buffer_refuses_tensors_that_are_not_the_staging_view():
         ranks.staging((100, 100))
 
 
+def test_two_shot_spreads_the_reduce_scatter_over_the_ranks_with_one_row_a_program():
+    """Rows of 4096 at 1-8 MiB give each program one or two rows: the owners must still be spread over
+    the ranks (rank r's buffer holds the sum in exactly the rows r reduced), not all on rank 0."""
+    world, rows = 4, 8
+    ranks = _ranks(world, torch.float32, programs=rows)
+    xs = [check.randn((rows, 16)) for _ in range(world)]
+    offset = ((ranks.calls + 1) % 2) * ranks.capacity
+    T.all_reduce(xs, ranks, "two-shot")
+    total = K.all_reduce_ref(xs).float()
+    owned = [[bool(torch.allclose(ranks.buffers[r][offset + i * 16: offset + (i + 1) * 16], total[i]))
+              for i in range(rows)] for r in range(world)]
+    assert [sum(o) for o in owned] == [rows // world] * world
+    assert all(sum(owned[r][i] for r in range(world)) == 1 for i in range(rows))
+
+
 def test_auto_picks_two_shot_only_where_it_moves_fewer_bytes():
     assert T.pick_algorithm(64 * 2**20, 2) == "one-shot"          # W = 2: the same bytes, one barrier fewer
     assert T.pick_algorithm(1 * 2**20, 4) == "one-shot"           # latency-bound

@@ -23,7 +23,9 @@ at 4 GPUs, and a two-shot all-reduce for large messages
    the bytes (traffic.links.all_reduce).
 
 Layout of the work: program pid handles rows pid, pid + P, pid + 2P, ... (P programs), on every rank;
-in the two-shot, the j-th of those rows belongs to rank j % W. A program only waits for the same
+in the two-shot, the j-th of those rows belongs to rank (j + pid) % W (the + pid spreads the owners
+over the ranks when programs have fewer rows than ranks: rows of 4096 at 1-8 MiB give one or two
+rows a program). A program only waits for the same
 program on the peers, so no grid-wide barrier is needed, and the rows it reads are exactly the rows
 its peers' same program wrote.
 
@@ -189,8 +191,9 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
                     buf_offset, pad_offset, eps, max_spins, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, FUSED: tl.constexpr, COPY: tl.constexpr, PUBLISH: tl.constexpr,
                     SCATTER: tl.constexpr, GATHER: tl.constexpr):
-    """Publish; barrier; reduce-scatter (this rank's rows j = rank, rank + W, ... summed in place in its own
-    buffer); barrier; all-gather (row j read from rank j % W) with the epilogue of :func:`finish_row`."""
+    """Publish; barrier; reduce-scatter (this program's j-th row belongs to rank (j + pid) % W; this rank's
+    rows summed in place in its own buffer); barrier; all-gather (every row read from its owner) with the
+    epilogue of :func:`finish_row`."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     slot = pad_offset + pid * WORLD
@@ -208,7 +211,8 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
     if SCATTER:
         ok = wait_all(my_pad, rank, slot, max_spins, WORLD, WORLD_P2)
         if ok:
-            for row in tl.range(pid + rank * programs, n_rows, WORLD * programs):   # j = rank, rank + W, ...
+            first = (rank - pid % WORLD + WORLD) % WORLD   # the first j with (j + pid) % W == rank
+            for row in tl.range(pid + first * programs, n_rows, WORLD * programs):
                 offsets = tl.cast(row, tl.int64) * n_cols + cols
                 acc = sum_all_ranks(addrs, offsets, mask, buf_offset, dtype, WORLD, WORLD_P2)
                 tl.store(my_buf + offsets, acc.to(dtype), mask=mask)   # no peer reads this row before barrier 2
@@ -219,7 +223,7 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
         if ok:
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
             for row in tl.range(pid, n_rows, programs):
-                owner = ((row - pid) // programs) % WORLD
+                owner = ((row - pid) // programs + pid) % WORLD
                 offsets = tl.cast(row, tl.int64) * n_cols + cols
                 source = owner_buffer(addrs, owner, buf_offset, dtype, WORLD_P2)
                 summed = tl.load(source + offsets, mask=mask, other=0.0)
