@@ -200,3 +200,38 @@ def test_bad_inputs_get_the_teaching_launchers_errors():
     with pytest.raises(ValueError, match="weight must be a tensor of shape"):
         T.all_reduce_add_rms_norm([torch.zeros(4, 8, device=env.DEVICE)] * 2, [torch.zeros(4, 8)] * 2,
                                   torch.ones(9, device=env.DEVICE), ranks)
+
+
+def _ptx_tool():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "tools" / "allreduce_ptx.py"
+    spec = importlib.util.spec_from_file_location("allreduce_ptx", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ptx_counter_reads_widths_atomics_and_barriers():
+    ptx = ("@%p1 ld.global.b16 { %rs1 }, [ %rd1 + 0 ];\n@%p2 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];\n"
+           "@%p3 st.global.b16 [ %rd3 + 0 ], { %rs2 };\n@%p4 ld.volatile.global.b32 { %r5 }, [ %rd4 + 0 ];\n"
+           "@%p5 atom.global.release.sys.cas.b32 %r6, [ %rd5 + 0 ], %r7, %r8;\n"
+           "@%p6 atom.global.sys.acquire.add.u32 %r9, [ %rd6 + 0 ], %r10;\nbar.sync \t0;\n")
+    got = _ptx_tool().count(ptx)
+    assert {k: v for k, v in got.items() if v} == {"ld_2B": 1, "ld_16B": 1, "st_2B": 1, "ld_volatile": 1,
+                                                   "atom_cas": 1, "atom_add": 1, "bar_sync": 1}
+
+
+def test_recorded_ptx_says_every_rank_is_loaded_16_bytes_at_a_time():
+    """results/ptx/allreduce_ptx.csv (tools/allreduce_ptx.py): no 2-byte loads or stores left in any kernel;
+    the teaching barrier's compare-and-swaps grow with W, the tuned barrier has one atomic add per side."""
+    import pandas as pd
+
+    from course_utils.bench import RESULTS
+    df = pd.read_csv(RESULTS / "ptx" / "allreduce_ptx.csv").set_index("what")
+    assert (df.ld_2B == 0).all() and (df.st_2B == 0).all()
+    for world in (2, 4):
+        assert df.loc[f"teaching one-shot, W={world}", "ld_16B"] >= world
+        assert df.loc[f"tuned one-shot, W={world}", "atom_add"] == 2
+        assert df.loc[f"tuned one-shot, W={world}", "atom_cas"] == 0
+    assert df.loc["teaching one-shot, W=4", "atom_cas"] > df.loc["teaching one-shot, W=2", "atom_cas"]

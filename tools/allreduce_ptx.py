@@ -29,11 +29,11 @@ WIDTH = {"b16": 2, "b32": 4, "b64": 8, "v2.b32": 8, "v4.b32": 16, "v2.b64": 16}
 
 def count(ptx: str) -> dict:
     """Static counts of global loads and stores by bytes per thread, atomics and barriers in ``ptx``."""
-    row = {}
+    row = {f"{op}_{n}B": 0 for op in ("ld", "st") for n in sorted(set(WIDTH.values()))}
     for op in ("ld", "st"):
         for m in re.finditer(rf"\b{op}\.global(?:\.volatile)?\.((?:v[24]\.)?b(?:16|32|64))\b", ptx):
             key = f"{op}_{WIDTH[m.group(1)]}B"
-            row[key] = row.get(key, 0) + 1
+            row[key] += 1
     row["ld_volatile"] = len(re.findall(r"\bld\.volatile\.global", ptx))
     row["atom_cas"] = len(re.findall(r"\batom\.global\.\S*cas", ptx))
     row["atom_add"] = len(re.findall(r"\batom\.global\.\S*add", ptx))
