@@ -235,3 +235,38 @@ def test_recorded_ptx_says_every_rank_is_loaded_16_bytes_at_a_time():
         assert df.loc[f"tuned one-shot, W={world}", "atom_add"] == 2
         assert df.loc[f"tuned one-shot, W={world}", "atom_cas"] == 0
     assert df.loc["teaching one-shot, W=4", "atom_cas"] > df.loc["teaching one-shot, W=2", "atom_cas"]
+
+
+@pytest.mark.parametrize("algorithm", T.ALGORITHMS)
+def test_a_rank_running_a_call_ahead_never_spoils_a_slow_peers_reads(algorithm):
+    """Rank 0 finishes call 1 and publishes (and signals) call 2 before rank 1 has read call 1: the counters
+    hold two signals at once, and call 2 writes the other half, so rank 1 still reads call 1's data."""
+    world, n_rows, n_cols = 2, 6, 24
+    ranks = _ranks(world, torch.float32, programs=3)
+    kernel = T.one_shot_kernel if algorithm == "one-shot" else T.two_shot_kernel
+    names = ("PUBLISH", "REDUCE") if algorithm == "one-shot" else ("PUBLISH", "SCATTER", "GATHER")
+    calls = [[check.randn((n_rows, n_cols)) for _ in range(world)] for _ in range(2)]
+    outs = [[torch.full((n_rows, n_cols), float("nan")) for _ in range(world)] for _ in range(2)]
+    offsets = [ranks.next_offset() for _ in range(2)]
+
+    def run(call, rank, phase):
+        x, out = calls[call][rank], outs[call][rank]
+        kernel[(3,)](out, out, x, x, x, ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols, offsets[call],
+                     ranks.tuned_pad_offset, 0.0, ranks.max_spins, WORLD=world, WORLD_P2=world, BLOCK_N=32,
+                     FUSED=False, COPY=True, **{n: n == phase for n in names})
+
+    *early, last = names
+    for phase in early:                  # call 1 up to its last phase, on both ranks
+        for rank in range(world):
+            run(0, rank, phase)
+    run(0, 0, last)                      # rank 0 finishes call 1 ...
+    run(1, 0, "PUBLISH")                 # ... and publishes call 2, as far as it gets alone
+    run(0, 1, last)                      # rank 1, slow, reads call 1 now
+    run(1, 1, "PUBLISH")
+    for phase in names[1:]:
+        for rank in reversed(range(world)):
+            run(1, rank, phase)
+    for call in range(2):
+        for rank in range(world):
+            check.compare(f"call {call + 1}, rank {rank}", outs[call][rank], K.all_reduce_ref(calls[call]))
+    assert _pads_zero(ranks)
