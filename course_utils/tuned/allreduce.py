@@ -16,22 +16,24 @@ at 4 GPUs, and a two-shot all-reduce for large messages
    it): 8 bf16 per instruction instead of one (a pointer read from memory has no known alignment, so
    without the hint the compiler emits 2-byte loads).
 3. **Two-shot for large messages.** The one-shot reads ``(W-1) x nbytes`` per rank over the links; the
-   two-shot reads ``2 (W-1)/W x nbytes``, as NCCL's ring does: a reduce-scatter (rank r sums every
-   W-th of its rows, from every rank, and stores the sum in place in its own buffer), a second barrier,
+   two-shot reads ``2 (W-1)/W x nbytes``, as NCCL's ring does: a reduce-scatter (each rank sums a
+   W-th of the rows, from every rank, and stores the sum in place in its own buffer), a second barrier,
    then an all-gather (every row read back from its owner) with the epilogue fused into the gather.
    At W = 2 both move the same bytes and the one-shot saves a barrier; at W = 4 the two-shot halves
    the bytes (traffic.links.all_reduce).
+4. **No copy where the producer writes into the buffer.** ``ranks.staging(shape)`` is the part of this
+   rank's buffer the next call publishes from; an x written there (``torch.matmul(..., out=)``) and
+   passed with ``in_buffer=True`` saves the call its copy (2 x nbytes of HBM before the barrier).
 
 Layout of the work: program pid handles rows pid, pid + P, pid + 2P, ... (P programs), on every rank;
 in the two-shot, the j-th of those rows belongs to rank (j + pid) % W (the + pid spreads the owners
-over the ranks when programs have fewer rows than ranks: rows of 4096 at 1-8 MiB give one or two
-rows a program). A program only waits for the same
-program on the peers, so no grid-wide barrier is needed, and the rows it reads are exactly the rows
-its peers' same program wrote.
+over the ranks when programs have fewer rows than ranks: rows of 4096 at 1-8 MiB give one or two rows
+a program). A program only waits for the same program on the peers, so no grid-wide barrier is
+needed, and the rows it reads are exactly the rows its peers' same program wrote.
 
-``all_reduce(xs, ranks, algorithm="auto")`` and ``all_reduce_add_rms_norm(xs, residuals, weight, ranks,
-eps, algorithm="auto")`` take and return what the teaching launchers do; ``pick_algorithm`` says which
-algorithm "auto" runs.
+``all_reduce(xs, ranks, algorithm="auto", in_buffer=False)`` and ``all_reduce_add_rms_norm(xs,
+residuals, weight, ranks, eps, algorithm="auto", in_buffer=False)`` take and return what the teaching
+launchers do; ``pick_algorithm`` says which algorithm "auto" runs.
 """
 
 from __future__ import annotations
@@ -40,14 +42,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.allreduce import _rows, all_reduce_ref  # noqa: F401  (all_reduce_ref: the same reference)
+from ..kernels.allreduce import _rows
 from ..symmetric import Ranks
 
 ALGORITHMS = ("one-shot", "two-shot")
 TWO_SHOT_MIN_WORLD = 3          # at W = 2 both move the same bytes: the one-shot's single barrier wins
-TWO_SHOT_MIN_BYTES = 2 * 2**20  # alpha-beta crossover at W = 4: one barrier (~10 us) = (W-1)/2 x n over ~300 GB/s
+TWO_SHOT_MIN_BYTES = 2 * 2**20  # crossover at W = 4: a second barrier (~10 us) = the 1.5 n saved, at ~300 GB/s
 ELEMENTS_PER_THREAD = 32        # of the (W, BLOCK_N) tile: 4 ranks x one 16-byte load of bf16, in fp32 registers
-ALIGN_BYTES = 16                # a 128-bit load
 
 
 # --------------------------------------------------------------------------- the barrier
