@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=1 -m benchmarks.multigpu --ddp-only --out ...   # the 1-GPU DDP baseline
     torchrun --nproc_per_node=2 -m benchmarks.multigpu --graphs --no-ddp --out ...   # CUDA-graph timings
+    torchrun --nproc_per_node=4 -m benchmarks.multigpu --graphs --no-ddp --sizes 1,4,16,64 --out ...   # fewer sizes
     python -m benchmarks.multigpu --judge --out results/h100-80gb-hbm3   # issue 28's targets from the CSVs
     python -m benchmarks.multigpu --simulate       # no torchrun: simulated ranks, CPU or one GPU
 
@@ -12,7 +13,8 @@ NVLink multicast is switched off in every process (``NCCL_NVLS_ENABLE=0``,
 starts and checked after). Per message size (1 to 64 MiB per rank, bf16, rows of 768 and 4096) and
 per call: NCCL ``all_reduce``; NCCL ``all_reduce`` + the course's add+LayerNorm; NCCL + ``x + r`` +
 ``F.rms_norm``; ``torch.ops.symm_mem.one_shot_all_reduce`` (its input already in symmetric memory);
-the course's one-shot all-reduce; the course's fused all-reduce + residual + RMSNorm; a
+the course's one-shot all-reduce; the course's fused all-reduce + residual + RMSNorm; the fast path's
+(course_utils/tuned/allreduce.py) one-shot and two-shot, plain and fused; a
 tensor-parallel MLP block (column-parallel fc + GELU, row-parallel out) ending in the fused epilogue
 against the same block with NCCL and separate kernels. Each is checked against a float64 reference
 first, then a stress loop runs many calls back to back with new data (exact small integers, so every
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 
 from course_utils import gpt, ops, results, symmetric
 from course_utils.kernels import allreduce as K
+from course_utils.tuned import allreduce as T
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -131,6 +134,7 @@ class Pieces:
         self.w = self._same(torch.ones(width, device=dev, dtype=bf) + 0.1 * torch.randn(width, device=dev).to(bf))
         self.b = torch.zeros(width, device=dev, dtype=bf)
         self.buf = torch.zeros_like(self.x)   # NCCL's timings reduce it in place, call after call: zeros stay zeros
+        self.two_shot = None
         self.symm = self._torch_symm(rows * width)
         hidden = 4 * width // world   # column-parallel fc: this rank's slice of the 4d hidden units
         self.fc = (torch.randn(hidden, width, generator=g, device=dev) * width**-0.5).to(bf)
@@ -155,6 +159,15 @@ class Pieces:
         except Exception as e:   # the same build on every rank: all skip it together
             print(f"torch.ops.symm_mem.one_shot_all_reduce left out: {type(e).__name__}: {str(e)[:200]}")
             return None
+        self.two_shot = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
+        try:   # in place: the timings sum the buffer into itself call after call (its values do not matter)
+            if self.two_shot is not None:
+                self.two_shot(t.view(self.x.shape), "sum", dist.group.WORLD.group_name)
+                torch.cuda.synchronize()
+        except Exception as e:
+            print(f"torch.ops.symm_mem.two_shot_all_reduce_ left out: {type(e).__name__}: {str(e)[:200]}")
+            self.two_shot = None
+        t.copy_(self.x.view(-1))
         return t
 
     def impls(self) -> dict:
@@ -167,10 +180,19 @@ class Pieces:
             "course fused all-reduce + add + rms_norm": lambda: self._fused(self.x),
             "tp mlp, nccl + separate kernels": lambda: self._mlp(fused=False),
             "tp mlp, fused epilogue": lambda: self._mlp(fused=True),
+            **{f"tuned {a}": lambda a=a: T.all_reduce([self.x], self.ranks, a)[0] for a in T.ALGORITHMS},
+            **{f"tuned fused {a}": lambda a=a: self._tuned(self.x, a) for a in T.ALGORITHMS},
+            "tuned fused, x in buffer": lambda: self._tuned(self.ranks.staging(self.x.shape), in_buffer=True),
+            "tuned one-shot, x in buffer": lambda: T.all_reduce([self.ranks.staging(self.x.shape)], self.ranks,
+                                                                "one-shot", in_buffer=True)[0],
+            "tp mlp, tuned epilogue": lambda: self._mlp(fused=True, tuned=True),
         }
         if self.symm is not None:
             out["torch symm_mem one_shot_all_reduce"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(
                 self.symm.view(self.x.shape), "sum", group)
+        if self.symm is not None and self.two_shot is not None:
+            out["torch symm_mem two_shot_all_reduce_"] = lambda: self.two_shot(self.symm.view(self.x.shape), "sum",
+                                                                                 group)
         return out
 
     def _nccl_then(self, norm):
@@ -187,8 +209,15 @@ class Pieces:
     def _fused(self, partial):
         return K.all_reduce_add_rms_norm_teaching([partial], [self.res], self.w, self.ranks, EPS)[0]
 
-    def _mlp(self, fused: bool):
-        partial = F.linear(F.gelu(F.linear(self.h, self.fc), approximate="tanh"), self.out)  # row-parallel partial
+    def _tuned(self, partial, algorithm="auto", in_buffer=False):
+        return T.all_reduce_add_rms_norm([partial], [self.res], self.w, self.ranks, EPS, algorithm, in_buffer)[0]
+
+    def _mlp(self, fused: bool, tuned: bool = False):
+        act = F.gelu(F.linear(self.h, self.fc), approximate="tanh")
+        if tuned:   # the row-parallel partial written straight into the symmetric buffer: no copy in the all-reduce
+            partial = torch.matmul(act, self.out.t(), out=self.ranks.staging(self.x.shape))
+            return self._tuned(partial, in_buffer=True)
+        partial = F.linear(act, self.out)  # row-parallel partial
         if fused:
             return self._fused(partial)
         dist.all_reduce(partial)
@@ -215,6 +244,16 @@ def reference_checks(p: Pieces, world: int) -> list[dict]:
     y, s = p._fused(p.x)
     err("course fused: s", s, s64, 1.6e-2)
     err("course fused: y", y, y64, 3e-2, y64.abs() + 1)
+    for a in T.ALGORITHMS:
+        err(f"tuned {a}", T.all_reduce([p.x], p.ranks, a)[0], total, 1.6e-2)
+        y, s = p._tuned(p.x, a)
+        err(f"tuned fused {a}: s", s, s64, 1.6e-2)
+        err(f"tuned fused {a}: y", y, y64, 3e-2, y64.abs() + 1)
+    got = T.all_reduce([p.ranks.staging(p.x.shape).copy_(p.x)], p.ranks, "one-shot", in_buffer=True)[0]
+    err("tuned one-shot, x in buffer", got, total, 1.6e-2)
+    y, s = p._tuned(p.ranks.staging(p.x.shape).copy_(p.x), in_buffer=True)
+    err("tuned fused, x in buffer: s", s, s64, 1.6e-2)
+    err("tuned fused, x in buffer: y", y, y64, 3e-2, y64.abs() + 1)
     t = p.x.clone()
     dist.all_reduce(t)
     err("nccl all_reduce", t, total, 1.6e-2)
@@ -222,9 +261,15 @@ def reference_checks(p: Pieces, world: int) -> list[dict]:
         p.symm.copy_(p.x.view(-1))
         got = torch.ops.symm_mem.one_shot_all_reduce(p.symm.view(p.x.shape), "sum", dist.group.WORLD.group_name)
         err("torch symm_mem one_shot_all_reduce", got, total, 1.6e-2)
+        if p.two_shot is not None:
+            p.symm.copy_(p.x.view(-1))
+            p.two_shot(p.symm.view(p.x.shape), "sum", dist.group.WORLD.group_name)
+            err("torch symm_mem two_shot_all_reduce_", p.symm.view(p.x.shape), total, 1.6e-2)
     y_f, s_f = p._mlp(fused=True)
     y_n, s_n = p._mlp(fused=False)
     err("tp mlp fused vs nccl: y", y_f, y_n.double(), 3e-2, y_n.double().abs() + 1)
+    y_t, _ = p._mlp(fused=True, tuned=True)
+    err("tp mlp tuned vs nccl: y", y_t, y_n.double(), 3e-2, y_n.double().abs() + 1)
     return rows
 
 
@@ -235,11 +280,14 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
     res = torch.zeros(rows, width, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(width, device="cuda", dtype=torch.bfloat16)
     outs, fused = [], []
-    for call in range(calls):
+    tuned = [lambda x: T.all_reduce([x], ranks, "one-shot")[0], lambda x: T.all_reduce([x], ranks, "two-shot")[0]]
+    for call in range(calls):   # the teaching one-shot and the tuned one- and two-shot in turn, on the same pads
         x = ((i + call + 3 * rank) % 7 - 3).to(torch.bfloat16)
-        outs.append(K.one_shot_all_reduce_teaching([x], ranks)[0])
+        outs.append(([lambda x: K.one_shot_all_reduce_teaching([x], ranks)[0]] + tuned)[call % 3](x))
         if call % 10 == 0:
             fused.append((call, K.all_reduce_add_rms_norm_teaching([x], [res], w, ranks, EPS)[0][1]))
+        if call % 10 == 5:
+            fused.append((call, T.all_reduce_add_rms_norm([x], [res], w, ranks, EPS, "two-shot")[0][1]))
     torch.cuda.synchronize()
     bad = 0
     for call, out in enumerate(outs):
@@ -304,7 +352,7 @@ def run_distributed(args) -> None:
     device = torch.device("cuda", local)
     tables = []
     if not args.ddp_only:
-        sizes = (1, 16) if args.quick or args.check_only else SIZES_MIB
+        sizes = (1, 16) if args.quick or args.check_only else args.sizes
         capacity = max(sizes) * MIB // 2
         ranks = symmetric.SymmetricRanks(capacity, torch.bfloat16)
         timing, checks, stresses = [], [], []
@@ -361,6 +409,20 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
                                            if "torch symm_mem one_shot_all_reduce" in t else float("nan")),
             "tp mlp speedup": t["tp mlp, nccl + separate kernels"] / t["tp mlp, fused epilogue"],
         })
+        if "tuned one-shot" in t:   # the fast path: its best algorithm per size, and the one "auto" picks
+            best_fused = t[[f"tuned fused {a}" for a in T.ALGORITHMS]].min(axis=1)
+            summary["tuned fused us"] = best_fused * 1e3
+            summary["tuned fused vs nccl+add_layer_norm"] = t[base] / best_fused
+            symm = t.get("torch symm_mem one_shot_all_reduce", float("nan"))
+            summary["tuned one-shot vs symm_mem"] = symm / t["tuned one-shot"]
+            summary["tuned one-shot in buffer vs symm_mem"] = symm / t["tuned one-shot, x in buffer"]
+            summary["tuned two-shot vs nccl"] = t["nccl all_reduce"] / t["tuned two-shot"]
+            if "torch symm_mem two_shot_all_reduce_" in t:
+                summary["tuned two-shot vs torch two-shot"] = (t["torch symm_mem two_shot_all_reduce_"]
+                                                               / t["tuned two-shot"])
+            summary["tuned fused in buffer vs nccl+add_layer_norm"] = t[base] / t["tuned fused, x in buffer"]
+            summary["tp tuned speedup"] = t["tp mlp, nccl + separate kernels"] / t["tp mlp, tuned epilogue"]
+            summary["auto picks"] = [T.pick_algorithm(m * MIB, world) for _, m in t.index]
         how = "CUDA graphs of 20 calls" if name.endswith("graphs") else "20 calls back to back"
         print(f"\nper call, {world} GPUs, {how} (targets: fused >= 1.5x at 1-16 MiB, one-shot >= 1.0x, "
               "tp mlp >= 1.2x)")
@@ -410,6 +472,7 @@ def targets(tables: dict) -> list:
                                             r["torch symm_mem one_shot_all_reduce"] / r["course one-shot"], 1.0))
                 found.append(Target(ISSUE, f"TP MLP block, fused epilogue vs NCCL + separate kernels, {where}",
                                     r["tp mlp, nccl + separate kernels"] / r["tp mlp, fused epilogue"], 1.2))
+                found += fast_path_targets(r, where, mib)
         one, d = tables.get(("multigpu_ddp", 1)), tables.get(("multigpu_ddp", world))
         if one is not None and d is not None:
             n = min(len(one), len(d))
@@ -418,6 +481,26 @@ def targets(tables: dict) -> list:
                                 d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
             found.append(Target(ISSUE, f"DDP losses within 2% of 1 GPU (1 - largest relative difference), {world} GPUs",
                                 1 - rel, 0.98))
+    return found
+
+
+def fast_path_targets(r, where: str, mib: int) -> list:
+    """The same targets met by course_utils/tuned/allreduce.py, where the CSV has its columns: the fused
+    epilogue with x already in the symmetric buffer (NCCL's all-reduce works in place too, torch's one-shot
+    reads its input from symmetric memory), the tuned one-shot, the TP block with the tuned epilogue."""
+    from course_utils.bench import Target
+    found = []
+    if "tuned fused, x in buffer" in r and r.notna()["tuned fused, x in buffer"]:
+        if mib in TARGET_MIB:
+            found.append(Target(ISSUE, f"fast path: fused all-reduce + add + RMSNorm (x in buffer) vs NCCL + "
+                                       f"add_layer_norm, {where}",
+                                r["nccl + course add_layer_norm"] / r["tuned fused, x in buffer"], 1.5))
+            if r.get("torch symm_mem one_shot_all_reduce", 0) > 0:   # both read their input from symmetric memory
+                found.append(Target(ISSUE, f"fast path: one-shot (x in buffer) vs torch symm_mem one_shot_all_reduce, "
+                                           f"{where}",
+                                    r["torch symm_mem one_shot_all_reduce"] / r["tuned one-shot, x in buffer"], 1.0))
+        found.append(Target(ISSUE, f"fast path: TP MLP block, tuned epilogue vs NCCL + separate kernels, {where}",
+                            r["tp mlp, nccl + separate kernels"] / r["tp mlp, tuned epilogue"], 1.2))
     return found
 
 
@@ -455,9 +538,12 @@ def run_simulated(args) -> None:
             xs = [check.randn((37, 129), dtype) for _ in range(world)]
             for out in K.one_shot_all_reduce_teaching(xs, ranks):
                 check.compare(f"simulated all-reduce, {world} ranks, call {call}", out, K.all_reduce_ref(xs))
+            for a in T.ALGORITHMS:
+                for out in T.all_reduce(xs, ranks, a):
+                    check.compare(f"simulated tuned {a}, {world} ranks, call {call}", out, K.all_reduce_ref(xs))
     checks.stress(K.one_shot_all_reduce_kernel, "simulated one-shot")
     checks.stress(K.all_reduce_add_rms_norm_kernel, "simulated fused", fused=True)
-    print("PASS simulated all-reduce and fused epilogue on 2 and 4 ranks")
+    print("PASS simulated all-reduce and fused epilogue on 2 and 4 ranks (teaching; tuned one- and two-shot)")
     tp_block_simulated(dev)
     print("PASS tensor-parallel MLP block on 2 simulated ranks = the unsplit block")
     df = ddp_one_process(torch.device(dev), steps=3)
@@ -502,6 +588,8 @@ def main(argv=None) -> None:
     ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")
     ap.add_argument("--check-only", action="store_true", help="correctness and stress only, two sizes, no timing")
     ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
+    ap.add_argument("--sizes", type=lambda v: tuple(int(m) for m in v.split(",")), default=SIZES_MIB,
+                    help="MiB per rank, comma-separated (default %(default)s)")
     args = ap.parse_args(argv)
     os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
     if args.judge:

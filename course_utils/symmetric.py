@@ -16,17 +16,27 @@ SPINS_GPU = 2**26            # about a minute of tries: a lost peer ends the wai
 SPINS_SIMULATED = 2          # a simulated peer that has not signalled will not signal during this launch
 PROGRAMS_PER_SM = 4          # every program is resident at once: a waiting program never blocks a peer's
 PROGRAMS_SIMULATED = 3       # under the interpreter: a few programs, so rows wrap around the grid
+ALIGN_BYTES = 16             # every buffer and pad address: a 128-bit load never straddles it
 
 
 class Ranks:
-    """W symmetric buffers (two halves of ``capacity`` elements each) and W signal pads (``programs * W``
-    int32 flags each), their address tables, and the schedule a call runs: ``(rank, publish, reduce)``."""
+    """W symmetric buffers (two halves of ``capacity`` elements each) and W signal pads, their address
+    tables, and the schedule a call runs: ``(rank, publish, reduce)``. A pad holds ``2 * programs * W``
+    int32 flags: the first half for the teaching kernels' flags (set 0 -> 1, reset 1 -> 0), the second,
+    from ``tuned_pad_offset``, for the counters of course_utils/tuned/allreduce.py, so that calls of the
+    two kinds back to back never meet on one flag."""
 
     def __init__(self, world_size: int, capacity: int, dtype: torch.dtype, max_programs: int, max_spins: int):
         self.world_size, self.capacity, self.dtype = world_size, capacity, dtype
         self.max_programs, self.max_spins, self.calls = max_programs, max_spins, 0
+        self.tuned_pad_offset = max_programs * world_size
+        self.pad_size = 2 * max_programs * world_size
 
     def tables(self, buffer_ptrs, pad_ptrs, device):
+        buffer_ptrs, pad_ptrs = list(buffer_ptrs), list(pad_ptrs)
+        odd = [hex(p) for p in buffer_ptrs + pad_ptrs if p % ALIGN_BYTES]
+        if odd:   # the kernels declare these addresses 16-byte aligned (vector loads)
+            raise RuntimeError(f"symmetric memory: addresses {odd} are not {ALIGN_BYTES}-byte aligned")
         self.buf_table = torch.tensor(list(buffer_ptrs), dtype=torch.int64, device=device)
         self.pad_table = torch.tensor(list(pad_ptrs), dtype=torch.int64, device=device)
 
@@ -34,6 +44,18 @@ class Ranks:
         """Element offset of the half this call uses (calls alternate halves)."""
         self.calls += 1
         return (self.calls % 2) * self.capacity
+
+    def staging(self, shape, rank: int | None = None) -> torch.Tensor:
+        """The part of ``rank``'s buffer (default: this process's first rank) that the *next* call publishes
+        from: a producer that writes its output there (``torch.matmul(..., out=)``) saves the call its copy
+        (course_utils/tuned/allreduce.py, ``in_buffer=True``). Safe to write once the previous call returned
+        on this stream: its wait proved every peer done with this half."""
+        rank = self.local_ranks[0] if rank is None else rank
+        numel = int(torch.Size(shape).numel())
+        if numel > self.capacity:
+            raise ValueError(f"staging: {numel} elements do not fit the symmetric buffers' {self.capacity}")
+        start = ((self.calls + 1) % 2) * self.capacity
+        return self.buffer_of(rank)[start:start + numel].view(shape)
 
 
 class SimulatedRanks(Ranks):
@@ -48,13 +70,15 @@ class SimulatedRanks(Ranks):
         self.device = device
         self.buffers = [torch.full((2 * capacity,), float("nan"), dtype=dtype, device=device)
                         for _ in range(world_size)]
-        self.pads = [torch.zeros(programs * world_size, dtype=torch.int32, device=device)
-                     for _ in range(world_size)]
+        self.pads = [torch.zeros(self.pad_size, dtype=torch.int32, device=device) for _ in range(world_size)]
         self.tables([b.data_ptr() for b in self.buffers], [p.data_ptr() for p in self.pads], device)
         self.local_ranks = list(range(world_size))
 
     def schedule(self):
         return [(r, True, False) for r in self.local_ranks] + [(r, False, True) for r in self.local_ranks]
+
+    def buffer_of(self, rank: int) -> torch.Tensor:
+        return self.buffers[rank]
 
 
 class SymmetricRanks(Ranks):
@@ -77,7 +101,7 @@ class SymmetricRanks(Ranks):
         super().__init__(dist.get_world_size(group), capacity, dtype, programs, SPINS_GPU)
         self.device = device
         self.buffer = symm_mem.empty(2 * capacity, dtype=dtype, device=device)
-        self.pad = symm_mem.empty(programs * self.world_size, dtype=torch.int32, device=device)
+        self.pad = symm_mem.empty(self.pad_size, dtype=torch.int32, device=device)
         self.pad.zero_()   # our own flags (not torch's signal pad, which torch's ops use)
         torch.cuda.synchronize()
         self.local_ranks = [dist.get_rank(group)]
@@ -99,3 +123,8 @@ class SymmetricRanks(Ranks):
 
     def schedule(self):
         return [(self.local_ranks[0], True, True)]
+
+    def buffer_of(self, rank: int) -> torch.Tensor:
+        if rank != self.local_ranks[0]:
+            raise ValueError(f"rank {self.local_ranks[0]} can stage only into its own buffer, not rank {rank}'s")
+        return self.buffer

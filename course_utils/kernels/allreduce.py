@@ -26,7 +26,9 @@ up after ``max_spins`` tries and then skip the reduce: a check can launch a redu
 purpose and see that a correct kernel refuses to read (course_utils/checkers/allreduce.py).
 
 Launchers: ``one_shot_all_reduce_teaching`` and ``all_reduce_add_rms_norm_teaching`` (lists of
-tensors in, one per local rank, lists out). No multicast, no inline assembly.
+tensors in, one per local rank, lists out). No multicast, no inline assembly. The fast path, with a
+barrier that talks to every peer at once and a two-shot all-reduce for large messages on 4 GPUs, is
+:mod:`course_utils.tuned.allreduce` (results/h100-80gb-hbm3/multigpu_w4_analysis.md says why).
 """
 
 from __future__ import annotations
@@ -74,13 +76,21 @@ def wait_peers(pad_ptr, rank, slot, max_spins, WORLD: tl.constexpr):
 
 
 @triton.jit
+def rank_buffer(buf_table_ptr, r, buf_offset, DTYPE: tl.constexpr):
+    """Rank r's symmetric buffer, this call's half. The address comes from memory, so the compiler knows
+    nothing of its alignment and would load one element per instruction; the launcher guarantees 16 bytes
+    (symmetric.Ranks.tables checks it), and saying so lets it load 16 bytes (8 bf16) per instruction."""
+    return tl.multiple_of(tl.load(buf_table_ptr + r).to(tl.pointer_type(DTYPE)), 16) + buf_offset
+
+
+@triton.jit
 def publish_rows(x_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols, buf_offset, max_spins,
                  WORLD: tl.constexpr, BLOCK_N: tl.constexpr):
     """Copy this program's rows of x into this rank's symmetric buffer, then signal every peer."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    my_buf = tl.load(buf_table_ptr + rank).to(tl.pointer_type(x_ptr.dtype.element_ty)) + buf_offset
+    my_buf = rank_buffer(buf_table_ptr, rank, buf_offset, x_ptr.dtype.element_ty)
     for row in tl.range(pid, n_rows, tl.num_programs(0)):
         offsets = tl.cast(row, tl.int64) * n_cols + cols   # int64: rows * n_cols can pass 2^31
         tl.store(my_buf + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
@@ -93,7 +103,7 @@ def sum_ranks(buf_table_ptr, offsets, mask, buf_offset, DTYPE: tl.constexpr, WOR
     gets the same bits."""
     acc = tl.zeros(offsets.shape, dtype=tl.float32)
     for r in tl.static_range(WORLD):
-        buf = tl.load(buf_table_ptr + r).to(tl.pointer_type(DTYPE)) + buf_offset
+        buf = rank_buffer(buf_table_ptr, r, buf_offset, DTYPE)
         acc += tl.load(buf + offsets, mask=mask, other=0.0).to(tl.float32)
     return acc
 
