@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
+from checklog import RESULTS, record  # noqa: E402  (tools/gpu_checks, the script's folder)
 
 import course_utils as cu  # noqa: E402
 from course_utils import ops  # noqa: E402
@@ -40,18 +40,6 @@ from course_utils.tuned import launch as L  # noqa: E402
 
 GPU = cu.on_gpu()
 DEV = cu.DEVICE
-RESULTS: list[tuple[str, str, str]] = []
-
-
-def record(name, fn):
-    start = time.perf_counter()
-    try:
-        detail = fn() or ""
-        status = "PASS"
-    except Exception as e:  # noqa: BLE001  (every check runs; the table says which failed)
-        traceback.print_exc()
-        status, detail = "FAIL", f"{type(e).__name__}: {str(e)[:200]}"
-    RESULTS.append((name, status, f"{detail} ({time.perf_counter() - start:.1f} s)"))
 
 
 class CountingCache(dict):

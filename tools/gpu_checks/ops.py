@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -23,24 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from checklog import RESULTS, record  # noqa: E402  (tools/gpu_checks, the script's folder)
 
 import course_utils as cu  # noqa: E402
 from course_utils import ops  # noqa: E402
 from course_utils.kernels.attention import attention_ref  # noqa: E402
 from course_utils.kernels.elementwise import bias_gelu_dropout_ref  # noqa: E402
-
-RESULTS: list[tuple[str, str, str]] = []
-
-
-def record(name, fn):
-    start = time.perf_counter()
-    try:
-        detail = fn() or ""
-        status = "PASS"
-    except Exception as e:  # noqa: BLE001  (every check runs; the table says which failed)
-        traceback.print_exc()
-        status, detail = "FAIL", f"{type(e).__name__}: {str(e)[:160]}"
-    RESULTS.append((name, status, f"{detail} ({time.perf_counter() - start:.1f} s)"))
 
 
 def cases(dtype, B=2, N=128, H=4, hd=64, V=256):
