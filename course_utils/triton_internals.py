@@ -62,6 +62,11 @@ INTERNALS = {i.name: i for i in (
              "JITFunction._pack_args(backend, kwargs, bound_args, specialization, options) -> "
              "(options, signature, constexprs, attrs), as JITFunction.run calls it before compiling",
              "aot (binding a recorded launch for a target GPU)"),
+    Internal("CompiledKernel.__getitem__", WRITTEN_FOR,
+             "kernel[grid](...) (JITFunction.run) returns the triton.compiler.CompiledKernel it launched, and "
+             "compiled[grid](*args) launches it again, args being every parameter in signature order, constexprs "
+             "included (JITFunction.run passes *bound_args.values() to CompiledKernel.run)",
+             "tuned.launch (the course ops' cached launches)"),
     Internal("knobs", WRITTEN_FOR,
              "triton.knobs.runtime.debug and triton.knobs.compilation.instrumentation_mode exist: "
              "JITFunction.run adds them to the launch's keyword arguments", "aot"),
@@ -138,6 +143,13 @@ def _check(name: str) -> str:
             got = _params(JITFunction._pack_args)
             want = ["self", "backend", "kwargs", "bound_args", "specialization", "options"]
             return "" if got == want else f"its parameters are now {got}, expected {want}"
+        if name == "CompiledKernel.__getitem__":
+            from triton.compiler import CompiledKernel
+            from triton.runtime.jit import JITFunction
+            run = inspect.getsource(JITFunction.run)
+            if "bound_args.values()" not in run or "return kernel" not in run:
+                return "JITFunction.run no longer launches *bound_args.values() and returns the compiled kernel"
+            return "" if callable(getattr(CompiledKernel, "__getitem__", None)) else "CompiledKernel[grid] is gone"
         if name == "knobs":
             from triton import knobs
             knobs.runtime.debug, knobs.compilation.instrumentation_mode  # noqa: B018 - attribute check
@@ -212,6 +224,14 @@ def jit_classes():
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
     return JITFunction, Autotuner
+
+
+def compiled_launch_classes():
+    """(JITFunction, CompiledKernel): what ``@triton.jit`` makes and what its launch returns (compiled mode)."""
+    require("JITFunction.run", "CompiledKernel.__getitem__")
+    from triton.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+    return JITFunction, CompiledKernel
 
 
 def launch_classes() -> list[type]:

@@ -40,14 +40,20 @@ from __future__ import annotations
 
 import torch
 from triton import knobs
-from triton.compiler import CompiledKernel
 from triton.knobs import HookChain
-from triton.runtime import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import env
+from ..triton_internals import TritonInternalsError, compiled_launch_classes
 
-ENABLED = True          # False: every launch is the plain kernel[grid](*args, **meta) (checks compare both)
+try:   # the one documented place for Triton's internals; a Triton that breaks their assumptions: plain launches
+    JITFunction, CompiledKernel = compiled_launch_classes()
+    _INTERNALS_OK = True
+except TritonInternalsError:
+    JITFunction = CompiledKernel = type(None)
+    _INTERNALS_OK = False
+
+ENABLED = _INTERNALS_OK  # False: every launch is the plain kernel[grid](*args, **meta) (checks compare both)
 MAX_ENTRIES = 4096      # compiled launches kept; the cache is emptied when it holds more
 _CACHE: dict = {}
 _TENSORS = (torch.Tensor, torch.nn.Parameter)   # exact types: a tensor subclass may mean another data_ptr
@@ -58,7 +64,7 @@ COMPILED_TYPES: tuple = (CompiledKernel,)
 current_device = torch.cuda.current_device
 # JITFunction.run as Triton defines it: a launch counter or recorder that replaces it (course_utils.profile's
 # triton_launch_hook, aot's pretend launches) must see every launch, so then every launch is the plain one
-PLAIN_RUN = JITFunction.run
+PLAIN_RUN = getattr(JITFunction, "run", None)
 
 
 def launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
