@@ -227,6 +227,10 @@ def _kernels_with_their_ops(events, DeviceType):
     (``linked_correlation_id``: operator ids are the correlation ids, while runtime calls such as
     cudaLaunchKernel link to an operator themselves); older releases list the kernels on the
     operator instead (``FunctionEvent.kernels``)."""
+    # a record_function range (an optimizer's "Optimizer.step#AdamW.step") also shows on the GPU's timeline under
+    # the CPU range's name: it spans kernels, it is not one, and counting it would count them twice
+    ranges = {e.name for e in events if e.device_type == DeviceType.CPU}
+    events = [e for e in events if e.device_type != DeviceType.CUDA or e.name not in ranges]
     if events and not hasattr(events[0], "linked_correlation_id"):
         attached: Counter = Counter()
         for e in events:

@@ -200,3 +200,8 @@ def test_kernels_are_tied_to_their_operators_on_either_profiler_api():
            for n, us in (("sm90_gemm", 12.5), ("multi_tensor_adamw_kernel", 40.0))]
     got = list(profile._kernels_with_their_ops([old_linear, old_mm, *dev], DeviceType))
     assert got == [("sm90_gemm", ["aten::mm", "aten::linear"], 12.5), ("multi_tensor_adamw_kernel", [], 40.0)]
+    # a record_function range on the GPU's timeline (the optimizer's step) spans kernels: it is not counted as one
+    step = NS(name="MasterAdamW.step", cpu_parent=None, device_type=DeviceType.CPU, kernels=[])
+    gpu_range = NS(name="MasterAdamW.step", device_type=DeviceType.CUDA, time_range=NS(elapsed_us=lambda: 41.0))
+    got = list(profile._kernels_with_their_ops([old_linear, old_mm, step, *dev, gpu_range], DeviceType))
+    assert got == [("sm90_gemm", ["aten::mm", "aten::linear"], 12.5), ("multi_tensor_adamw_kernel", [], 40.0)]
