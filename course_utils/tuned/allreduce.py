@@ -83,7 +83,8 @@ def wait_all(pad_ptr, rank, slot, max_spins, WORLD: tl.constexpr, WORLD_P2: tl.c
     while (came < 1) & (spins < max_spins):
         came = tl.min(tl.where(peer, tl.load(flags, mask=peer, other=0, volatile=True), 1), axis=0)
         spins += 1
-    tl.atomic_add(flags, -1, mask=peer & (came >= 1), sem="acquire", scope="sys")
+    take = peer & (tl.zeros_like(lanes) + came >= 1)   # a vector mask (the 3.9 interpreter refuses a broadcast scalar)
+    tl.atomic_add(flags, -1, mask=take, sem="acquire", scope="sys")
     tl.debug_barrier()   # no thread reads a peer's rows before the counts were taken
     return came >= 1
 
