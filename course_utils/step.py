@@ -16,7 +16,9 @@ same kernels in the same order (:func:`grads_match` checks that, and tests/test_
 
 :class:`HandStep` supports :class:`course_utils.gpt.GPT` without autocast (bf16 weights and
 :class:`course_utils.tuned.adamw.MasterAdamW` on a GPU; float32 or float16 weights on the CPU), a
-residual stream in the weights' dtype, and training only (no KV cache, no dropout).
+residual stream in the weights' dtype or in float32 (``gpt.bf16_weights(model, torch.float32)``: the fused
+add + LayerNorm keeps the sum in float32, each branch reads and returns its own dtype), and training only
+(no KV cache, no dropout).
 """
 
 from __future__ import annotations
@@ -80,10 +82,13 @@ class HandStep:
         if gpt.uses_autocast(model) and next(model.parameters()).is_cuda:
             raise ValueError("HandStep runs without autocast: convert the model with gpt.bf16_weights(model) "
                              "first (bf16 weights, float32 masters in the optimizer)")
-        if model.residual_dtype not in (None, next(model.parameters()).dtype):
-            raise ValueError(f"HandStep keeps the residual stream in the weights' dtype; this model asks for "
-                             f"{model.residual_dtype}")
+        compute = next(model.parameters()).dtype
+        if model.residual_dtype not in (None, compute, torch.float32):
+            raise ValueError(f"HandStep keeps the residual stream in the weights' dtype or in float32; this model "
+                             f"asks for {model.residual_dtype}")
         self.model, self.opt = model, opt
+        self.compute = compute
+        self.residual = model.residual_dtype or compute   # the stream's dtype: float32 is what autocast keeps
         cfg = model.cfg
         self.n_head, self.eps, self.scale = cfg.n_head, cfg.eps, cfg.head_dim ** -0.5
 
@@ -98,9 +103,10 @@ class HandStep:
         if N > m.cfg.seq_len:
             raise ValueError(f"sequence of {N} tokens is longer than the model's seq_len={m.cfg.seq_len}")
         pos = torch.arange(N, device=idx.device)
-        x = m.wte.weight[idx] + m.wpe.weight[pos]
+        x = (m.wte.weight[idx] + m.wpe.weight[pos]).to(self.residual)
         first = m.blocks[0].ln1
         h, mean0, rstd0 = Nm.layer_norm_fwd(x, first.weight, first.bias, eps)
+        h = h.to(self.compute)   # a wider stream: its first LayerNorm's output in the branches' dtype
         ctx = {"x0": x, "mean0": mean0, "rstd0": rstd0, "pos": pos, "blocks": []}
         for i, blk in enumerate(m.blocks):
             qkv = _linear(h, blk.qkv)
@@ -129,20 +135,21 @@ class HandStep:
             # h, x = add_layer_norm(out(f), s1): both inputs of the add get ds
             ds, nxt.weight.grad, nxt.bias.grad = Nm.add_layer_norm_bwd(dh, dres, sv.s2, nxt.weight, sv.mean2,
                                                                        sv.rstd2)
-            df = _linear_backward(ds, sv.f, blk.out)
+            df = _linear_backward(ds.to(self.compute), sv.f, blk.out)   # the branch's copy of ds in its dtype
             dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(df, sv.h2, blk.fc.weight, blk.fc.bias,
                                                                           sv.acc)
             # h2, s1 = add_layer_norm(proj(o2), x)
             dres, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(dh2, ds, sv.s1, blk.ln2.weight,
                                                                                  sv.mean1, sv.rstd1)
-            do2 = _linear_backward(dres, sv.o2, blk.proj)
+            do2 = _linear_backward(dres.to(self.compute), sv.o2, blk.proj)
             do = do2.view(sv.o.shape[0], sv.o.shape[2], sv.o.shape[1], sv.o.shape[3]).transpose(1, 2)
             dqkv = A.attention_qkv_bwd(do, sv.qkv, sv.o, sv.lse, self.n_head, True, self.scale)
             dh = _linear_backward(dqkv, sv.h1, blk.qkv)
         first = m.blocks[0].ln1
-        dx, first.weight.grad, first.bias.grad = Nm.layer_norm_bwd(dh, ctx["x0"], first.weight, ctx["mean0"],
-                                                                   ctx["rstd0"])
+        dx, first.weight.grad, first.bias.grad = Nm.layer_norm_bwd(dh.to(self.residual), ctx["x0"], first.weight,
+                                                                   ctx["mean0"], ctx["rstd0"])
         dx += dres                                    # x0 feeds the first LayerNorm and the residual stream
+        dx = dx.to(self.compute)                      # the embeddings' sum was cast to the stream's dtype
         V, P = m.wte.weight.shape[0], m.wpe.weight.shape[0]
         dwte += torch.ops.aten.embedding_dense_backward(dx, idx, V, _NO_PADDING, False)
         m.wte.weight.grad = dwte                      # the tied head's gradient plus the embedding's

@@ -35,6 +35,16 @@ def test_hand_gradients_equal_autograd(dtype):
     assert diffs[worst] <= TOL[dtype], f"{worst}: {diffs[worst]:.2e}"
 
 
+def test_a_float32_residual_stream_by_hand_equals_autograd():
+    """Half-precision weights and branches, the residual stream in float32 (what autocast keeps): the
+    stream's gradient stays float32 and each branch gets its own dtype's copy, as autograd's casts do."""
+    m = _model(torch.float16)
+    m.residual_dtype = torch.float32
+    diffs = step.grads_match(m, *_batch(m.cfg))
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] <= TOL[torch.float16], f"{worst}: {diffs[worst]:.2e}"
+
+
 def test_a_dropped_residual_gradient_is_caught(monkeypatch):
     """The fault a hand-written backward invites: the residual stream's gradient not carried through
     the fused add + LayerNorm (its ds input dropped). The comparison must see it."""
@@ -62,7 +72,7 @@ def test_hand_training_follows_the_autograd_step():
 
 
 def test_refusals_say_what_is_expected():
-    m = _model()
+    m = _model(torch.float16)
     m.residual_dtype = torch.float64
     with pytest.raises(ValueError, match="residual stream"):
         step.HandStep(m, None)
