@@ -69,7 +69,8 @@ INTERNALS = {i.name: i for i in (
              "tuned.launch (the course ops' cached launches)"),
     Internal("knobs", WRITTEN_FOR,
              "triton.knobs.runtime.debug and triton.knobs.compilation.instrumentation_mode exist: "
-             "JITFunction.run adds them to the launch's keyword arguments", "aot"),
+             "JITFunction.run adds them to the launch's keyword arguments; knobs.runtime.launch_enter_hook is None "
+             "or a HookChain with .calls", "aot, tuned.launch (hook check, cache key)"),
     Internal("compiler", WRITTEN_FOR,
              "triton.compiler exports ASTSource(fn, signature, constexprs, attrs) and make_backend(target); "
              "triton.backends.compiler exports GPUTarget(backend, arch, warp_size); triton.compile(src, "
@@ -228,10 +229,23 @@ def jit_classes():
 
 def compiled_launch_classes():
     """(JITFunction, CompiledKernel): what ``@triton.jit`` makes and what its launch returns (compiled mode)."""
-    require("JITFunction.run", "CompiledKernel.__getitem__")
+    require("JITFunction.run", "CompiledKernel.__getitem__", "knobs")
     from triton.compiler import CompiledKernel
     from triton.runtime.jit import JITFunction
     return JITFunction, CompiledKernel
+
+
+def launch_hook_set() -> bool:
+    """Whether a launch-enter hook is set (a profiler's); Triton 3.6 keeps an empty ``HookChain`` when none is."""
+    from triton import knobs  # checked once by compiled_launch_classes (a per-launch check would cost host time)
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and (type(hook).__name__ != "HookChain" or bool(getattr(hook, "calls", True)))
+
+
+def launch_knobs() -> tuple:
+    """The knobs ``JITFunction.run`` adds to every launch's options (debug, instrumentation mode)."""
+    from triton import knobs
+    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
 
 
 def launch_classes() -> list[type]:

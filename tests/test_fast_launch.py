@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import triton.language as tl
+from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_utils import env
@@ -138,7 +139,7 @@ def test_unsupported_layouts_always_take_the_plain_path(fake, monkeypatch, case)
     if case == "autotuner":
         monkeypatch.setattr(L, "JIT_TYPES", ())
     elif case == "hook":
-        monkeypatch.setattr(L.knobs.runtime.launch_enter_hook, "calls", [lambda metadata: None])
+        monkeypatch.setattr(knobs.runtime.launch_enter_hook, "calls", [lambda metadata: None])
     elif case == "pre-run hook":
         k.pre_run_hooks.append(lambda *a, **kw: None)
     elif case == "other type":
@@ -195,7 +196,7 @@ def test_the_cache_is_bounded(fake, monkeypatch):
 
 
 def test_a_plain_hook_is_a_hook(fake, monkeypatch):
-    monkeypatch.setattr(L.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     k, x, y = FakeKernel(_sig), _buf(), _buf()
     _call(k, x, y)
     _call(k, x, y)

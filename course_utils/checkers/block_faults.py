@@ -4,6 +4,10 @@ each usual mistake, made of the block's saved activations one op at a time with 
 :func:`reference` is the right answer, or with ``fault`` one of :data:`FLOW_FAULTS` (a gradient that
 misses one of its paths through the block's two adds); :func:`tensor_faults` names a mistake that
 touches one tensor only (a transposed or misplaced GEMM, a bias averaged, LayerNorm's two swapped).
+
+Not a checker itself: nothing here takes a student's function. The one check that uses it,
+``checkers.hand_step.check_block_backward``, first refuses the course's answer (``HandStep``'s backward,
+``course_utils.step``'s helpers, autograd) by source and at run time.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ The first call of a key goes through ``kernel[grid]``, which checks, compiles an
 Anything this module does not map goes through ``kernel[grid]`` every time and is not cached: the
 interpreter (``env.on_gpu()`` false), ``ENABLED = False``, a kernel that is not a plain ``JITFunction``
 (an autotuner, heuristics) or has pre-run hooks, ``JITFunction.run`` replaced by a launch counter
-(``course_utils.profile.count_launches`` counts every launch), a ``knobs.runtime.launch_enter_hook`` set (a profiler
+(``course_utils.profile.count_launches`` counts every launch), a launch-enter hook set (a profiler
 sees the plain launch), a grid that is not a tuple of ints, an argument of another type (a
 tensor subclass, a tuple), a non-constexpr parameter passed by keyword, a constexpr passed
 positionally that is not an int, bool or None, a parameter missing with no default. One thing
@@ -39,12 +39,10 @@ works on any stream and inside a CUDA graph capture.
 from __future__ import annotations
 
 import torch
-from triton import knobs
-from triton.knobs import HookChain
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import env
-from ..triton_internals import TritonInternalsError, compiled_launch_classes
+from ..triton_internals import TritonInternalsError, compiled_launch_classes, launch_hook_set, launch_knobs
 
 try:   # the one documented place for Triton's internals; a Triton that breaks their assumptions: plain launches
     JITFunction, CompiledKernel = compiled_launch_classes()
@@ -79,13 +77,13 @@ def launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
 def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
     """:func:`launch` without its mode check (the tests drive it with fake kernels on the CPU)."""
     spec = specialization(args)
-    if (spec is None or type(kernel).run is not PLAIN_RUN or _hooked(knobs.runtime.launch_enter_hook)
+    if (spec is None or type(kernel).run is not PLAIN_RUN or launch_hook_set()
             or type(grid) is not tuple):
         kernel[grid](*args, **meta)
         return
     try:
-        full_key = (kernel, key, grid, spec, tuple(meta.items()), tuple(map(type, meta.values())), knobs.runtime.debug,
-                    knobs.compilation.instrumentation_mode, current_device())
+        full_key = (kernel, key, grid, spec, tuple(meta.items()), tuple(map(type, meta.values())), launch_knobs(),
+                    current_device())
         entry = _CACHE.get(full_key)
     except TypeError:    # something unhashable in the key or in meta: not cached
         kernel[grid](*args, **meta)
@@ -101,11 +99,6 @@ def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
     if len(_CACHE) >= MAX_ENTRIES:
         _CACHE.clear()
     _CACHE[full_key] = (compiled[grid + (1,) * (3 - len(grid))], tail)
-
-
-def _hooked(hook) -> bool:
-    """Whether a launch-enter hook is set (Triton 3.6 keeps an empty ``HookChain`` there when none is)."""
-    return hook is not None and (type(hook) is not HookChain or bool(hook.calls))
 
 
 def specialization(args: tuple):
