@@ -130,6 +130,15 @@ def guarded_copy(x: torch.Tensor) -> Guarded:
     return Guarded(x.shape, x.dtype, device=x.device, fill=x)
 
 
+def nan_tailed(x: torch.Tensor, tail: int = GUARD) -> torch.Tensor:
+    """A copy of the 1-D ``x`` followed in memory by ``tail`` NaNs: a kernel that reads past its end without a
+    mask takes a NaN into its result, on a GPU too, where no load is inspected (a guard's random bits would be
+    finite and could vanish, multiplied by a masked zero)."""
+    buf = torch.full((x.numel() + tail,), float("nan"), dtype=x.dtype, device=x.device)
+    buf[:x.numel()] = x
+    return buf[:x.numel()]
+
+
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
 

@@ -12,6 +12,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import time
 
 import torch
 
@@ -53,23 +54,32 @@ def per_op(calls: int, top: int):
         print(f"\n=== {name}: forward + backward, per call (cProfile)\n{_top(prof, top, calls)}", flush=True)
 
 
-def step(config: str, top: int):
+def step(config: str, top: int, hand: bool = False):
+    from course_utils.step import HandStep
     cfg, batch, _ = T.CONFIGS[config]
     model = T._model(cfg, "course")
     opt = gpt.optimizer(model)
     x, y = T._batch(cfg, gpt.tokens(), batch=batch)
+    run = HandStep(model, opt) if hand else (lambda a, b: gpt.train_step(model, opt, a, b))
+    name = "step by hand" if hand else "autograd step"
     for _ in range(3):
-        gpt.train_step(model, opt, x, y)
+        run(x, y)
     torch.cuda.synchronize()
+    n = 5
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run(x, y)
+    host = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize()
+    print(f"\n=== course {name} {config}: host {host:.2f} ms per step without cProfile", flush=True)
     prof = cProfile.Profile()
-    n = 3
     prof.enable()
     for _ in range(n):
-        gpt.train_step(model, opt, x, y)
+        run(x, y)
     prof.disable()
     torch.cuda.synchronize()
-    print(f"\n=== course step {config}, per step, by own time\n{_top(prof, top, n)}")
-    print(f"\n=== course step {config}, per step, by cumulative time\n{_top(prof, top, n, 'cumtime')}", flush=True)
+    print(f"\n=== course {name} {config}, per step, by own time\n{_top(prof, top, n)}")
+    print(f"\n=== course {name} {config}, per step, by cumulative time\n{_top(prof, top, n, 'cumtime')}", flush=True)
 
 
 def main():
@@ -78,10 +88,13 @@ def main():
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--config", default="gpt2-b8")
     ap.add_argument("--skip-step", action="store_true")
+    ap.add_argument("--skip-ops", action="store_true")
     a = ap.parse_args()
-    per_op(a.calls, a.top)
+    if not a.skip_ops:
+        per_op(a.calls, a.top)
     if not a.skip_step:
         step(a.config, 3 * a.top)
+        step(a.config, 3 * a.top, hand=True)
     import pandas as pd
     pd.set_option("display.width", 200)
     print(ops.host_overhead_table().round(1).to_string())
