@@ -12,11 +12,14 @@ compiled, which skips the dispatcher's Python path (tens of microseconds a call,
 :func:`course_utils.ops.host_overhead_table`). The backward reaches the backward kernels through
 ``ctx.bwd``: the registered op when autograd runs the op, the plain function on the fast path.
 
-Why ``custom_op`` and not ``triton_op`` + ``wrap_triton`` (which would let Inductor see inside the
-kernels): the course's CI runs every kernel under Triton's interpreter on CPU tensors, and there a
-``triton_op`` fails ``opcheck``'s fake-tensor test and ``torch.compile`` (the interpreter asks the fake
-tensors for data pointers; tried with torch 2.13 and Triton 3.6). A custom op is opaque to Inductor,
-which still fuses the code around it.
+On a GPU (``INDUCTOR_SEES_KERNELS``) every kernel op is a ``torch.library.triton_op``: eager calls run the
+same function, and while ``torch.compile`` traces, the function runs on functional tensors and each launch
+becomes ``wrap_triton(kernel)[grid](...)`` (:func:`course_utils.tuned.launch.launch` does that), so the
+compiled graph holds the kernels themselves and Inductor's generated code launches them, with no Python of
+the course's per call. Under Triton's interpreter (the CPU, CI) the ops stay ``custom_op``s, opaque to
+Inductor: there a ``triton_op`` fails ``opcheck``'s fake-tensor test and ``torch.compile`` (the
+interpreter asks the fake tensors for data pointers; tried with torch 2.13 and Triton 3.6), and Inductor
+launches user kernels on GPUs only. ``COURSE_OPAQUE_OPS=1`` keeps the custom ops on a GPU too (to compare).
 
 The ops launch their hot kernels through :func:`launch` (:mod:`course_utils.tuned.launch`): on a GPU it
 keeps the compiled kernel that ``kernel[grid]`` found for each specialization and calls it directly,
@@ -26,26 +29,62 @@ It lives on the tuned shelf, not here, so that tuned modules can import it witho
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Callable
 
 import torch
 
-from ..tuned.launch import launch  # noqa: F401  (the ops' hot launches: course_utils.tuned.launch says why)
+from .. import env
+from ..tuned.launch import launch, traced  # noqa: F401  (the ops' hot launches: course_utils.tuned.launch says why)
 
 NAMESPACE = "course"
+#: whether torch.compile sees the ops' kernels (triton_op) or calls each op as one opaque custom op
+INDUCTOR_SEES_KERNELS = env.on_gpu() and os.environ.get("COURSE_OPAQUE_OPS", "0") in ("", "0")
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 _DEFINED: dict[str, object] = {}
+KERNEL_OPS: dict[str, tuple[str, Callable]] = {}   # name -> (schema, impl) of every kernel op
 
 
 def kernel_op(name: str, schema: str, impl: Callable, fake: Callable):
     """``course::<name>`` running ``impl``, with ``fake`` for tracing (registered once per process)."""
     if name in _DEFINED:
         return _DEFINED[name]
-    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)
-    op.register_fake(fake)
+    KERNEL_OPS[name] = (schema, impl)
+    if INDUCTOR_SEES_KERNELS:   # the schema comes from the annotations: give impl the schema's own
+        op = torch.library.triton_op(f"{NAMESPACE}::{name}", annotated(impl, schema), mutates_args=())
+    else:
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)   # (for triton_op, in place of impl itself: ours also takes symbolic shapes)
     _DEFINED[name] = op
     _inductor_fast_fallback(name)
     return op
+
+
+_PY_TYPES = {"Tensor": torch.Tensor, "Optional[Tensor]": torch.Tensor | None, "float": float, "int": int, "bool": bool}
+
+
+def annotated(impl: Callable, schema: str) -> Callable:
+    """``impl`` behind a signature annotated as ``schema`` says ("(Tensor x, float eps) -> (Tensor, Tensor)"):
+    ``triton_op`` infers an op's schema from its function's annotations, and the course writes schemas. (The
+    inferred schema says SymInt where ``schema`` says int: an int annotation is inferred as SymInt.)"""
+    parsed = torch._C.parse_schema(f"{NAMESPACE}::_{schema}")
+
+    def py(t) -> type:
+        return _PY_TYPES[str(t)]
+
+    params = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=py(a.type),
+                                default=a.default_value if a.has_default_value() else inspect.Parameter.empty)
+              for a in parsed.arguments]
+    rets = [py(r.type) for r in parsed.returns]
+    ret = rets[0] if len(rets) == 1 else tuple.__class_getitem__(tuple(rets))
+
+    def fn(*args, **kwargs):
+        return impl(*args, **kwargs)
+
+    fn.__signature__ = inspect.Signature(params, return_annotation=ret)
+    fn.__name__, fn.__doc__ = impl.__name__, impl.__doc__
+    return fn
 
 
 def _inductor_fast_fallback(name: str) -> None:
@@ -136,6 +175,8 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def tracing() -> bool:
-    """Whether torch.compile is tracing: launch plans are then looked up or taken by rule, never timed."""
-    return torch.compiler.is_compiling()
+def tracing(*ts) -> bool:
+    """Whether torch.compile is tracing (or ``ts`` hold a tracer's tensors: a triton_op's function runs on
+    functional tensors while AOTAutograd traces it): launch plans are then looked up or taken by rule,
+    never timed."""
+    return torch.compiler.is_compiling() or any(traced(t) for t in ts)

@@ -73,7 +73,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     cfg = PLANS.get(key)
     if cfg is None:
         cands = F_.attention_configs(hardware.device_info(q), D, q.dtype, causal)
-        if _lib.tracing():
+        if _lib.tracing(q):
             cfg = cands[0]
         else:
             cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
@@ -101,7 +101,7 @@ def _bwd_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
     cfg = PLANS.get(key)
     if cfg is None:
         cands = B_.backward_configs(hardware.device_info(q), q.shape[-1], q.dtype)
-        if _lib.tracing():
+        if _lib.tracing(q):
             cfg = cands[0]
         else:
             cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,

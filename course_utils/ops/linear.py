@@ -52,7 +52,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, g
     if cfg is None:
         tma_ok = G._tma_layout(a) is not None and G._tma_layout(b) is not None
         cands = G.gemm_configs(hardware.device_info(a), M, N, K, a.dtype, tma_ok)
-        cfg = cands[0] if _lib.tracing() else G._choose(cands, a, b, c, bias, M, N, K, 0.0, 0, gelu)
+        cfg = cands[0] if _lib.tracing(a) else G._choose(cands, a, b, c, bias, M, N, K, 0.0, 0, gelu)
         PLANS[key] = cfg
     G._launch(cfg, a, b, c, bias, M, N, K, 0.0, 0, gelu)
     return c
@@ -86,11 +86,13 @@ def _plan_key(x, weight):
 def _plan(x, weight, bias) -> str:
     if _FORCED:
         return _FORCED[-1]
+    if _lib.INDUCTOR_SEES_KERNELS and _lib.tracing(x):
+        return "cublas"   # Inductor's graph: cuBLAS's GEMM and the epilogue kernel (the GEMM plan's TMA is not traced)
     key = _plan_key(x, weight)
     plan = PLANS.get(key)
     if plan is None:
         _check(x, weight, bias)
-        if _lib.tracing():
+        if _lib.tracing(x):
             return "cublas"
         timed = env.on_gpu() and x.numel() > 0
         plan = PLANS[key] = _time_plans(x, weight, bias, key) if timed else "cublas"
@@ -126,7 +128,8 @@ def _fake_fwd(x, weight, bias):
     _check(x, weight, bias)
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
     try:   # symbolic shapes (dynamic tracing) cannot key the plans: the rule's plan
-        plan = _FORCED[-1] if _FORCED else PLANS.get(_plan_key(x, weight), "cublas")
+        plan = _FORCED[-1] if _FORCED else "cublas" if _lib.INDUCTOR_SEES_KERNELS else \
+            PLANS.get(_plan_key(x, weight), "cublas")
     except TypeError:
         plan = "cublas"
     return y, (x.new_empty((0,)) if plan == "gemm" else x.new_empty((x.numel() // max(x.shape[-1], 1),

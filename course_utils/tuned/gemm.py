@@ -36,6 +36,7 @@ from ..kernels.gemm import (
     tile_matmul,
 )
 from . import choice
+from .launch import aligned16
 
 
 @triton.jit
@@ -196,7 +197,7 @@ def gemm_configs(info: hardware.DeviceInfo, M: int, N: int, K: int, dtype: torch
 
 def _tma_layout(t: torch.Tensor):
     """(transposed, leading stride) when ``t`` can be a tensor descriptor's source, else None."""
-    if t.data_ptr() % 16:
+    if not aligned16(t):
         return None
     for transposed, (inner, outer) in ((False, t.stride()[::-1]), (True, t.stride())):
         if inner == 1 and (outer * t.element_size()) % 16 == 0 and outer >= 1:

@@ -30,6 +30,10 @@ positionally that is not an int, bool or None, a parameter missing with no defau
 ``JITFunction.run`` checks that the cached call does not: that the kernel's global constants have not
 changed since it was compiled (the course never rebinds them; the first call of each key still checks).
 
+While ``torch.compile`` traces a ``triton_op`` (the ops on a GPU, :mod:`course_utils.ops._lib`), the tensors are a
+tracer's (functional, fake: :func:`traced`), and the launch is ``torch.library.wrap_triton(kernel)[grid]``:
+the compiled graph records the kernel and its arguments, and Inductor's code launches it.
+
 The cache holds at most ``MAX_ENTRIES`` compiled launches and is emptied when full (ints that change on
 every call, a seed or a step, would make a new key every call: they cost one plain launch each, never
 unbounded memory). The stream is looked up at every launch, as ``kernel[grid]`` does, so the same call
@@ -39,6 +43,8 @@ works on any stream and inside a CUDA graph capture.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import env
@@ -56,6 +62,7 @@ MAX_ENTRIES = 4096      # compiled launches kept; the cache is emptied when it h
 _CACHE: dict = {}
 _TENSORS = (torch.Tensor, torch.nn.Parameter)   # exact types: a tensor subclass may mean another data_ptr
 _MISSING = object()
+_TRACERS = (FunctionalTensor, FakeTensor)
 # the types these names stand for, replaced by fakes in the tests of the cache logic (no GPU there)
 JIT_TYPES: tuple = (JITFunction,)
 COMPILED_TYPES: tuple = (CompiledKernel,)
@@ -69,9 +76,32 @@ def launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
     """``kernel[grid](*args, **meta)``, through the compiled kernel kept for this specialization when there is
     one (on a GPU only). ``key``: the call site's plan key (hashable), added to the specialization."""
     if not ENABLED or not env.on_gpu():
-        kernel[grid](*args, **meta)
+        plain_launch(kernel, grid, args, meta)
         return
     fast_launch(kernel, key, grid, args, meta)
+
+
+def traced(t) -> bool:
+    """Whether ``t`` is a tracer's tensor (functional or fake: what AOTAutograd traces with), with no data."""
+    return isinstance(t, _TRACERS)
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    """Whether ``t``'s data starts on a 16-byte boundary; for a tracer's tensor, whether its offset keeps the
+    boundary of its storage (which the allocator aligns): it has no data pointer."""
+    if traced(t):
+        return t.storage_offset() * t.element_size() % 16 == 0
+    return t.data_ptr() % 16 == 0
+
+
+def plain_launch(kernel, grid, args: tuple, meta: dict) -> None:
+    """``kernel[grid](*args, **meta)``; while torch.compile traces (a tracer's tensor among ``args``),
+    ``wrap_triton(kernel)[grid](...)``, which records the launch in the graph instead."""
+    for a in args:
+        if traced(a):
+            torch.library.wrap_triton(kernel)[grid](*args, **meta)
+            return
+    kernel[grid](*args, **meta)
 
 
 def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
@@ -79,7 +109,7 @@ def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
     spec = specialization(args)
     if (spec is None or type(kernel).run is not PLAIN_RUN or launch_hook_set()
             or type(grid) is not tuple):
-        kernel[grid](*args, **meta)
+        plain_launch(kernel, grid, args, meta)
         return
     try:
         full_key = (kernel, key, grid, spec, tuple(meta.items()), tuple(map(type, meta.values())), launch_knobs(),
@@ -160,4 +190,5 @@ def size() -> int:
     return len(_CACHE)
 
 
-__all__ = ["launch", "fast_launch", "specialization", "clear", "size", "ENABLED", "MAX_ENTRIES"]
+__all__ = ["launch", "fast_launch", "plain_launch", "traced", "aligned16", "specialization", "clear", "size",
+           "ENABLED", "MAX_ENTRIES"]

@@ -1,0 +1,76 @@
+"""The ops that Inductor can see (course_utils/ops/_lib.py): on a GPU each kernel op is a ``triton_op`` whose
+schema is inferred from ``annotated(impl, schema)``, and a launch with a tracer's tensors is recorded with
+``wrap_triton``. On the CPU the ops stay custom ops; these tests check the pieces the GPU path is made of."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import course_utils.ops  # noqa: F401  (registers every op)
+import course_utils.ops.dropout  # noqa: F401
+import course_utils.ops.linear_ce  # noqa: F401
+from course_utils.ops import _lib
+from course_utils.ops import norms as Nm
+from course_utils.tuned import launch as L
+
+
+@pytest.mark.parametrize("name", sorted(_lib.KERNEL_OPS))
+def test_annotated_impl_infers_the_declared_schema(name):
+    schema, impl = _lib.KERNEL_OPS[name]
+    inferred = torch.library.infer_schema(_lib.annotated(impl, schema), mutates_args=())
+    assert inferred.replace("SymInt", "int") == schema
+
+
+def test_annotated_keeps_defaults_and_calls_impl():
+    seen = []
+    fn = _lib.annotated(lambda x, n, eps=0.5: seen.append((n, eps)) or x, "(Tensor x, int n, float eps=0.5) -> Tensor")
+    assert torch.library.infer_schema(fn, mutates_args=()) == "(Tensor x, SymInt n, float eps=0.5) -> Tensor"
+    t = torch.ones(2)
+    assert fn(t, 3) is t and seen == [(3, 0.5)]
+
+
+def test_a_triton_op_made_from_an_impl_runs_eagerly():
+    """What kernel_op registers on a GPU, here under a test namespace: the eager call runs the course's kernels."""
+    schema, impl = _lib.KERNEL_OPS["layer_norm_fwd"]
+    op = torch.library.triton_op("coursetest::layer_norm_fwd", _lib.annotated(impl, schema), mutates_args=())
+    x, w, b = torch.randn(5, 24), torch.randn(24), torch.randn(24)
+    y, mean, rstd = op(x, w, b, 1e-5)
+    want = torch.nn.functional.layer_norm(x.double(), (24,), w.double(), b.double(), 1e-5)
+    assert torch.allclose(y.double(), want, atol=1e-5, rtol=1e-5)
+    y2, _, _ = Nm.layer_norm_fwd(x, w, b, 1e-5)
+    assert torch.equal(y, y2)
+
+
+def test_a_tracers_tensor_is_traced_and_its_alignment_comes_from_its_offset():
+    with FakeTensorMode():
+        t = torch.empty(64, dtype=torch.float16)
+        assert L.traced(t) and _lib.tracing(t)
+        assert L.aligned16(t) and L.aligned16(t[8:]) and not L.aligned16(t[3:])
+    plain = torch.empty(64)
+    assert not L.traced(plain) and not L.traced(torch.nn.Parameter(plain)) and not L.traced(3)
+    assert L.aligned16(plain) == (plain.data_ptr() % 16 == 0)
+
+
+def test_a_launch_with_a_tracers_tensor_goes_through_wrap_triton(monkeypatch):
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append(("plain", grid))
+
+    def wrap(kernel):
+        assert isinstance(kernel, Kernel)
+        return {(4,): lambda *a, **k: calls.append(("wrapped", k))}
+
+    monkeypatch.setattr(torch.library, "wrap_triton", wrap)
+    with FakeTensorMode():
+        fake = torch.empty(8)
+    L.plain_launch(Kernel(), (4,), (fake, 8), {"BLOCK": 4})
+    L.plain_launch(Kernel(), (4,), (torch.empty(8), 8), {"BLOCK": 4})
+    assert calls == [("wrapped", {"BLOCK": 4}), ("plain", (4,))]
+
+
+def test_cpu_ops_stay_opaque_custom_ops():
+    assert not _lib.INDUCTOR_SEES_KERNELS   # the interpreter: Inductor does not launch user kernels on the CPU
