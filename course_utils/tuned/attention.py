@@ -24,7 +24,7 @@ from .. import env, hardware
 from ..kernels.attention import DTYPES, LOG2E, MAX_HEAD_DIM, block_d, head_offset, prepare, tile_offsets
 from . import choice
 from .choice import CHOICE_ROUNDS  # noqa: F401  (course_utils.kernels.attention forwards it)
-from .launch import aligned16, launch
+from .launch import aligned16, launch, traced
 
 
 @triton.jit
@@ -231,8 +231,10 @@ _BEST: dict = {}  # (device, shape class, dtype, causal) -> TileConfig, filled b
 
 
 def tma_ok(*ts) -> bool:
-    """Tensor descriptors need a unit last stride and 16-byte aligned base and other strides."""
-    return all(t.stride(-1) == 1 and aligned16(t)
+    """Tensor descriptors need a unit last stride and 16-byte aligned base and other strides. While
+    torch.compile traces, none: Inductor's build of the descriptor kernels failed (torch 2.11, an H100), so
+    its graph launches the pointer tiles."""
+    return not any(traced(t) for t in ts) and all(t.stride(-1) == 1 and aligned16(t)
                and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]) for t in ts)
 
 
@@ -284,7 +286,7 @@ def _launch_plan(cfg: TileConfig, q, k, v, o, lse, causal):
     shapes, strides, dtype and device of q, k, v, whether their data pointers are 16-byte aligned, lse and
     causal."""
     key = (cfg, q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
-           aligned16(q), aligned16(k), aligned16(v), lse is None, bool(causal))
+           aligned16(q), aligned16(k), aligned16(v), lse is None, bool(causal), traced(q))
     plan = _LAUNCH_PLANS.get(key)
     if plan is None:
         B, H, N, D = q.shape

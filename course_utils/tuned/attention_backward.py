@@ -31,7 +31,7 @@ from ..kernels.attention_backward import (
     row_delta,  # noqa: F401  (importable from here, as before)
 )
 from .attention import choose, flash_attention, load_tile, tma_ok
-from .launch import aligned16, launch
+from .launch import aligned16, launch, traced
 
 
 @triton.jit
@@ -332,7 +332,7 @@ def _launch_plan(cfg: BwdConfig, q, k, v, do, causal):
     of the tiles, the shapes, strides, dtype and device of q, k, v, do, whether their pointers are 16-byte
     aligned, and causal."""
     key = (cfg, q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), q.dtype, q.device, bool(causal),
-           aligned16(q), aligned16(k), aligned16(v), aligned16(do))
+           aligned16(q), aligned16(k), aligned16(v), aligned16(do), traced(q))
     plan = _LAUNCH_PLANS.get(key)
     if plan is None:
         B, H, N, D = q.shape

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from ..kernels import fused_classifier as K
 from ..traffic.classifier import CHUNK_BYTES, ROW_MULTIPLE, chunk_rows_for  # the chunk rule is a bytes rule
-from .launch import launch
+from .launch import launch, traced
 
 __all__ = ["CHUNK_BYTES", "ROW_MULTIPLE", "chunk_rows_for", "check", "linear_cross_entropy_forward",
            "linear_cross_entropy_backward", "LinearCrossEntropy", "linear_cross_entropy", "linear_cross_entropy_ref"]
@@ -102,7 +102,8 @@ def _accumulate(acc: torch.Tensor, g: torch.Tensor, h_c: torch.Tensor, first: bo
     elif acc.is_cuda:                               # half inputs, float32 accumulator
         if first:
             torch.mm(gt, h_c, out_dtype=torch.float32, out=acc)
-        elif ACCUMULATE_IN_PLACE.get(acc.device, True):
+        elif ACCUMULATE_IN_PLACE.get(acc.device, True) and not traced(acc):   # (torch 2.11's decomposition of
+            # addmm with out_dtype misreads it while torch.compile traces: then the product and the add)
             try:                                    # one cuBLAS call: acc = acc + g.T @ h_c, in float32
                 torch.addmm(acc, gt, h_c, out_dtype=torch.float32, out=acc)
             except RuntimeError:                    # a torch whose addmm wants `acc` in the inputs' dtype
