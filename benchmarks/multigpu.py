@@ -514,9 +514,13 @@ def print_probe(tables: dict) -> None:
     """``--only-impls``: every check and the stress verdict, and the times per impl, as printed tables."""
     pd.set_option("display.width", 200)
     c, s = tables["multigpu_checks"], tables["multigpu_stress"]
+    if c.empty:
+        print("no impl matches --only-impls: nothing checked")
+        return
     print(f"correctness: {int(c['ok'].sum())}/{len(c)} checks within bf16 tolerance; "
           f"stress: {int(s['wrong_elements'].sum())} wrong elements")
     print(c.to_string(index=False))
+    print(s.to_string(index=False))
     for name in ("multigpu_allreduce", "multigpu_allreduce_graphs"):
         if name in tables:
             t = tables[name]

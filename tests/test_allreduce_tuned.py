@@ -345,7 +345,8 @@ def test_compiled_wait_is_one_thread_s_read_shared_and_every_program_fits_at_onc
         polls = re.findall(r"ld\.global\.sys\.(?:relaxed|acquire)\.b32|atom\.global\.sys\.\w+\.add", ptx)
         assert polls and "st.shared" in ptx, row["what"]
         per_sm = S.RESIDENT_WARPS_PER_SM * 32 // row["threads"]
-        assert per_sm >= 1 and per_sm * row["threads"] * row["registers"] <= 65536, row
+        allocated = -(-row["registers"] // 8) * 8   # registers are handed out 8 a thread at a time
+        assert per_sm >= 1 and per_sm * row["threads"] * allocated <= 65536, row
 
 
 def test_a_gpu_launch_has_no_more_programs_than_the_sms_hold_at_once():

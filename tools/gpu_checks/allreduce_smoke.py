@@ -89,7 +89,7 @@ def verdict(total: torch.Tensor, got, y, w) -> str:
         return f"{int(got.isnan().sum())} NaN (a wait gave up: a peer's signal never came)"
     wrong = int((got != total).sum())
     if wrong:
-        return f"{wrong} of {got.numel()} elements differ from NCCL's sum (max {float((got - total).abs().max()):g})"
+        return f"{wrong} of {got.numel()} elements differ from the exact sum (max {float((got - total).abs().max()):g})"
     if y is not None:
         s = got.double()
         want = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
