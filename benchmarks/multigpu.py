@@ -29,9 +29,12 @@ columns gpu, torch, triton, date, world_size), judges issue 28's targets from ev
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +64,67 @@ def check_no_multicast() -> None:
         raise RuntimeError(f"NVLink multicast must be off in every process: {bad} (expected {NO_MULTICAST})")
 
 
+# ------------------------------------------------------------------------------------------ watchdog
+
+WATCHDOG_S = 60.0   # no step (one check, one warm-up, one round of one impl) takes a healthy GPU this long
+HUNG_EXIT = 3       # the exit status of a rank whose step outran the watchdog
+HUNG_GRACE_S = 3.0  # the first rank to give up waits this long, so that its peers' own watchdogs speak too
+
+
+class Watchdog:
+    """Makes a hang loud and bounded. Each step names itself (:meth:`step`, which first waits for the GPU
+    work queued under the previous name, so a kernel that spins is charged to the step that launched it);
+    a step that has not ended ``seconds`` later makes this rank print ``HUNG rank r ... at: <step>`` and every
+    thread's Python stack to stderr, then exit with HUNG_EXIT. A Python thread keeps the time (CUDA waits
+    and NCCL calls release the GIL); faulthandler backs it from C ten seconds later in case they do not.
+    A rank that torchrun terminates first prints its stack too. ``echo``: print every step to stderr."""
+
+    def __init__(self, seconds: float, rank: int = 0, echo: bool = False):
+        self.seconds, self.rank, self.echo = seconds, rank, echo
+        self.what, self.start = "start", time.monotonic()
+        self.since, self.limit, self.done = self.start, seconds, False
+        if seconds > 0:
+            faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+            threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+
+    def step(self, what: str, sync: bool = True, allow: float = 1.0) -> None:
+        """Begin step ``what`` (``allow`` times the watchdog's seconds: a step that compiles many kernels)."""
+        if sync and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()   # the previous step's kernels finish under the previous step's name
+        self.what, self.since, self.limit = what, time.monotonic(), self.seconds * allow
+        if self.seconds > 0:
+            faulthandler.dump_traceback_later(self.limit + 10, exit=True)
+        if self.echo:
+            print(f"[{self.since - self.start:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.done = True
+        if self.seconds > 0:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _watch(self) -> None:
+        while not self.done:
+            time.sleep(min(1.0, self.seconds / 4))
+            idle = time.monotonic() - self.since
+            if idle > self.limit and not self.done:
+                print(f"HUNG rank {self.rank}: no progress for {idle:.0f} s (limit {self.limit:g} s, --watchdog "
+                      f"{self.seconds:g}) at: {self.what}", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                sys.stderr.flush()
+                time.sleep(HUNG_GRACE_S)
+                os._exit(HUNG_EXIT)
+
+
+def keeper(only: str | None):
+    """``--only-impls a,b``: a test that keeps an impl whose name contains any of the (case-blind) parts."""
+    parts = [p.strip().lower() for p in (only or "").split(",") if p.strip()]
+    return lambda name: not parts or any(p in name.lower() for p in parts)
+
+
+QUIET = Watchdog(0)   # the default: no watchdog, no echo (simulated runs, tests)
+KEEP_ALL = keeper(None)
+
+
 # ------------------------------------------------------------------------------------------ timing
 
 
@@ -82,11 +146,15 @@ def time_per_call(fn, iters: int = ITERS) -> tuple[float, float]:
 
 def graphed(fn, calls: int = ITERS):
     """``calls`` back-to-back calls of ``fn`` captured in one CUDA graph (chapter 1): replaying it costs the
-    host one launch. An even count keeps the one-shot's buffer halves alternating from replay to replay."""
+    host one launch. An even count keeps the one-shot's buffer halves alternating from replay to replay,
+    and so do two warm-up calls (an even number): every graph starts on the same half, so the last call of
+    one graph and the first of the next, replayed back to back, use different halves (one call per half
+    runs ahead of a slow peer's reads, never two)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for _ in range(2):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -101,18 +169,24 @@ def slowest(ms: float) -> float:
     return float(t)
 
 
-def time_rounds(impls: dict, graphs: bool = False) -> dict:
+def time_rounds(impls: dict, graphs: bool = False, dog: Watchdog = QUIET, where: str = "") -> dict:
     """``{impl: (ms, host_ms)}``: the median over ROUNDS interleaved rounds (A, B, C, A, B, C...) of each
     impl's time per call, the slowest rank's. With ``graphs``, each impl is timed as replays of a CUDA graph
-    of ITERS calls (host_ms is then the host's time per replay divided by ITERS)."""
-    for fn in impls.values():
+    of ITERS calls (host_ms is then the host's time per replay divided by ITERS). ``dog`` names each step."""
+    for k, fn in impls.items():
+        dog.step(f"{where}warm-up: {k}")
         for _ in range(WARMUP):
             fn()
     if graphs:
-        impls = {k: graphed(fn).replay for k, fn in impls.items()}   # the bound method holds its graph
-    got = {k: [] for k in impls}
-    for _ in range(ROUNDS):
+        captured = {}
         for k, fn in impls.items():
+            dog.step(f"{where}CUDA graph capture: {k}")
+            captured[k] = graphed(fn).replay   # the bound method holds its graph
+        impls = captured
+    got = {k: [] for k in impls}
+    for r in range(ROUNDS):
+        for k, fn in impls.items():
+            dog.step(f"{where}timing round {r + 1}/{ROUNDS}: {k}", sync=False)   # time_per_call synchronizes
             gpu, host = time_per_call(fn, 1 if graphs else ITERS)
             got[k].append((gpu / (ITERS if graphs else 1), host / (ITERS if graphs else 1)))
     return {k: (slowest(statistics.median(g for g, _ in v)), slowest(statistics.median(h for _, h in v)))
@@ -125,7 +199,8 @@ def time_rounds(impls: dict, graphs: bool = False) -> dict:
 class Pieces:
     """Every implementation of one size on this rank: the all-reduces, the epilogues, the TP block."""
 
-    def __init__(self, ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int):
+    def __init__(self, ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int,
+                 torch_symm: bool = True):
         dev, bf = "cuda", torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(1234 + rank)
         self.ranks, self.world = ranks, world
@@ -135,7 +210,7 @@ class Pieces:
         self.b = torch.zeros(width, device=dev, dtype=bf)
         self.buf = torch.zeros_like(self.x)   # NCCL's timings reduce it in place, call after call: zeros stay zeros
         self.two_shot = None
-        self.symm = self._torch_symm(rows * width)
+        self.symm = self._torch_symm(rows * width) if torch_symm else None   # collective: the same on every rank
         hidden = 4 * width // world   # column-parallel fc: this rank's slice of the 4d hidden units
         self.fc = (torch.randn(hidden, width, generator=g, device=dev) * width**-0.5).to(bf)
         self.out = (torch.randn(width, hidden, generator=g, device=dev) * (4 * width) ** -0.5).to(bf)
@@ -224,73 +299,105 @@ class Pieces:
         return self._torch_norm(partial)
 
 
-def reference_checks(p: Pieces, world: int) -> list[dict]:
-    """Each implementation once against float64 (every rank's x gathered), worst error per impl."""
+def reference_checks(p: Pieces, world: int, keep=KEEP_ALL, dog: Watchdog = QUIET, where: str = "") -> list[dict]:
+    """Each implementation once against float64 (every rank's x gathered), worst error per impl; ``keep``
+    (``--only-impls``) picks the implementations, ``dog`` names each one's step."""
     xs = [torch.empty_like(p.x) for _ in range(world)]
     dist.all_gather(xs, p.x)
     total = sum(x.double() for x in xs)
     s64 = total + p.res.double()
     y64 = s64.bfloat16().double()
     y64 = y64 * torch.rsqrt(y64.pow(2).mean(-1, keepdim=True) + EPS) * p.w.double()
-    rows = []
-
     scale = sum(x.double().abs() for x in xs) + p.res.double().abs()   # what bf16 roundings of partial sums scale with
+    rows = []
 
     def err(name, got, want, tol, scale=scale):
         e = float(((got.double() - want).abs() - tol * scale).max())
         rows.append({"impl": name, "max_excess_error": e, "ok": e <= 0.0})   # e: the error less its allowance
 
-    err("course one-shot", K.one_shot_all_reduce_teaching([p.x], p.ranks)[0], total, 1.6e-2)
-    y, s = p._fused(p.x)
-    err("course fused: s", s, s64, 1.6e-2)
-    err("course fused: y", y, y64, 3e-2, y64.abs() + 1)
-    for a in T.ALGORITHMS:
-        err(f"tuned {a}", T.all_reduce([p.x], p.ranks, a)[0], total, 1.6e-2)
-        y, s = p._tuned(p.x, a)
-        err(f"tuned fused {a}: s", s, s64, 1.6e-2)
-        err(f"tuned fused {a}: y", y, y64, 3e-2, y64.abs() + 1)
-    got = T.all_reduce([p.ranks.staging(p.x.shape).copy_(p.x)], p.ranks, "one-shot", in_buffer=True)[0]
-    err("tuned one-shot, x in buffer", got, total, 1.6e-2)
-    y, s = p._tuned(p.ranks.staging(p.x.shape).copy_(p.x), in_buffer=True)
-    err("tuned fused, x in buffer: s", s, s64, 1.6e-2)
-    err("tuned fused, x in buffer: y", y, y64, 3e-2, y64.abs() + 1)
-    t = p.x.clone()
-    dist.all_reduce(t)
-    err("nccl all_reduce", t, total, 1.6e-2)
-    if p.symm is not None:
+    def fused(name, y_s):
+        y, s = y_s
+        err(f"{name}: s", s, s64, 1.6e-2)
+        err(f"{name}: y", y, y64, 3e-2, y64.abs() + 1)
+
+    def torch_two_shot():
+        p.symm.copy_(p.x.view(-1))
+        p.two_shot(p.symm.view(p.x.shape), "sum", dist.group.WORLD.group_name)
+        err("torch symm_mem two_shot_all_reduce_", p.symm.view(p.x.shape), total, 1.6e-2)
+
+    def torch_one_shot():
         p.symm.copy_(p.x.view(-1))
         got = torch.ops.symm_mem.one_shot_all_reduce(p.symm.view(p.x.shape), "sum", dist.group.WORLD.group_name)
         err("torch symm_mem one_shot_all_reduce", got, total, 1.6e-2)
+
+    def nccl():
+        t = p.x.clone()
+        dist.all_reduce(t)
+        err("nccl all_reduce", t, total, 1.6e-2)
+
+    def staged():
+        return p.ranks.staging(p.x.shape).copy_(p.x)
+
+    checks = {   # impl name (as timed) -> its check, in the order they run
+        "course one-shot": lambda: err("course one-shot", K.one_shot_all_reduce_teaching([p.x], p.ranks)[0], total,
+                                       1.6e-2),
+        "course fused all-reduce + add + rms_norm": lambda: fused("course fused", p._fused(p.x)),
+        **{f"tuned {a}": lambda a=a: err(f"tuned {a}", T.all_reduce([p.x], p.ranks, a)[0], total, 1.6e-2)
+           for a in T.ALGORITHMS},
+        **{f"tuned fused {a}": lambda a=a: fused(f"tuned fused {a}", p._tuned(p.x, a)) for a in T.ALGORITHMS},
+        "tuned one-shot, x in buffer": lambda: err("tuned one-shot, x in buffer", T.all_reduce(
+            [staged()], p.ranks, "one-shot", in_buffer=True)[0], total, 1.6e-2),
+        "tuned fused, x in buffer": lambda: fused("tuned fused, x in buffer", p._tuned(staged(), in_buffer=True)),
+        "nccl all_reduce": nccl,
+    }
+    if p.symm is not None:
+        checks["torch symm_mem one_shot_all_reduce"] = torch_one_shot
         if p.two_shot is not None:
-            p.symm.copy_(p.x.view(-1))
-            p.two_shot(p.symm.view(p.x.shape), "sum", dist.group.WORLD.group_name)
-            err("torch symm_mem two_shot_all_reduce_", p.symm.view(p.x.shape), total, 1.6e-2)
-    y_f, s_f = p._mlp(fused=True)
-    y_n, s_n = p._mlp(fused=False)
-    err("tp mlp fused vs nccl: y", y_f, y_n.double(), 3e-2, y_n.double().abs() + 1)
-    y_t, _ = p._mlp(fused=True, tuned=True)
-    err("tp mlp tuned vs nccl: y", y_t, y_n.double(), 3e-2, y_n.double().abs() + 1)
+            checks["torch symm_mem two_shot_all_reduce_"] = torch_two_shot
+    block = {}   # the NCCL block's y: what both fused blocks are checked against
+
+    def mlp(label, **how):
+        y = block["y"].double()
+        err(label, p._mlp(fused=True, **how)[0], y, 3e-2, y.abs() + 1)
+
+    checks["tp mlp, nccl + separate kernels"] = lambda: block.update(y=p._mlp(fused=False)[0])
+    checks["tp mlp, fused epilogue"] = lambda: mlp("tp mlp fused vs nccl: y")
+    checks["tp mlp, tuned epilogue"] = lambda: mlp("tp mlp tuned vs nccl: y", tuned=True)
+    needs_block = keep("tp mlp, fused epilogue") or keep("tp mlp, tuned epilogue")
+    for name, check in checks.items():
+        if keep(name) or (needs_block and name == "tp mlp, nccl + separate kernels"):
+            dog.step(f"{where}reference check: {name}")
+            check()
     return rows
 
 
-def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int, calls: int) -> dict:
+def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, rank: int, calls: int,
+           keep=KEEP_ALL) -> dict:
     """``calls`` back-to-back calls, new data each: x_r = (i + call + 3 r) % 7 - 3, small integers whose sum
-    is exact in bf16, so every output must equal the closed form bit for bit."""
+    is exact in bf16, so every output must equal the closed form bit for bit. The teaching one-shot and the
+    tuned one- and two-shot take turns on the same pads (those ``keep`` keeps), every 10th call a fused one."""
     i = torch.arange(rows * width, device="cuda").view(rows, width)
     res = torch.zeros(rows, width, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(width, device="cuda", dtype=torch.bfloat16)
+    plain = [fn for name, fn in (
+        ("course one-shot", lambda x: K.one_shot_all_reduce_teaching([x], ranks)[0]),
+        ("tuned one-shot", lambda x: T.all_reduce([x], ranks, "one-shot")[0]),
+        ("tuned two-shot", lambda x: T.all_reduce([x], ranks, "two-shot")[0])) if keep(name)]
+    fused_every = {c: fn for c, name, fn in (
+        (0, "course fused all-reduce + add + rms_norm",
+         lambda x: K.all_reduce_add_rms_norm_teaching([x], [res], w, ranks, EPS)[0][1]),
+        (5, "tuned fused two-shot", lambda x: T.all_reduce_add_rms_norm([x], [res], w, ranks, EPS, "two-shot")[0][1]))
+        if keep(name)}
     outs, fused = [], []
-    tuned = [lambda x: T.all_reduce([x], ranks, "one-shot")[0], lambda x: T.all_reduce([x], ranks, "two-shot")[0]]
-    for call in range(calls):   # the teaching one-shot and the tuned one- and two-shot in turn, on the same pads
+    for call in range(calls):
         x = ((i + call + 3 * rank) % 7 - 3).to(torch.bfloat16)
-        outs.append(([lambda x: K.one_shot_all_reduce_teaching([x], ranks)[0]] + tuned)[call % 3](x))
-        if call % 10 == 0:
-            fused.append((call, K.all_reduce_add_rms_norm_teaching([x], [res], w, ranks, EPS)[0][1]))
-        if call % 10 == 5:
-            fused.append((call, T.all_reduce_add_rms_norm([x], [res], w, ranks, EPS, "two-shot")[0][1]))
+        if plain:
+            outs.append((call, plain[call % len(plain)](x)))
+        if call % 10 in fused_every:
+            fused.append((call, fused_every[call % 10](x)))
     torch.cuda.synchronize()
     bad = 0
-    for call, out in enumerate(outs):
+    for call, out in outs:
         want = sum(((i + call + 3 * r) % 7 - 3) for r in range(world)).to(torch.bfloat16)
         bad += int((out != want).sum())
     for call, s in fused:
@@ -304,7 +411,8 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 # ------------------------------------------------------------------------------------------ DDP
 
 
-def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, global_batch: int = DDP_GLOBAL_BATCH):
+def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, global_batch: int = DDP_GLOBAL_BATCH,
+            dog: Watchdog = QUIET):
     """Chapter 12's GPT step (course ops) under DDP: global batch split over the ranks; per step the
     mean loss over all ranks (= the loss of the whole global batch) and the step's wall time."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -317,6 +425,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, glo
     data = gpt.tokens()
     rows = []
     for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, steps + DDP_WARMUP, seed=0)):
+        first = step < 2   # the first steps compile the course's kernels
+        dog.step(f"DDP step {step + 1}/{steps + DDP_WARMUP}", sync=False, allow=5.0 if first else 1.0)
         x, y = (t[rank * per_rank:(rank + 1) * per_rank].to(device) for t in (x, y))
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -348,22 +458,28 @@ def run_distributed(args) -> None:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     check_no_multicast()
+    dog = Watchdog(args.watchdog, rank, echo=rank == 0)
+    keep = keeper(args.only_impls)
     out = Path(args.out or results.RESULTS / results.gpu_slug())
     device = torch.device("cuda", local)
     tables = []
     if not args.ddp_only:
         sizes = (1, 16) if args.quick or args.check_only else args.sizes
         capacity = max(sizes) * MIB // 2
+        dog.step(f"symmetric buffers: 2 x {capacity} bf16 a rank, {world} ranks")
         ranks = symmetric.SymmetricRanks(capacity, torch.bfloat16)
         timing, checks, stresses = [], [], []
         for width in WIDTHS:
             for mib in sizes:
+                where = f"width {width}, {mib} MiB: "
                 n_rows = mib * MIB // (2 * width)
-                p = Pieces(ranks, n_rows, width, world, rank)
-                for row in reference_checks(p, world):
+                dog.step(f"{where}inputs (and torch symm_mem's probe calls)")
+                p = Pieces(ranks, n_rows, width, world, rank, torch_symm=keep("torch symm_mem"))
+                for row in reference_checks(p, world, keep, dog, where):
                     checks.append({"width": width, "mib": mib, **row})
                 if not args.check_only:
-                    for impl, (ms, host_ms) in time_rounds(p.impls(), graphs=args.graphs).items():
+                    impls = {k: fn for k, fn in p.impls().items() if keep(k)}
+                    for impl, (ms, host_ms) in time_rounds(impls, args.graphs, dog, where).items():
                         nbytes = mib * MIB
                         timing.append({"impl": impl, "width": width, "rows": n_rows, "mib_per_rank": mib,
                                        "ms": ms, "host_ms": host_ms, "cuda_graph": args.graphs,
@@ -371,20 +487,46 @@ def run_distributed(args) -> None:
                                        "busbw_gbs": nbytes / (ms * 1e-3) / 1e9 * 2 * (world - 1) / world})
                 del p
         for width, calls in ((768, STRESS_CALLS), (4096, 20)):
-            stresses.append(stress(ranks, min(8192, capacity // width), width, world, rank, calls))
+            dog.step(f"stress: {calls} calls back to back, width {width}")
+            stresses.append(stress(ranks, min(8192, capacity // width), width, world, rank, calls, keep))
         tables += [("multigpu_checks", pd.DataFrame(checks)), ("multigpu_stress", pd.DataFrame(stresses))]
         if timing:
             tables.append(("multigpu_allreduce" + ("_graphs" if args.graphs else ""), pd.DataFrame(timing)))
-    if not (args.no_ddp or args.check_only):
-        tables.append(("multigpu_ddp", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS)))
+    if not (args.no_ddp or args.check_only or args.only_impls):
+        tables.append(("multigpu_ddp", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS, dog=dog)))
+    dog.step("results")
     if rank == 0:
-        for name, df in tables:
-            print(f"wrote {save(df, name, out, world)}")
-        if not args.check_only:
-            judge(out)
-        print_summary(dict(tables), world, out)
+        if args.only_impls:   # a probe of a few impls: printed, never written over the recorded CSVs
+            print_probe(dict(tables))
+        else:
+            for name, df in tables:
+                print(f"wrote {save(df, name, out, world)}")
+            if not args.check_only:
+                judge(out)
+            print_summary(dict(tables), world, out)
+    dog.step("done")
     dist.barrier()
     dist.destroy_process_group()
+    dog.close()
+
+
+def print_probe(tables: dict) -> None:
+    """``--only-impls``: every check and the stress verdict, and the times per impl, as printed tables."""
+    pd.set_option("display.width", 200)
+    c, s = tables["multigpu_checks"], tables["multigpu_stress"]
+    if c.empty:
+        print("no impl matches --only-impls: nothing checked")
+        return
+    print(f"correctness: {int(c['ok'].sum())}/{len(c)} checks within bf16 tolerance; "
+          f"stress: {int(s['wrong_elements'].sum())} wrong elements")
+    print(c.to_string(index=False))
+    print(s.to_string(index=False))
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs"):
+        if name in tables:
+            t = tables[name]
+            print(f"\n{name}: us per call")
+            print((t.pivot_table(index=["width", "mib_per_rank"], columns="impl", values="ms") * 1e3).round(1)
+                  .to_string())
 
 
 def print_summary(tables: dict, world: int, out: Path) -> None:
@@ -590,6 +732,12 @@ def main(argv=None) -> None:
     ap.add_argument("--simulate", action="store_true", help="no torchrun: simulated ranks in one process")
     ap.add_argument("--sizes", type=lambda v: tuple(int(m) for m in v.split(",")), default=SIZES_MIB,
                     help="MiB per rank, comma-separated (default %(default)s)")
+    ap.add_argument("--watchdog", type=float, default=WATCHDOG_S, metavar="S",
+                    help="a step (check, warm-up, capture, round) not done in S seconds makes every rank say "
+                         f"where it was and exit {HUNG_EXIT}; 0: off (default %(default)s)")
+    ap.add_argument("--only-impls", metavar="A,B",
+                    help="only the impls whose names contain one of these (case-blind), e.g. 'tuned,nccl "
+                         "all_reduce'; no DDP, and nothing written: the tables are printed")
     args = ap.parse_args(argv)
     os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
     if args.judge:

@@ -14,7 +14,8 @@ import torch
 
 SPINS_GPU = 2**26            # about a minute of tries: a lost peer ends the wait instead of hanging the job
 SPINS_SIMULATED = 2          # a simulated peer that has not signalled will not signal during this launch
-PROGRAMS_PER_SM = 4          # every program is resident at once: a waiting program never blocks a peer's
+PROGRAMS_PER_SM = 4          # at 4 warps a program: every program resident at once (RESIDENT_WARPS_PER_SM)
+RESIDENT_WARPS_PER_SM = 16   # 512 threads an SM: resident together whenever a thread needs <= 128 registers
 PROGRAMS_SIMULATED = 3       # under the interpreter: a few programs, so rows wrap around the grid
 ALIGN_BYTES = 16             # every buffer and pad address: a 128-bit load never straddles it
 
@@ -39,6 +40,12 @@ class Ranks:
             raise RuntimeError(f"symmetric memory: addresses {odd} are not {ALIGN_BYTES}-byte aligned")
         self.buf_table = torch.tensor(list(buffer_ptrs), dtype=torch.int64, device=device)
         self.pad_table = torch.tensor(list(pad_ptrs), dtype=torch.int64, device=device)
+
+    def programs(self, num_warps: int) -> int:
+        """How many programs a launch of ``num_warps`` warps may have: every one must be resident at once on a
+        GPU (a program that spins on its peers holds its SM; one that was never scheduled never signals).
+        Simulated ranks run one program at a time and take ``max_programs``."""
+        return self.max_programs
 
     def next_offset(self) -> int:
         """Element offset of the half this call uses (calls alternate halves)."""
@@ -97,8 +104,8 @@ class SymmetricRanks(Ranks):
                 warnings.simplefilter("ignore")
                 enable(group.group_name)
         device = torch.device("cuda", torch.cuda.current_device())
-        programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-        super().__init__(dist.get_world_size(group), capacity, dtype, programs, SPINS_GPU)
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        super().__init__(dist.get_world_size(group), capacity, dtype, PROGRAMS_PER_SM * self.sms, SPINS_GPU)
         self.device = device
         self.buffer = symm_mem.empty(2 * capacity, dtype=dtype, device=device)
         self.pad = symm_mem.empty(self.pad_size, dtype=torch.int32, device=device)
@@ -123,6 +130,11 @@ class SymmetricRanks(Ranks):
 
     def schedule(self):
         return [(self.local_ranks[0], True, True)]
+
+    def programs(self, num_warps: int) -> int:
+        """At most RESIDENT_WARPS_PER_SM warps an SM (4 programs of 4 warps, 1 of 16), never more than the pads
+        have flags for."""
+        return max(1, min(self.max_programs, self.sms * RESIDENT_WARPS_PER_SM // num_warps))
 
     def buffer_of(self, rank: int) -> torch.Tensor:
         if rank != self.local_ranks[0]:

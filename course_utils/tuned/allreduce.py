@@ -3,12 +3,13 @@ RMSNorm epilogue, with what the teaching kernel (course_utils/kernels/allreduce.
 at 4 GPUs, and a two-shot all-reduce for large messages
 (results/h100-80gb-hbm3/multigpu_w4_analysis.md has the numbers).
 
-1. **One barrier round trip, whatever W.** The teaching barrier visits the peers one after another: W-1
+1. **Signals need no answer.** The teaching barrier visits the peers one after another: W-1
    compare-and-swaps over NVLink, each waiting for its answer. Here a barrier is a vector of W flags,
-   one lane (one thread) per peer: every peer is signalled at once, and every flag is awaited at once.
-   A flag is a *counter*: the signaller adds 1 (release), the waiter spins on plain loads until every
-   peer's count is at least 1, then subtracts 1 (acquire). A signal needs no answer, and one flag serves
-   every barrier of a call (the k-th wait on a peer's flag passes once that peer signalled k times).
+   one lane (one thread) per peer: every peer is signalled at once. A flag is a *counter*: the signaller
+   adds 1 (release), the waiter polls it until it is at least 1, then subtracts 1 (acquire). A signal
+   needs no answer, and one flag serves every barrier of a call (the k-th wait on a peer's flag passes
+   once that peer signalled k times). The wait polls each peer's flag with a scalar atomic read, whose
+   value every warp of the program shares (:func:`wait_all` says why a vector load there hangs a GPU).
    Pads are back to zero after every call, as with the teaching protocol; the counters live in their
    own half of the pads (``Ranks.tuned_pad_offset``), so the two protocols never meet on one flag.
 2. **Every rank's row in flight at once, 16 bytes a load.** A row is loaded from all W buffers in one
@@ -29,7 +30,8 @@ Layout of the work: program pid handles rows pid, pid + P, pid + 2P, ... (P prog
 in the two-shot, the j-th of those rows belongs to rank (j + pid) % W (the + pid spreads the owners
 over the ranks when programs have fewer rows than ranks: rows of 4096 at 1-8 MiB give one or two rows
 a program). A program only waits for the same program on the peers, so no grid-wide barrier is
-needed, and the rows it reads are exactly the rows its peers' same program wrote.
+needed, and the rows it reads are exactly the rows its peers' same program wrote. The grid is no larger
+than what the GPU holds resident at once (``Ranks.programs``): a waiting program keeps its SM.
 
 ``all_reduce(xs, ranks, algorithm="auto", in_buffer=False)`` and ``all_reduce_add_rms_norm(xs,
 residuals, weight, ranks, eps, algorithm="auto", in_buffer=False)`` take and return what the teaching
@@ -72,21 +74,32 @@ def signal_all(pad_table_ptr, rank, slot, WORLD: tl.constexpr, WORLD_P2: tl.cons
 
 
 @triton.jit
-def wait_all(pad_ptr, rank, slot, max_spins, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    """Wait until every peer's flag ``slot + peer`` on this rank's pad is at least 1, all peers watched
-    at once with plain (volatile) loads; then take one from each with acquire semantics. True if every
-    peer came within ``max_spins`` rounds; if not, nothing is taken and the pad is left as it was."""
-    lanes, peer = peer_lanes(rank, WORLD, WORLD_P2)
-    flags = pad_ptr + slot + lanes
-    came = tl.min(tl.where(peer, tl.load(flags, mask=peer, other=0, volatile=True), 1), axis=0)
+def wait_all(pad_ptr, rank, slot, max_spins, WORLD: tl.constexpr):
+    """Wait until every peer's flag ``slot + peer`` on this rank's pad is at least 1, then take one from each
+    with acquire semantics (what the peer stored before it signalled is visible after). True if every peer
+    came within ``max_spins`` rounds in all; if not, nothing is taken and the pad is left as it was.
+
+    Every decision here is made on the value of a *scalar* atomic: one thread performs it and Triton hands
+    its value to every thread of the program, so all warps agree. A flag read with a tensor load is loaded
+    again by every warp that holds a copy of its lane, at its own moment: one warp can see the count reach
+    1, leave the loop and take it back to 0 while another warp, which read it a moment earlier, spins on
+    the 0 until ``max_spins`` runs out, and then the two go different ways (tests/test_allreduce_tuned.py
+    reads the PTX for it; the interpreter runs a program as one thread and cannot show it)."""
+    arrived = 0
     spins = 0
-    while (came < 1) & (spins < max_spins):
-        came = tl.min(tl.where(peer, tl.load(flags, mask=peer, other=0, volatile=True), 1), axis=0)
-        spins += 1
-    take = peer & (tl.zeros_like(lanes) + came >= 1)   # a vector mask (the 3.9 interpreter refuses a broadcast scalar)
-    tl.atomic_add(flags, -1, mask=take, sem="acquire", scope="sys")
+    for i in tl.static_range(1, WORLD):   # the peers in turn: the slowest one sets the time anyway
+        flag = pad_ptr + slot + (rank + i) % WORLD
+        count = tl.atomic_add(flag, 0, sem="relaxed", scope="sys")   # a read that is never cached or hoisted
+        while (count < 1) & (spins < max_spins):
+            count = tl.atomic_add(flag, 0, sem="relaxed", scope="sys")
+            spins += 1
+        arrived += (count >= 1).to(tl.int32)
+    came = arrived == WORLD - 1
+    if came:
+        for i in tl.static_range(1, WORLD):
+            tl.atomic_add(pad_ptr + slot + (rank + i) % WORLD, -1, sem="acquire", scope="sys")
     tl.debug_barrier()   # no thread reads a peer's rows before the counts were taken
-    return came >= 1
+    return came
 
 
 # --------------------------------------------------------------------------- rows
@@ -175,7 +188,7 @@ def one_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
         signal_all(pad_table_ptr, rank, slot, WORLD, WORLD_P2)
     if REDUCE:
         my_pad = tl.load(pad_table_ptr + rank).to(tl.pointer_type(tl.int32))
-        if wait_all(my_pad, rank, slot, max_spins, WORLD, WORLD_P2):
+        if wait_all(my_pad, rank, slot, max_spins, WORLD):
             cols = tl.arange(0, BLOCK_N)
             mask = cols < n_cols
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
@@ -211,7 +224,7 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
             copy_rows(x_ptr, my_buf, n_rows, n_cols, BLOCK_N)
         signal_all(pad_table_ptr, rank, slot, WORLD, WORLD_P2)
     if SCATTER:
-        ok = wait_all(my_pad, rank, slot, max_spins, WORLD, WORLD_P2)
+        ok = wait_all(my_pad, rank, slot, max_spins, WORLD)
         if ok:
             first = (rank - pid % WORLD + WORLD) % WORLD   # the first j with (j + pid) % W == rank
             for row in tl.range(pid + first * programs, n_rows, WORLD * programs):
@@ -221,7 +234,7 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
             signal_all(pad_table_ptr, rank, slot, WORLD, WORLD_P2)
     if GATHER:
         if ok:
-            ok = wait_all(my_pad, rank, slot, max_spins, WORLD, WORLD_P2)
+            ok = wait_all(my_pad, rank, slot, max_spins, WORLD)
         if ok:
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
             for row in tl.range(pid, n_rows, programs):
@@ -277,13 +290,14 @@ def _launch(algorithm, ys, ss, rows, res, weight, ranks, n_rows, n_cols, eps, fu
     kernel, names = ((one_shot_kernel, ("PUBLISH", "REDUCE")) if algorithm == "one-shot"
                      else (two_shot_kernel, ("PUBLISH", "SCATTER", "GATHER")))
     block = triton.next_power_of_2(n_cols)
-    offset, grid = ranks.next_offset(), (min(n_rows, ranks.max_programs),)
+    warps = num_warps_for(world, block)
+    offset, grid = ranks.next_offset(), (min(n_rows, ranks.programs(warps)),)   # every program resident at once
     for rank, phases in _phases(ranks, names):
         i = ranks.local_ranks.index(rank)
         kernel[grid](ys[i], ss[i], rows[i], res[i], weight, ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols,
                      offset, ranks.tuned_pad_offset, eps, ranks.max_spins, WORLD=world,
                      WORLD_P2=triton.next_power_of_2(world), BLOCK_N=block, FUSED=fused, COPY=not in_buffer,
-                     num_warps=num_warps_for(world, block), **phases)
+                     num_warps=warps, **phases)
 
 
 def all_reduce(xs, ranks: Ranks, algorithm: str = "auto", in_buffer: bool = False) -> list[torch.Tensor]:
