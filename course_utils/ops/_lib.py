@@ -46,12 +46,13 @@ _DEFINED: dict[str, object] = {}
 KERNEL_OPS: dict[str, tuple[str, Callable]] = {}   # name -> (schema, impl) of every kernel op
 
 
-def kernel_op(name: str, schema: str, impl: Callable, fake: Callable):
-    """``course::<name>`` running ``impl``, with ``fake`` for tracing (registered once per process)."""
+def kernel_op(name: str, schema: str, impl: Callable, fake: Callable, visible: bool = True):
+    """``course::<name>`` running ``impl``, with ``fake`` for tracing (registered once per process); ``visible``
+    False keeps it an opaque custom op on a GPU too."""
     if name in _DEFINED:
         return _DEFINED[name]
     KERNEL_OPS[name] = (schema, impl)
-    if INDUCTOR_SEES_KERNELS:   # the schema comes from the annotations: give impl the schema's own
+    if INDUCTOR_SEES_KERNELS and visible:   # the schema comes from the annotations: give impl the schema's own
         op = torch.library.triton_op(f"{NAMESPACE}::{name}", annotated(impl, schema), mutates_args=())
     else:
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)

@@ -137,10 +137,13 @@ def _backward(ctx, do, _dlse=None):
     return dq, dk, dv, None, None
 
 
+# Opaque to Inductor on a GPU too: Inductor's build of the forward tile kernel failed in tl.dot's accumulator check
+# (torch 2.11, Triton 3.6, an H100; tools/gpu_checks/visible_ops.py), so torch.compile calls these ops as a whole
+_VISIBLE = False
 FWD = _lib.kernel_op("attention_fwd", "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)",
-                     attention_fwd, _fake_fwd)
+                     attention_fwd, _fake_fwd, visible=_VISIBLE)
 BWD = _lib.kernel_op("attention_bwd", "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, "
-                     "float scale) -> (Tensor, Tensor, Tensor)", attention_bwd, _fake_bwd)
+                     "float scale) -> (Tensor, Tensor, Tensor)", attention_bwd, _fake_bwd, visible=_VISIBLE)
 _lib.autograd(FWD, _setup, _backward, BWD)
 torch.library.register_autocast("course::attention_fwd", "cuda", torch.bfloat16)
 _lib.public_op("attention", "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> Tensor",
@@ -210,9 +213,9 @@ def _qkv_backward(ctx, do, _dlse=None):
 
 
 QKV_FWD = _lib.kernel_op("attention_qkv_fwd", "(Tensor qkv, int n_head, bool causal, float scale) -> (Tensor, Tensor)",
-                         attention_qkv_fwd, _fake_qkv_fwd)
+                         attention_qkv_fwd, _fake_qkv_fwd, visible=_VISIBLE)
 QKV_BWD = _lib.kernel_op("attention_qkv_bwd", "(Tensor do, Tensor qkv, Tensor o, Tensor lse, int n_head, bool causal, "
-                         "float scale) -> Tensor", attention_qkv_bwd, _fake_qkv_bwd)
+                         "float scale) -> Tensor", attention_qkv_bwd, _fake_qkv_bwd, visible=_VISIBLE)
 _lib.autograd(QKV_FWD, _qkv_setup, _qkv_backward, QKV_BWD)
 torch.library.register_autocast("course::attention_qkv_fwd", "cuda", torch.bfloat16)
 _lib.public_op("attention_qkv", "(Tensor qkv, int n_head, bool causal, float scale) -> Tensor",

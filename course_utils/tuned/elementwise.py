@@ -44,7 +44,7 @@ from .elementwise_config import (  # noqa: F401  (names users import from here)
     needs_int64,
     rows_of,
 )
-from .launch import launch
+from .launch import launch, traced
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -224,12 +224,13 @@ _HOT_PLANS: dict = {}   # bias_gelu_scale_hot: (shape, strides, dtypes, devices)
 
 
 def bias_gelu_scale_hot(x: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`bias_gelu_scale` (approximate="tanh") for a hot path that calls it on the same layouts over
-    and over: the first call of a (shape, strides, dtypes, devices) key is :func:`bias_gelu_scale` itself,
-    every check included; a later one allocates the output and launches the kernel through the ops'
-    cheaper launch (:mod:`.launch`), with the grid and constexprs that first call used."""
+    """:func:`bias_gelu_scale` (approximate="tanh") for a hot path: the first call of a (shape, strides, dtypes,
+    devices) key is :func:`bias_gelu_scale`, every check included; a later one (or torch.compile's trace) launches
+    through the ops' cheaper launch (:mod:`.launch`) with the grid and constexprs that first call used."""
     key = (x.shape, x.stride(), x.dtype, x.device, bias.shape, bias.stride(), bias.dtype, bias.device)
     plan = _HOT_PLANS.get(key)
+    if plan is None and traced(x) and x.is_contiguous():
+        plan = _bias_gelu_scale_plan(x, bias.shape[0], True)
     if plan is None or not math.isfinite(scale):
         out = bias_gelu_scale(x, bias, scale)
         if x.numel() > 0 and x.is_contiguous():

@@ -26,6 +26,9 @@ KERNELS = ("norm_fwd_kernel", "add_layer_norm_fwd_kernel", "add_layer_norm_bwd_k
            "norm_bwd_chunked_kernel")
 
 
+OPAQUE = {"attention_qkv_fwd", "attention_qkv_bwd", "attention_fwd", "attention_bwd"}   # ops/attn.py says why
+
+
 def main() -> int:
     print(f"INDUCTOR_SEES_KERNELS = {_lib.INDUCTOR_SEES_KERNELS} (torch {torch.__version__})")
     cfg = gpt.GPU
@@ -45,11 +48,11 @@ def main() -> int:
     got, codes = run_and_get_code(lambda: fwd_bwd(run))
     code = "\n".join(codes)
     seen = {k: len(re.findall(rf"\b{k}\b", code)) for k in KERNELS}
-    opaque = sorted(set(re.findall(r"torch\.ops\.course\.(\w+)", code)))
+    opaque = sorted(set(re.findall(r"torch\.ops\.course\.(\w+)", code)) - OPAQUE)
     print(f"{len(codes)} generated modules; course kernels named in them:")
     for k, n in seen.items():
         print(f"  {k:32s} {n}")
-    print(f"ops called opaquely (torch.ops.course.*): {opaque or 'none'}")
+    print(f"ops called opaquely (torch.ops.course.*) beyond attention's: {opaque or 'none'}")
     worst = 0.0
     for a, b in zip(eager.parameters(), compiled.parameters()):
         r = (b.grad.double() - a.grad.double()).abs().max().item() / max(a.grad.double().abs().max().item(), 1e-30)
