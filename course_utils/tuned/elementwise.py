@@ -234,8 +234,7 @@ def bias_gelu_scale_hot(x: torch.Tensor, bias: torch.Tensor, scale: float) -> to
     if plan is None or not math.isfinite(scale):
         out = bias_gelu_scale(x, bias, scale)
         if x.numel() > 0 and x.is_contiguous():
-            if len(_HOT_PLANS) >= 4096:   # many distinct layouts (a sweep): start over rather than grow
-                _HOT_PLANS.clear()
+            _HOT_PLANS.clear() if len(_HOT_PLANS) >= 4096 else None   # many layouts (a sweep): start over
             _HOT_PLANS[key] = _bias_gelu_scale_plan(x, bias.shape[0], True)
         return out
     grid, meta = plan
