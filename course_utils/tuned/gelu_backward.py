@@ -13,10 +13,17 @@ import torch
 
 from ..kernels.gelu_backward import bias_gelu_backward_kernel, bias_gelu_backward_teaching
 from ..kernels.layouts import NO_LAYOUT
-from .launch import launch
+from .launch import launch, traced
 
 BLOCK_M, BLOCK_N = 32, 64   # the teaching launcher's defaults
 _PLANS: dict = {}
+
+
+def _plan(x: torch.Tensor) -> tuple:
+    """(grid, n_rows, n_cols) of the teaching launcher's tiles over the contiguous x."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    return (-(-n_rows // BLOCK_M), -(-n_cols // BLOCK_N)), n_rows, n_cols
 
 
 def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,14 +32,14 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     key = (x.shape, x.stride(), dy.stride(), x.dtype, dy.dtype, bias.shape, bias.stride(), bias.dtype, x.device,
            dy.device, bias.device)
     plan = _PLANS.get(key)
+    if plan is None and traced(x) and x.numel() and x.is_contiguous():   # torch.compile traces: no plain launch
+        plan = _plan(x)
     if plan is None:
         dx, db = bias_gelu_backward_teaching(dy, x, bias, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
         if x.numel() and x.is_contiguous():
             if len(_PLANS) >= 4096:   # many distinct layouts (a sweep): start over rather than grow
                 _PLANS.clear()
-            n_cols = x.shape[-1]
-            n_rows = x.numel() // n_cols
-            _PLANS[key] = ((-(-n_rows // BLOCK_M), -(-n_cols // BLOCK_N)), n_rows, n_cols)
+            _PLANS[key] = _plan(x)
         return dx, db
     grid, n_rows, n_cols = plan
     dx = torch.empty_like(x)
