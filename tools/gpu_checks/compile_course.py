@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
 
 import torch
 
@@ -31,7 +32,8 @@ def main():
             torch.cuda.synchronize()
             print(f"built {name} in {time.perf_counter() - t:.1f} s", flush=True)
         except Exception as e:   # report and go on: the point is which versions build
-            print(f"FAILED {name} after {time.perf_counter() - t:.1f} s: {type(e).__name__}: {str(e)[:400]}",
+            where = "".join(traceback.format_exception(e)[-6:])[-1500:]
+            print(f"FAILED {name} after {time.perf_counter() - t:.1f} s: {type(e).__name__}: {str(e)[:400]}\n{where}",
                   flush=True)
     times = bench.time_rounds(steps, rounds=3, warmup=2, rep=10, flush_l2=False)
     print(f"\n{a.config} on {torch.cuda.get_device_name()}")
