@@ -32,7 +32,9 @@ def main():
             torch.cuda.synchronize()
             print(f"built {name} in {time.perf_counter() - t:.1f} s", flush=True)
         except Exception as e:   # report and go on: the point is which versions build
-            where = "".join(traceback.format_exception(e)[-6:])[-1500:]
+            frames = [f for x in (e, e.__cause__, e.__context__) if x is not None
+                      for f in traceback.extract_tb(x.__traceback__) if "course_utils" in f.filename]
+            where = "".join(traceback.format_list(frames[-8:]))
             print(f"FAILED {name} after {time.perf_counter() - t:.1f} s: {type(e).__name__}: {str(e)[:400]}\n{where}",
                   flush=True)
     times = bench.time_rounds(steps, rounds=3, warmup=2, rep=10, flush_l2=False)
