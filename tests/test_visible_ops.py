@@ -74,3 +74,65 @@ def test_a_launch_with_a_tracers_tensor_goes_through_wrap_triton(monkeypatch):
 
 def test_cpu_ops_stay_opaque_custom_ops():
     assert not _lib.INDUCTOR_SEES_KERNELS   # the interpreter: Inductor does not launch user kernels on the CPU
+
+
+# ----------------------------------------------------------------------------- the ops' functions, traced cold
+# While AOTAutograd traces a triton_op, its function runs on a tracer's tensors with nothing cached yet: every
+# launch must go through wrap_triton and nothing may read a data pointer or time a plan. Here the function of
+# each visible op runs on fake tensors with every plan cache empty; wrap_triton is replaced by a recorder.
+
+
+@pytest.fixture
+def cold_trace(monkeypatch):
+    from course_utils.ops import linear as Ln
+    from course_utils.ops import linear_ce as Lce
+    from course_utils.ops import loss as Ls
+    from course_utils.tuned import elementwise as EW
+    from course_utils.tuned import gelu_backward as GB
+    launched = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: launched.append(self.name)
+
+    monkeypatch.setattr(torch.library, "wrap_triton", Recorder)
+    for mod, attr in ((Nm, "PLANS"), (Ln, "PLANS"), (Lce, "PLANS"), (Ls, "PLANS"), (Ls, "CHECKED"),
+                      (EW, "_HOT_PLANS"), (GB, "_PLANS")):
+        monkeypatch.setattr(mod, attr, type(getattr(mod, attr))())
+    return launched
+
+
+def test_norms_trace_cold(cold_trace):
+    with FakeTensorMode():
+        x, w, b, r = torch.randn(6, 40), torch.randn(40), torch.randn(40), torch.randn(6, 40)
+        y, mean, rstd = Nm.layer_norm_fwd(x, w, b, 1e-5)
+        Nm.layer_norm_bwd(torch.randn(6, 40), x, w, mean, rstd)
+        y, s, mean, rstd = Nm.add_layer_norm_fwd(x, r, w, b, 1e-5)
+        Nm.add_layer_norm_bwd(torch.randn(6, 40), torch.randn(6, 40), s, w, mean, rstd)
+    assert len(cold_trace) >= 4
+
+
+def test_linear_gelu_traces_cold(cold_trace):
+    from course_utils.ops import linear as Ln
+    with FakeTensorMode():
+        x, w, b = torch.randn(2, 5, 40), torch.randn(24, 40), torch.randn(24)
+        y, acc = Ln.linear_gelu_fwd(x, w, b)
+        dx, dw, db = Ln.linear_gelu_bwd(torch.randn(2, 5, 24), x, w, b, acc)
+    assert y.shape == (2, 5, 24) and dx.shape == x.shape and dw.shape == w.shape and db.shape == b.shape
+    assert len(cold_trace) == 2    # the bias + GELU forward and its backward
+
+
+def test_losses_trace_cold(cold_trace):
+    from course_utils.ops import linear_ce as Lce
+    from course_utils.ops import loss as Ls
+    with FakeTensorMode():
+        logits, targets = torch.randn(7, 33), torch.randint(0, 33, (7,))
+        loss, lse = Ls.cross_entropy_fwd(logits, targets)
+        Ls.cross_entropy_bwd(torch.ones(()), logits, targets, lse)
+        h, w = torch.randn(7, 16), torch.randn(33, 16)
+        loss, dh, dw = Lce.linear_ce_fwd(h, w, targets, -100)
+        Lce.linear_ce_bwd(torch.ones(()), dh, dw)
+    assert len(cold_trace) >= 3
