@@ -136,3 +136,38 @@ def test_losses_trace_cold(cold_trace):
         loss, dh, dw = Lce.linear_ce_fwd(h, w, targets, -100)
         Lce.linear_ce_bwd(torch.ones(()), dh, dw)
     assert len(cold_trace) >= 3
+
+
+@pytest.mark.skipif(not _lib.INDUCTOR_SEES_KERNELS, reason="needs a CUDA GPU (the ops are triton_ops only there)")
+def test_the_compiled_gpt_launches_the_course_kernels_itself():
+    """On a GPU: torch.compile of chapter 12's GPT on the course's ops holds the course's kernels in its
+    generated code, calls no course op opaquely but attention's, and matches the eager step."""
+    import copy
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from course_utils import gpt
+    cfg = gpt.GPTConfig(n_layer=2, n_head=2, d_model=64, seq_len=32)
+    eager = gpt.bf16_weights(gpt.GPT(cfg, seed=5).cuda().use("course"))
+    compiled = copy.deepcopy(eager)
+    x, y = (t.cuda() for t in next(gpt.batches(gpt.tokens(), 3, cfg.seq_len, 1, seed=2)))
+
+    def fwd_bwd(model):
+        _, loss = model(x, y)
+        loss.backward()
+        return loss.detach()
+
+    ref = fwd_bwd(eager)
+    torch.compiler.reset()
+    got, codes = run_and_get_code(lambda: fwd_bwd(torch.compile(compiled, fullgraph=True)))
+    code = "\n".join(codes)
+    for kernel in ("norm_fwd_kernel", "add_layer_norm_fwd_kernel", "add_layer_norm_bwd_kernel",
+                   "bias_gelu_scale_tuned_kernel", "bias_gelu_backward_kernel", "fused_classifier_kernel"):
+        assert re.search(rf"\b{kernel}\b", code), kernel
+    opaque = set(re.findall(r"torch\.ops\.course\.(\w+)", code))
+    assert opaque <= {"attention_qkv_fwd", "attention_qkv_bwd"}, opaque
+    assert abs(got.item() - ref.item()) <= 1e-2 * abs(ref.item())
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        scale = a.grad.float().abs().max().item() + 1e-6
+        assert (a.grad.float() - b.grad.float()).abs().max().item() <= 5e-2 * scale
