@@ -383,7 +383,7 @@ def _time_config(key: str, quick: bool, t0: float):
     rows, categories, kernels = [], [], []
     for name in IMPLS:
         row = {"impl": name, "ops": IMPLS[name][0], "runs_as": IMPLS[name][1], "config": config_name(cfg, batch),
-               "config_key": key, "judged": judged}
+               "config_key": key, "judged": judged, "course_kernel_ops": _registration(name)}
         if name not in times:
             rows.append({**row, "error": errors.get(name, "not timed")})
             continue
@@ -405,6 +405,17 @@ def _time_config(key: str, quick: bool, t0: float):
         rows.append(row)
     _log(f"{key}: profiled", t0)
     return rows, categories, kernels, steps
+
+
+def _registration(name: str) -> str:
+    """How torch.compile sees the course's ops in version ``name`` ('' where it does not compile them)."""
+    ops, how = IMPLS[name]
+    if ops != "course" or how not in ("compile", "reduce-overhead"):
+        return ""
+    from course_utils.ops import _lib, attn
+    if not _lib.INDUCTOR_SEES_KERNELS:
+        return "custom_op"
+    return "triton_op" if attn._VISIBLE else "triton_op (attention: custom_op)"
 
 
 def _merge_recorded(df: pd.DataFrame, name: str, keys: list[str]) -> pd.DataFrame:
