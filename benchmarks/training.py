@@ -7,9 +7,10 @@ at batch 8, kept for continuity and not judged; ``COURSE_TRAINING_CONFIGS`` (key
 comma-separated) runs a subset, whose rows replace that subset's rows in the recorded ``training.csv``
 (each row keeps its own date). The torch versions follow nanoGPT: float32 weights under bf16 autocast,
 torch's fused AdamW. The course's version follows llm.c: bf16 weights, float32 masters and moments in
-the course's one-launch AdamW. Nine ways to run the same step (:data:`IMPLS`; ``course, step by hand``
+the course's one-launch AdamW. Ten ways to run the same step (:data:`IMPLS`; ``course, step by hand``
 calls the course's forward and backward functions without the autograd engine, llm.c's way:
-:mod:`course_utils.step`), timed in interleaved rounds; for each one the host's time to issue a step,
+:mod:`course_utils.step`; ``course, step by hand + torch.compile`` compiles that forward and backward, a
+graph with no autograd in it), timed in interleaved rounds; for each one the host's time to issue a step,
 the GPU-busy time (sum of its kernels' durations, torch.profiler), its kernels by category and its own
 peak memory; MFU. For the headline configuration also (``_quick`` appended to the names under
 ``--quick``, so a quick run never overwrites a full one's side files): ``training_categories.csv``
@@ -62,6 +63,7 @@ IMPLS = {
     "torch.compile": ("torch", "compile"),
     "course": ("course", "python"),
     "course, step by hand": ("course", "hand"),
+    "course, step by hand + torch.compile": ("course", "hand-compile"),
     "course + torch.compile": ("course", "compile"),
     "eager + CUDA graph": ("torch", "graph"),
     "course + CUDA graph": ("course", "graph"),
@@ -130,9 +132,9 @@ def build(name: str, cfg, data, warmup: int = 3, batch: int = BATCH):
         replay, _ = gpt.graphed_step(model, x, y, warmup=warmup)
         return replay
     opt = gpt.optimizer(model)
-    if how == "hand":   # llm.c's way: forward and backward called by hand, no autograd engine (course_utils.step)
+    if how in ("hand", "hand-compile"):   # llm.c's way: forward and backward by hand, no autograd engine
         from course_utils.step import HandStep
-        hand = HandStep(model, opt)
+        hand = HandStep(model, opt, compiled=how == "hand-compile")
         for _ in range(warmup):
             hand(x, y)
         return lambda: hand(x, y)
@@ -410,7 +412,7 @@ def _time_config(key: str, quick: bool, t0: float):
 def _registration(name: str) -> str:
     """How torch.compile sees the course's ops in version ``name`` ('' where it does not compile them)."""
     ops, how = IMPLS[name]
-    if ops != "course" or how not in ("compile", "reduce-overhead"):
+    if ops != "course" or how not in ("compile", "reduce-overhead", "hand-compile"):
         return ""
     from course_utils.ops import _lib, attn
     if not _lib.INDUCTOR_SEES_KERNELS:
@@ -513,6 +515,8 @@ TARGETS = [
      "torch.compile reduce-overhead", "course + CUDA graph", "ms", 1.0),
     ("from Python: course under torch.compile / torch.compile of the torch version (step time)", "torch.compile",
      "course + torch.compile", "ms", 1.0),
+    ("from Python: course step by hand under torch.compile / torch.compile of the torch version (step time)",
+     "torch.compile", "course, step by hand + torch.compile", "ms", 1.0),
     ("reduce-overhead: course + torch.compile / torch.compile of the torch version (step time)",
      "torch.compile reduce-overhead", "course + torch.compile reduce-overhead", "ms", 1.0),
     ("GPU-busy time per step: torch.compile / course (course <= compile's)", "torch.compile", "course",

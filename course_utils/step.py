@@ -24,6 +24,7 @@ add + LayerNorm keeps the sum in float32, each branch reads and returns its own 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -34,6 +35,18 @@ from .ops import norms as Nm
 
 #: GPT-2's initial positions and tokens feed ``aten.embedding_dense_backward`` as autograd's embedding does
 _NO_PADDING = -1
+
+#: the kernels the step calls: the ops' Python functions (the eager step), or the registered ops themselves,
+#: which ``torch.compile`` traces (on a GPU they are triton_ops: Inductor launches their kernels)
+FUNCTIONS = (Nm, A, L, C)
+OPS = (SimpleNamespace(layer_norm_fwd=torch.ops.course.layer_norm_fwd, layer_norm_bwd=torch.ops.course.layer_norm_bwd,
+                       add_layer_norm_fwd=torch.ops.course.add_layer_norm_fwd,
+                       add_layer_norm_bwd=torch.ops.course.add_layer_norm_bwd),
+       SimpleNamespace(attention_qkv_fwd=torch.ops.course.attention_qkv_fwd,
+                       attention_qkv_bwd=torch.ops.course.attention_qkv_bwd),
+       SimpleNamespace(linear_gelu_fwd=torch.ops.course.linear_gelu_fwd,
+                       linear_gelu_bwd=torch.ops.course.linear_gelu_bwd),
+       SimpleNamespace(linear_ce_fwd=torch.ops.course.linear_cross_entropy_fwd))
 
 
 @dataclass
@@ -75,9 +88,14 @@ class HandStep:
 
     ``model`` must be a :class:`course_utils.gpt.GPT` on the course's ops with weights in the compute
     dtype (:func:`course_utils.gpt.bf16_weights` on a GPU) and ``opt`` its optimizer
-    (:func:`course_utils.gpt.optimizer`). The loss is returned as a 0-d float32 tensor on the device."""
+    (:func:`course_utils.gpt.optimizer`). The loss is returned as a 0-d float32 tensor on the device.
 
-    def __init__(self, model, opt):
+    ``compiled=True``: forward and backward run as one ``torch.compile``d function of the registered ops
+    (:data:`OPS`), a graph with no autograd in it: on a GPU, Inductor launches the course's kernels from its
+    generated code (the ops are triton_ops there) and fuses the glue between them (the embeddings, the bias
+    gradients' sums, the casts). The first call compiles."""
+
+    def __init__(self, model, opt, compiled: bool = False):
         from . import gpt
         if gpt.uses_autocast(model) and next(model.parameters()).is_cuda:
             raise ValueError("HandStep runs without autocast: convert the model with gpt.bf16_weights(model) "
@@ -91,6 +109,8 @@ class HandStep:
         self.residual = model.residual_dtype or compute   # the stream's dtype: float32 is what autocast keeps
         cfg = model.cfg
         self.n_head, self.eps, self.scale = cfg.n_head, cfg.eps, cfg.head_dim ** -0.5
+        self.kernels = OPS if compiled else FUNCTIONS
+        self.grads = torch.compile(self._grads, fullgraph=True) if compiled else self._grads
 
     # --- forward --------------------------------------------------------------------------------------
 
@@ -99,6 +119,7 @@ class HandStep:
         """(loss, dh, dwte, saved): the loss with its gradients for the last hidden state and the tied
         head (the fused classifier computes them with the loss), and what the backward reads."""
         m, eps = self.model, self.eps
+        Nm, A, L, C = self.kernels   # the ops' functions, or the registered ops when compiled (OPS)
         B, N = idx.shape
         if N > m.cfg.seq_len:
             raise ValueError(f"sequence of {N} tokens is longer than the model's seq_len={m.cfg.seq_len}")
@@ -128,6 +149,7 @@ class HandStep:
     def backward(self, idx: torch.Tensor, dh: torch.Tensor, dwte: torch.Tensor, ctx: dict) -> None:
         """Every parameter's gradient into its ``.grad``, the layers in reverse order."""
         m = self.model
+        Nm, A, L, C = self.kernels
         dres = None                                   # the residual stream's gradient (None: nothing yet)
         for i in reversed(range(len(m.blocks))):
             blk, sv = m.blocks[i], ctx["blocks"][i]
@@ -155,10 +177,14 @@ class HandStep:
         m.wte.weight.grad = dwte                      # the tied head's gradient plus the embedding's
         m.wpe.weight.grad = torch.ops.aten.embedding_dense_backward(dx.sum(0), ctx["pos"], P, _NO_PADDING, False)
 
-    def __call__(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _grads(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss; every parameter's gradient in its ``.grad`` (forward, then backward)."""
         loss, dh, dwte, ctx = self.forward(idx, targets)
         self.backward(idx, dh, dwte, ctx)
-        del ctx
+        return loss
+
+    def __call__(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.grads(idx, targets)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return loss

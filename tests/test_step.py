@@ -87,3 +87,24 @@ def test_refusals_say_what_is_expected():
     long = torch.cat([x, x], dim=1)
     with pytest.raises(ValueError, match="longer than the model's seq_len"):
         step.HandStep(m, None).forward(long, torch.cat([y, y], dim=1))
+
+
+def test_the_compiled_step_by_hand_trains_as_the_eager_one():
+    """compiled=True: forward and backward as one torch.compile'd function of the registered ops (no
+    autograd in the graph): the eager step by hand's gradients, up to the order of Inductor's sums (it fuses
+    the bias gradients' column sums), and its losses over two steps."""
+    a = _model(layers=1)
+    b = copy.deepcopy(a)
+    eager, compiled = step.HandStep(a, gpt.optimizer(a)), step.HandStep(b, gpt.optimizer(b), compiled=True)
+    torch.compiler.reset()
+    x, y = _batch(a.cfg, seed=0)
+    la, lb = eager.grads(x, y), compiled.grads(x, y)
+    assert torch.equal(la, lb)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert (pa.grad - pb.grad).abs().max() <= 1e-5 * pa.grad.abs().max(), n
+    a.zero_grad(set_to_none=True)
+    b.zero_grad(set_to_none=True)
+    for seed in range(1, 3):
+        x, y = _batch(a.cfg, seed=seed)
+        la, lb = eager(x, y), compiled(x, y)
+        assert torch.allclose(la, lb, rtol=1e-5, atol=0), (seed, la.item(), lb.item())
