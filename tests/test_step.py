@@ -97,14 +97,16 @@ def test_the_compiled_step_by_hand_trains_as_the_eager_one():
     b = copy.deepcopy(a)
     eager, compiled = step.HandStep(a, gpt.optimizer(a)), step.HandStep(b, gpt.optimizer(b), compiled=True)
     torch.compiler.reset()
+    # float32 (the CPU): the order of a sum; bf16 (a GPU): one rounding of the glue Inductor fuses
+    grad_tol, loss_tol = (1e-5, 1e-5) if next(a.parameters()).dtype == torch.float32 else (2e-2, 1e-3)
     x, y = _batch(a.cfg, seed=0)
     la, lb = eager.grads(x, y), compiled.grads(x, y)
-    assert torch.equal(la, lb)
+    assert torch.allclose(la, lb, rtol=loss_tol, atol=0), (la.item(), lb.item())
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
-        assert (pa.grad - pb.grad).abs().max() <= 1e-5 * pa.grad.abs().max(), n
+        assert (pa.grad.float() - pb.grad.float()).abs().max() <= grad_tol * pa.grad.float().abs().max(), n
     a.zero_grad(set_to_none=True)
     b.zero_grad(set_to_none=True)
     for seed in range(1, 3):
         x, y = _batch(a.cfg, seed=seed)
         la, lb = eager(x, y), compiled(x, y)
-        assert torch.allclose(la, lb, rtol=1e-5, atol=0), (seed, la.item(), lb.item())
+        assert torch.allclose(la, lb, rtol=loss_tol, atol=0), (seed, la.item(), lb.item())
