@@ -35,6 +35,8 @@ TILE_ELEMENTS = 4096    # rows per program = TILE_ELEMENTS // BLOCK_N (at least 
 def add_layer_norm_fwd_kernel(s_ptr, y_ptr, x_ptr, r_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_cols,
                               x_row_stride, r_row_stride, eps, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     """Rows pid * ROWS + [0, ROWS): s = x + r, y = (s - mean) * rstd * w + b; s and y contiguous."""
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    eps = tl.cast(eps, tl.float32)
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)

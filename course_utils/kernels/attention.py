@@ -55,6 +55,8 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                     n_heads, group, n_q, n_kv, head_dim, causal_offset, sm_scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     # Which query tile and which (batch, head) this program owns: a 1-D grid, query tiles fastest.
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)

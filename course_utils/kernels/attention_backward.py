@@ -72,6 +72,8 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
                          n_heads, group, n_q, n_kv, head_dim, causal_offset, sm_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     # One program per (key tile, batch * kv head). dk, dv have k's (contiguous) shape.
     pid = tl.program_id(0)
     n_n_tiles = tl.cdiv(n_kv, BLOCK_N)
@@ -129,6 +131,7 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                        n_heads, group, n_q, n_kv, head_dim, causal_offset, sm_scale,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 from torch.compile: math in float32
     # One program per (query tile, batch * head). dq has q's (contiguous) shape.
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)

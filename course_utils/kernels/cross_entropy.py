@@ -76,6 +76,8 @@ def cross_entropy_fwd_kernel(loss_ptr, lse_ptr, logits_ptr, targets_ptr, n_cols,
 def cross_entropy_bwd_kernel(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, row_stride,
                              d_row_stride, inv_n_rows, BLOCK_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Row ``pid``: dlogits = (exp(logits - lse) - onehot(target)) * dloss / n_rows."""
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    inv_n_rows = tl.cast(inv_n_rows, tl.float32)
     pid = tl.program_id(0)
     row = logits_ptr + pid.to(tl.int64) * row_stride
     d_row = dlogits_ptr + pid.to(tl.int64) * d_row_stride

@@ -39,14 +39,13 @@ TEACHING_BLOCK = 1024                                # elements per program of t
 def gelu_math(x, APPROXIMATE: tl.constexpr):
     """GELU of a float32 block: tanh approximation if APPROXIMATE else exact (erf).
 
-    gelu(x) = 0.5 x (1 + tanh(a)), a = sqrt(2/pi) (x + 0.044715 x^3). Since 0.5 (1 + tanh(a)) =
-    1 / (1 + e^(-2a)), this is x / (1 + e^(-2a)): one exp and one division, no cancellation where
-    tanh(a) is near -1, and e^(-2a) = inf for very negative x gives x / inf = -0, the right limit.
-    On a GPU ``/`` on float32 compiles to ``div.full.f32`` (an approximate division, within 2 ulp);
-    ``tl.fdiv`` compiles to the same instruction, and ``tl.math.div_rn`` is the correctly rounded
-    one (Triton 3.6, sm_90). Triton has a tanh on the GPU, ``triton.language.extra.libdevice.tanh``,
-    but the interpreter refuses extern (libdevice) calls, so this kernel, which must also run on a
-    laptop, builds it from ``exp``.
+    gelu(x) = 0.5 x (1 + tanh(a)), a = sqrt(2/pi) (x + 0.044715 x^3). Since 0.5 (1 + tanh(a)) = 1 / (1 + e^(-2a)),
+    this is x / (1 + e^(-2a)): one exp and one division, no cancellation where tanh(a) is near -1, and
+    e^(-2a) = inf for very negative x gives x / inf = -0, the right limit. On a GPU ``/`` on float32 compiles
+    to ``div.full.f32`` (an approximate division, within 2 ulp); ``tl.fdiv`` compiles to the same instruction,
+    and ``tl.math.div_rn`` is the correctly rounded one (Triton 3.6, sm_90). Triton has a tanh on the GPU,
+    ``triton.language.extra.libdevice.tanh``, but the interpreter refuses extern (libdevice) calls, so this
+    kernel, which must also run on a laptop, builds it from ``exp``.
     """
     if APPROXIMATE:
         a = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
@@ -86,13 +85,14 @@ def bias_gelu_scale_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, scale, BL
     cols = offsets % n_cols                                      # the bias is one value per column
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=mask).to(tl.float32)      # n_cols values: they stay in L2
-    y = gelu_math(x + b, APPROXIMATE) * scale
+    y = gelu_math(x + b, APPROXIMATE) * tl.cast(scale, tl.float32)  # torch.compile passes fp64: math in float32
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["seed"])
 def bias_gelu_dropout_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
                              APPROXIMATE: tl.constexpr):
+    p = tl.cast(p, tl.float32)  # fp64 from torch.compile: float32 (tl.cast: the interpreter passes a Python float)
     pid = tl.program_id(axis=0)
     offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
@@ -111,7 +111,7 @@ def keep_mask_kernel(keep_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr):
     pid = tl.program_id(axis=0)
     offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    tl.store(keep_ptr + offsets, (tl.rand(seed, offsets) >= p).to(tl.int8), mask=mask)
+    tl.store(keep_ptr + offsets, (tl.rand(seed, offsets) >= tl.cast(p, tl.float32)).to(tl.int8), mask=mask)
 
 
 # --- Plain launchers: check, allocate, one kernel[grid](...) call --------------------------------

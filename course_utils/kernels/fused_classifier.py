@@ -43,6 +43,8 @@ def fused_classifier_kernel(logits_ptr, losses_ptr, targets_ptr, scale_ptr, scal
                             ignore_index, SCALE_FROM_PTR: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                             NUM_STAGES: tl.constexpr):
     """Row ``pid``: losses[pid] = lse - x[target]; x <- (softmax(x) - onehot(target)) * scale."""
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    scale_value = tl.cast(scale_value, tl.float32)
     pid = tl.program_id(0)
     row = logits_ptr + pid.to(tl.int64) * row_stride
     # pass 1: the row's logsumexp, online (chapter 6; the same function as cross_entropy_fwd_kernel's)

@@ -57,6 +57,8 @@ def bias_gelu_backward_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_partial_ptr, n
                               p, keep_scale, seed, n1, n2, s0, s1, s2, r0, r1, r2, col_stride,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, APPROXIMATE: tl.constexpr,
                               DROPOUT: tl.constexpr, STRIDED: tl.constexpr):
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    p, keep_scale = tl.cast(p, tl.float32), tl.cast(keep_scale, tl.float32)
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

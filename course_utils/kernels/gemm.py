@@ -54,6 +54,7 @@ def epilogue(acc, offs_m, offs_n, M, N, bias_ptr, p, keep_scale, seed,
         # as chapter 4's bias_gelu_dropout and dropout_keep_mask for that shape and seed
         idx = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         r = tl.rand(seed, idx)
+        p, keep_scale = tl.cast(p, tl.float32), tl.cast(keep_scale, tl.float32)  # fp64 from torch.compile
         acc = tl.where(r >= p, acc * keep_scale, 0.0)
     return acc
 

@@ -29,6 +29,8 @@ from .. import env
 def layer_norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride,
                           eps, BLOCK_SIZE: tl.constexpr):
     """v2: program ``pid`` normalizes row ``pid``: y = (x - mean) * rstd * w + b."""
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    eps = tl.cast(eps, tl.float32)
     pid = tl.program_id(0)
     offsets = tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_cols
@@ -50,6 +52,7 @@ def layer_norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols
 def rms_norm_fwd_kernel(y_ptr, x_ptr, w_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride, eps,
                         BLOCK_SIZE: tl.constexpr):
     """v2, RMSNorm: no mean, no bias: y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps)."""
+    eps = tl.cast(eps, tl.float32)  # fp64 from torch.compile: math in float32
     pid = tl.program_id(0)
     offsets = tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_cols

@@ -57,6 +57,8 @@ def bias_gelu_strided_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_rows, n_cols, n
     SEED_IN_MEMORY: the seed is read from ``seed_ptr`` (a CUDA graph replay sees the new value).
     TIMES_INVERSE: kept values times keep_scale = 1 / (1 - p), as the tuned kernels do, else divided by
     1 - p, as the teaching kernel does (the same bits as the contiguous path of each shelf)."""
+    # torch.compile passes floats as fp64: keep the math in float32 (tl.cast: the interpreter passes a Python float)
+    scale, p, keep_scale = tl.cast(scale, tl.float32), tl.cast(p, tl.float32), tl.cast(keep_scale, tl.float32)
     rows = tl.program_id(axis=0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(axis=1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols

@@ -98,6 +98,8 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
                           DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, Q_REGS: tl.constexpr,
                           EVEN_D: tl.constexpr):
     """TMA=0: pointers; 1: descriptors per head, made on the device; 2: made on the host (flattened)."""
+    # fp64 from torch.compile: math in float32
+    qk_scale, q_scale = tl.cast(qk_scale, tl.float32), tl.cast(q_scale, tl.float32)
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
     pid_m = pid % n_m_tiles

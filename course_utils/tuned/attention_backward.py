@@ -90,6 +90,8 @@ def attn_bwd_dkdv_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, 
                                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
                                PREC: tl.constexpr, TMA: tl.constexpr = False):
     """TMA: q_ptr and do_ptr are descriptors of the flattened (B * H * N, d) q and dO (host-made)."""
+    # fp64 from torch.compile: math in float32
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     pid = tl.program_id(0)
     n_n_tiles = tl.cdiv(n_kv, BLOCK_N)
     pid_n = pid % n_n_tiles
@@ -185,6 +187,8 @@ def attn_bwd_dq_tuned_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq
                              EVEN_D: tl.constexpr, NUM_STAGES: tl.constexpr, PREC: tl.constexpr,
                              TMA: tl.constexpr = False):
     """TMA: k_ptr and v_ptr are descriptors of the flattened (B * H_kv * N_kv, d) k and v (host-made)."""
+    # fp64 from torch.compile: math in float32
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     pid = tl.program_id(0)
     n_m_tiles = tl.cdiv(n_q, BLOCK_M)
     pid_m = pid % n_m_tiles

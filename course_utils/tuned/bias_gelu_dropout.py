@@ -37,6 +37,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit
 def bias_gelu_dropout_seeded_kernel(x_ptr, bias_ptr, y_ptr, seed_ptr, n_elements, n_cols, p, keep_scale,
                                     BLOCK_SIZE: tl.constexpr, DROPOUT: tl.constexpr):
+    p, keep_scale = tl.cast(p, tl.float32), tl.cast(keep_scale, tl.float32)  # fp64 from torch.compile: math in float32
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
@@ -54,6 +55,7 @@ def bias_gelu_dropout_seeded_bwd_kernel(dy_ptr, x_ptr, bias_ptr, dx_ptr, db_part
                                         p, keep_scale, n1, n2, s0, s1, s2, r0, r1, r2, col_stride,
                                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
                                         STRIDED: tl.constexpr):
+    p, keep_scale = tl.cast(p, tl.float32), tl.cast(keep_scale, tl.float32)  # fp64 from torch.compile: math in float32
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -127,7 +127,7 @@ def bias_gelu_scale_tuned_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, sca
     mask = offsets < n_elements
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + bias_columns(start, n_cols, BLOCK_SIZE, WRAPS), mask=mask).to(tl.float32)
-    y = gelu_math(x + b, APPROXIMATE) * scale
+    y = gelu_math(x + b, APPROXIMATE) * tl.cast(scale, tl.float32)  # fp64 from torch.compile: math in float32
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -142,7 +142,7 @@ def bias_gelu_dropout_tuned_kernel(x_ptr, bias_ptr, y_ptr, n_elements, n_cols, p
     b = tl.load(bias_ptr + bias_columns(start, n_cols, BLOCK_SIZE, WRAPS), mask=mask).to(tl.float32)
     y = gelu_math(x + b, APPROXIMATE)
     r = tl.rand(seed, offsets)            # the teaching kernel's numbers: Philox of (seed, index)
-    y = tl.where(r >= p, y * keep_scale, 0.0)
+    y = tl.where(r >= tl.cast(p, tl.float32), y * tl.cast(keep_scale, tl.float32), 0.0)  # fp64 from torch.compile
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

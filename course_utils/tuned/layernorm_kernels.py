@@ -19,6 +19,7 @@ def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_co
                      eps, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr,
                      STATS: tl.constexpr):
     """Rows pid * ROWS + [0, ROWS): y = (x - mean) * rstd * w + b (RMSNorm: x * rstd * w)."""
+    eps = tl.cast(eps, tl.float32)  # fp64 from torch.compile: math in float32
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
