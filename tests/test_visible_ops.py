@@ -171,3 +171,36 @@ def test_the_compiled_gpt_launches_the_course_kernels_itself():
     for a, b in zip(eager.parameters(), compiled.parameters()):
         scale = a.grad.float().abs().max().item() + 1e-6
         assert (a.grad.float() - b.grad.float()).abs().max().item() <= 5e-2 * scale
+
+
+def test_symbolic_shapes_take_the_opaque_twin():
+    """Under dynamic shapes (symbolic sizes) the op's function calls its opaque twin: the launch plans are keyed
+    by concrete sizes. Static shapes, ints and plain tensors run the function itself."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    calls = []
+    impl = lambda x, n: calls.append("impl") or x.clone()          # noqa: E731
+    opaque = lambda x, n: calls.append("opaque") or x.clone()      # noqa: E731
+    fn = _lib.annotated(impl, "(Tensor x, int n) -> Tensor", opaque)
+    fn(torch.ones(3), 2)
+    make_fx(lambda x: fn(x, 2), tracing_mode="fake")(torch.ones(3))
+    make_fx(lambda x: fn(x, 2), tracing_mode="symbolic")(torch.ones(5))
+    make_fx(lambda x: fn(x, x.shape[0]), tracing_mode="symbolic")(torch.ones(5))
+    assert calls == ["impl", "impl", "opaque", "opaque"]
+
+
+def test_kernel_op_on_a_gpu_registers_a_triton_op_and_its_opaque_twin(monkeypatch):
+    """What kernel_op registers where Inductor sees the kernels, driven on the CPU with an aten-only function:
+    the op and its opaque twin, and opcheck passes, dynamic shapes included (the twin takes them)."""
+    monkeypatch.setattr(_lib, "INDUCTOR_SEES_KERNELS", True)
+    name, plans = "selftest_scaled_sum", {}
+
+    def impl(x, s):   # a plan keyed by the shape, as the course's ops keep theirs: no symbolic size can key it
+        plans.setdefault((x.shape, x.stride()), x.shape[-1])
+        return x * s, x.sum(-1)
+    op = _lib.kernel_op(name, "(Tensor x, float s) -> (Tensor, Tensor)", impl,
+                        lambda x, s: (torch.empty_like(x), x.new_empty(x.shape[:-1])))
+    assert hasattr(torch.ops.course, f"{name}_opaque")
+    x = torch.randn(4, 6)
+    y, t = op(x, 3.0)
+    assert torch.equal(y, x * 3.0) and torch.equal(t, x.sum(-1))
+    torch.library.opcheck(op, (x, 3.0))

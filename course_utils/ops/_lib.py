@@ -53,11 +53,18 @@ def kernel_op(name: str, schema: str, impl: Callable, fake: Callable, visible: b
         return _DEFINED[name]
     KERNEL_OPS[name] = (schema, impl)
     if INDUCTOR_SEES_KERNELS and visible:   # the schema comes from the annotations: give impl the schema's own
-        op = torch.library.triton_op(f"{NAMESPACE}::{name}", annotated(impl, schema), mutates_args=())
+        opaque = _custom_op(f"{name}_opaque", schema, impl, fake)
+        op = torch.library.triton_op(f"{NAMESPACE}::{name}", annotated(impl, schema, opaque), mutates_args=())
+        op.register_fake(fake)   # in place of impl itself: ours also takes symbolic shapes
     else:
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)
-    op.register_fake(fake)   # (for triton_op, in place of impl itself: ours also takes symbolic shapes)
+        op = _custom_op(name, schema, impl, fake)
     _DEFINED[name] = op
+    return op
+
+
+def _custom_op(name: str, schema: str, impl: Callable, fake: Callable):
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)
     _inductor_fast_fallback(name)
     return op
 
@@ -65,10 +72,14 @@ def kernel_op(name: str, schema: str, impl: Callable, fake: Callable, visible: b
 _PY_TYPES = {"Tensor": torch.Tensor, "Optional[Tensor]": torch.Tensor | None, "float": float, "int": int, "bool": bool}
 
 
-def annotated(impl: Callable, schema: str) -> Callable:
+def annotated(impl: Callable, schema: str, opaque: Callable | None = None) -> Callable:
     """``impl`` behind a signature annotated as ``schema`` says ("(Tensor x, float eps) -> (Tensor, Tensor)"):
     ``triton_op`` infers an op's schema from its function's annotations, and the course writes schemas. (The
-    inferred schema says SymInt where ``schema`` says int: an int annotation is inferred as SymInt.)"""
+    inferred schema says SymInt where ``schema`` says int: an int annotation is inferred as SymInt.)
+
+    ``opaque``: the same op as an opaque custom op, called instead of ``impl`` when a shape, a stride or an
+    int argument is symbolic (torch.compile's dynamic shapes): the ops' launch plans are keyed by concrete
+    sizes, so such a trace records the op whole, as the custom op would have been, and runs it per call."""
     parsed = torch._C.parse_schema(f"{NAMESPACE}::_{schema}")
 
     def py(t) -> type:
@@ -81,11 +92,23 @@ def annotated(impl: Callable, schema: str) -> Callable:
     ret = rets[0] if len(rets) == 1 else tuple.__class_getitem__(tuple(rets))
 
     def fn(*args, **kwargs):
+        if opaque is not None and _symbolic(args):
+            return opaque(*args, **kwargs)
         return impl(*args, **kwargs)
 
     fn.__signature__ = inspect.Signature(params, return_annotation=ret)
     fn.__name__, fn.__doc__ = impl.__name__, impl.__doc__
     return fn
+
+
+def _symbolic(args) -> bool:
+    """Whether a tensor's shape or strides, or an int argument, holds a symbol (dynamic-shape tracing)."""
+    for a in args:
+        if isinstance(a, torch.SymInt):
+            return True
+        if isinstance(a, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in (*a.shape, *a.stride())):
+            return True
+    return False
 
 
 def _inductor_fast_fallback(name: str) -> None:
