@@ -288,7 +288,11 @@ import torch
 from course_utils import aot_compile
 from course_utils.kernels.allreduce import _GpuRank
 from course_utils.tuned import allreduce as T
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+def release(path):   # a Triton may ship several ptxas (3.9: CUDA 12.9's and 13.4's); its PTX may need the newest
+    m = re.search(r"release (\d+)\.(\d+)", subprocess.run([path, "--version"], capture_output=True, text=True).stdout)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+ptxas = max((os.path.join(bin_dir, f) for f in os.listdir(bin_dir) if f.startswith("ptxas")), key=release)
 rows = []
 for world in (2, 4):
     for n_cols in (768, 4096):   # 4096 at W = 4: the widest tile, 16 warps a program
