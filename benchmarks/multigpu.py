@@ -3,6 +3,7 @@
     torchrun --nproc_per_node=2 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=1 -m benchmarks.multigpu --ddp-only --out ...   # the 1-GPU DDP baseline
+    torchrun --nproc_per_node=4 -m benchmarks.multigpu --ddp-only --ddp-by-hand --out ...   # + the step by hand
     torchrun --nproc_per_node=2 -m benchmarks.multigpu --graphs --no-ddp --out ...   # CUDA-graph timings
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --graphs --no-ddp --sizes 1,4,16,64 --out ...   # fewer sizes
     python -m benchmarks.multigpu --judge --out results/h100-80gb-hbm3   # issue 28's targets from the CSVs
@@ -412,15 +413,27 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 
 
 def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, global_batch: int = DDP_GLOBAL_BATCH,
-            dog: Watchdog = QUIET):
+            dog: Watchdog = QUIET, by_hand: bool = False):
     """Chapter 12's GPT step (course ops) under DDP: global batch split over the ranks; per step the
-    mean loss over all ranks (= the loss of the whole global batch) and the step's wall time."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    mean loss over all ranks (= the loss of the whole global batch) and the step's wall time.
 
+    ``by_hand``: chapter 12's step by hand instead (no autograd engine, so no DDP hooks): every gradient
+    averaged over the ranks by one all-reduce of all of them, flattened into one buffer, after the
+    backward (nothing overlaps it); bf16 weights with float32 masters on a GPU, as chapter 12's."""
     cfg = cfg or gpt.GPU
     model = gpt.GPT(cfg).to(device).use("course")
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = gpt.optimizer(ddp)
+    if by_hand:
+        from course_utils.step import HandStep
+        if device.type == "cuda":
+            gpt.bf16_weights(model)
+        opt = gpt.optimizer(model)
+        hand = HandStep(model, opt)
+        train = lambda x, y: _hand_data_parallel_step(hand, opt, x, y, world)  # noqa: E731
+    else:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        opt = gpt.optimizer(ddp)
+        train = lambda x, y: gpt.train_step(ddp, opt, x, y)  # noqa: E731
     per_rank = global_batch // world
     data = gpt.tokens()
     rows = []
@@ -431,7 +444,7 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, glo
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = gpt.train_step(ddp, opt, x, y)
+        loss = train(x, y)
         dist.all_reduce(loss)   # the mean over ranks: every rank's batch has the same size
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -441,6 +454,26 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, glo
     df["tokens_per_s_per_gpu"] = global_batch * cfg.seq_len / step_s / world
     df["global_batch"], df["world_size"] = global_batch, world
     return df
+
+
+def average_gradients(params, world: int) -> None:
+    """Every ``.grad`` of ``params`` replaced by its mean over the ranks: one all-reduce of a flat copy of all
+    of them (one launch and one message, not one per parameter)."""
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(mean.view_as(g))
+
+
+def _hand_data_parallel_step(hand, opt, x, y, world: int) -> torch.Tensor:
+    """One data-parallel step by hand: this rank's gradients, their mean over the ranks, the optimizer's step."""
+    loss = hand.grads(x, y)
+    average_gradients(list(hand.model.parameters()), world)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -494,6 +527,9 @@ def run_distributed(args) -> None:
             tables.append(("multigpu_allreduce" + ("_graphs" if args.graphs else ""), pd.DataFrame(timing)))
     if not (args.no_ddp or args.check_only or args.only_impls):
         tables.append(("multigpu_ddp", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS, dog=dog)))
+        if args.ddp_by_hand:
+            tables.append(("multigpu_ddp_hand", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS,
+                                                        dog=dog, by_hand=True)))
     dog.step("results")
     if rank == 0:
         if args.only_impls:   # a probe of a few impls: printed, never written over the recorded CSVs
@@ -692,14 +728,14 @@ def run_simulated(args) -> None:
     print(f"PASS DDP step on one process: losses {[round(v, 3) for v in df['loss']]}")
 
 
-def ddp_one_process(device, steps: int = 3, global_batch: int = 4):
+def ddp_one_process(device, steps: int = 3, global_batch: int = 4, by_hand: bool = False):
     """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
     same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
-            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch)
+            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch, by_hand=by_hand)
         finally:
             dist.destroy_process_group()
 
@@ -725,6 +761,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", help="folder for the CSVs (default results/<gpu>)")
     ap.add_argument("--quick", action="store_true", help="two sizes and a short DDP run")
     ap.add_argument("--ddp-only", action="store_true", help="only the DDP step (for the 1-GPU baseline)")
+    ap.add_argument("--ddp-by-hand", action="store_true",
+                    help="also chapter 12's step by hand, data-parallel with one flat all-reduce (multigpu_ddp_hand)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
     ap.add_argument("--graphs", action="store_true", help="time CUDA graphs of 20 calls (names end in _graphs)")
     ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")

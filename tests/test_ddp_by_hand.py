@@ -1,0 +1,61 @@
+"""benchmarks/multigpu.py's data-parallel step by hand (chapter 12's step without autograd, every gradient
+averaged by one flat all-reduce) against DDP's autograd step, on the CPU with gloo: the same losses, on one
+process and on two (where a gradient summed and not averaged, or not copied back, would part them)."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from course_utils import env
+
+pytestmark = pytest.mark.skipif(env.on_gpu(), reason="the CPU's float32 steps; a GPU runs it with torchrun")
+
+
+def _rank(rank: int, world: int, store: str, out: str) -> None:
+    """On each rank: DDP's averaged gradients and the step by hand's, after :func:`average_gradients`, for
+    this rank's half of one batch; then both trainings' losses."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from benchmarks import multigpu
+    from course_utils import gpt, step
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    try:
+        model = gpt.GPT(gpt.TINY, seed=1).use("course")
+        twin = copy.deepcopy(model)
+        x, y = (t[rank * 2:(rank + 1) * 2] for t in next(gpt.batches(gpt.tokens(), 4, gpt.TINY.seq_len, 1, seed=5)))
+        ddp = DDP(model)   # kept while backward runs: its reducer averages the gradients
+        ddp(x, y)[1].backward()
+        step.HandStep(twin, None).grads(x, y)
+        multigpu.average_gradients(list(twin.parameters()), world)
+        worst = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
+                    for a, b in zip(model.parameters(), twin.parameters()))
+        losses = {how: multigpu.ddp_run(world, rank, torch.device("cpu"), steps=2, cfg=gpt.TINY, global_batch=4,
+                                        by_hand=how == "hand")["loss"].tolist() for how in ("ddp", "hand")}
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        torch.save({"worst_grad": worst, **losses}, out)
+
+
+def test_the_step_by_hand_data_parallel_follows_ddp_on_one_process():
+    from benchmarks import multigpu
+    ddp = multigpu.ddp_one_process(torch.device("cpu"), steps=3)
+    hand = multigpu.ddp_one_process(torch.device("cpu"), steps=3, by_hand=True)
+    assert len(hand) == len(ddp) == 3
+    assert torch.allclose(torch.tensor(hand["loss"].values), torch.tensor(ddp["loss"].values), rtol=1e-5, atol=0)
+
+
+def test_the_step_by_hand_data_parallel_follows_ddp_on_two_processes():
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "losses.pt")
+        mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), out), nprocs=2, join=True)
+        losses = torch.load(out)
+    assert losses["worst_grad"] <= 1e-5, losses   # the mean over the ranks, as DDP's (not the sum, not local)
+    assert len(losses["hand"]) == len(losses["ddp"]) == 2
+    assert torch.allclose(torch.tensor(losses["hand"]), torch.tensor(losses["ddp"]), rtol=1e-5, atol=0), losses
