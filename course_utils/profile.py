@@ -1,14 +1,12 @@
 """Counting the kernels a callable launches.
+(Over 350 lines: launch counting, a training step's kernels by category, its host split and the fusion ladder's
+modelled bytes are chapter 12's one profile; the next split is ``fusion_accounts`` into a module of its own.)
 
 :func:`count_launches` gives the same count on a GPU and under the interpreter, so check cells can
 print it: every Triton launch counts one, and every eager PyTorch operator that computes (not a
 view, not an allocation) counts one, which is what eager PyTorch launches on a GPU for the
 elementwise and reduction ops of this course. :func:`cuda_kernel_table` asks the real profiler on a
 GPU, for the lecture cells that show what ran.
-
-Over 350 lines: launch counting, a training step's kernels by category, its host split and
-the fusion ladder's modelled bytes are chapter 12's one profile; the next split is ``fusion_accounts``
-into a module of its own.
 """
 
 from __future__ import annotations

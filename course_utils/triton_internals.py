@@ -1,5 +1,5 @@
 """The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
-(Over 300 lines: each internal's assumption, its check and its one use belong in this one file.)
+(Over 350 lines by design: each internal's assumption, its check and its one use belong in this one file.)
 
 A student's call never comes here: kernels launch through ``kernel[grid](...)`` only. What needs
 internals is tooling:
@@ -19,9 +19,6 @@ compiling anything); a helper here that needs one calls :func:`require` first, w
 :class:`TritonInternalsError` naming the broken assumption when the installed Triton differs from
 the version it was written for AND the assumption no longer holds. ``tests/test_triton_internals.py``
 runs :func:`problems` on every CI run, so a Triton upgrade that breaks one fails loudly there.
-
-Over 350 lines by design: this is the one module allowed to touch Triton's internals,
-each assumption gated by version and tested, so they stay in one place.
 """
 
 from __future__ import annotations
@@ -46,8 +43,10 @@ class Internal:
 INTERNALS = {i.name: i for i in (
     Internal("JITFunction.run", WRITTEN_FOR,
              "triton.runtime.jit.JITFunction.run(self, *args, grid, warmup, **kwargs) is what kernel[grid](...) "
-             "calls; a JITFunction has .fn, .params, .signature, .arg_names and .debug",
-             "aot.pretend (records launches), profile.triton_launch_hook (counts them)"),
+             "calls; a JITFunction has .fn, .params (KernelParams with .name, .is_constexpr, .has_default, "
+             ".default), .signature, .arg_names, .debug and .pre_run_hooks",
+             "aot.pretend (records launches), profile.triton_launch_hook (counts them), tuned.launch (the fast "
+             "launch: launch_method, launch_parameters and pre_run_hooks)"),
     Internal("Autotuner.run", WRITTEN_FOR,
              "triton.runtime.autotuner.Autotuner has .run(*args, **kwargs), .configs (triton.Config with "
              ".all_kwargs()) and .fn, the wrapped kernel", "aot.pretend (records every config)"),
@@ -120,8 +119,12 @@ def _check(name: str) -> str:
             if not {"grid", "warmup"} <= set(sig) or sig["grid"].kind != inspect.Parameter.KEYWORD_ONLY:
                 return f"JITFunction.run's parameters are now {list(sig)}"
             sets = JITFunction.__init__.__code__.co_names
-            missing = [a for a in ("params", "signature", "arg_names", "debug") if a not in sets]
-            return f"JITFunction no longer sets {missing}" if missing else ""
+            missing = [a for a in ("params", "signature", "arg_names", "debug", "pre_run_hooks") if a not in sets]
+            if missing:
+                return f"JITFunction no longer sets {missing}"
+            from triton.runtime.jit import KernelParam
+            gone = [a for a in ("name", "is_constexpr", "has_default", "default") if not hasattr(KernelParam, a)]
+            return f"KernelParam has no {gone}" if gone else ""
         if name == "Autotuner.run":
             import triton
             from triton.runtime.autotuner import Autotuner
@@ -233,6 +236,20 @@ def compiled_launch_classes():
     from triton.compiler import CompiledKernel
     from triton.runtime.jit import JITFunction
     return JITFunction, CompiledKernel
+
+
+def launch_method(cls):
+    """The method ``kernel[grid](...)`` calls on a kernel of class ``cls`` (``JITFunction.run``): a launch counter
+    or recorder replaces it (profile, aot), and the fast launch then leaves every launch to it."""
+    return getattr(cls, "run", None)
+
+
+def launch_parameters(kernel):
+    """``(name, is_constexpr, has_default, default)`` of each parameter of a ``JITFunction``, in signature order
+    (``JITFunction.params``), or None when its launch is not the plain one (it has pre-run hooks)."""
+    if kernel.pre_run_hooks:
+        return None
+    return tuple((p.name, p.is_constexpr, p.has_default, p.default) for p in kernel.params)
 
 
 def launch_hook_set() -> bool:

@@ -1,4 +1,6 @@
 """Checks for chapter 11 (the backward pass).
+(Over 350 lines: chapter 11's three exercises share one refusal, one guard-zone and load-tracking setup and the case
+past 2**31 elements; the next split is one module per exercise.)
 
 - :func:`check_delta_kernel` launches a student's FlashAttention-backward preprocessing kernel
   ``kernel[(n_rows,)](o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D=...)``
@@ -19,9 +21,6 @@ The course's kernels (inside the student's too), references and torch.autograd a
 the checkers fail a load outside the inputs (interpreter: 11.1 and 11.2 outside every input, 11.3 in the
 guard zones around them, as its own D buffer lies elsewhere). Fresh inputs every call: odd sizes, rows
 read through strides wider than the row (the gap holds huge values), NaN-poisoned guarded outputs.
-
-Over 350 lines: chapter 11's three exercises share one refusal, one guard-zone and
-load-tracking setup and the case past 2**31 elements; the next split is one module per exercise.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
 """Checks for chapter 9 (a matmul and its fused epilogues).
+(Over 350 lines: chapter 9's four exercises share one refusal of the course's answers, one operand set with guard
+zones and one fault catalogue (``_gemm_faults``); split per exercise, each would import the others' internals.)
 
 :func:`check_matmul` judges ``fn(a, b) -> a @ b``, :func:`check_linear_gelu` ``fn(x, w, b) ->
 gelu(x @ w + b)`` (tanh GELU, bias per output column) and :func:`check_linear_gelu_residual`
@@ -22,10 +24,6 @@ so given the epilogue function the residual check also calls it in a kernel of i
 that loaded from the NaN guard zone shows, on a GPU as under the interpreter. For 9.1's split-K slice,
 where a loop over the whole K range with a mask `k >= k_start` gives the right numbers, the loads show
 it (interpreter): a load with every lane masked off is a K tile outside the slice.
-
-Over 350 lines: chapter 9's four exercises share one refusal of the course's answers, one
-operand set with guard zones and one fault catalogue (``gemm_faults``); split per exercise, each would
-import the others' internals.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import check, env
-from .gemm_faults import EXACT, diagnose, gelu_tanh, slice_faults
+from ._gemm_faults import EXACT, diagnose, gelu_tanh, slice_faults
 
 # (atol per sqrt(K), rtol): a K-long sum of products of N(0, 1) numbers is about sqrt(K) in size; the
 # output is rounded to its dtype once. On a GPU a float32 tl.dot runs in tf32 (10-bit mantissa) unless

@@ -1,5 +1,7 @@
 """Checks for chapter 10: the LayerNorm forward row kernel and its launcher, the dw/db stage-1 reduction
 (every partial row compared) and RMSNorm's dx with rstd recomputed; each docstring gives the launch.
+(Over 350 lines: chapter 10's exercises share the statistics' fault diagnosis (which mistake a kernel's mean and
+rstd look like), read by the forward, Welford and backward checks alike.)
 Fresh inputs every call: odd row lengths; strided rows (the gap holds +/-3e4); every other row around
 OFFSET = 1000 (E[x^2] - E[x]^2 cancels in float32, 16-bit sums overflow); one row in four with a variance
 below the non-default ``eps`` every check passes; NaN-poisoned outputs in guard zones; loads outside the
@@ -8,9 +10,6 @@ Under the interpreter the loads also show a tensor's rows read with another tens
 the forward in chunks (exercise 10.1, Welford's statistics), how many times the kernel reads each element of
 x: one pass for the statistics and one for y, where a mean pass, a variance pass and a y pass read it three
 times (the numbers alone cannot tell the methods apart: both are float32-accurate).
-
-Over 350 lines: chapter 10's exercises share the statistics' fault diagnosis (which
-mistake a kernel's mean and rstd look like), read by the forward, Welford and backward checks alike.
 """
 
 from __future__ import annotations

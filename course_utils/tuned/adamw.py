@@ -1,4 +1,6 @@
 """MasterAdamW: the whole model's AdamW step in one launch (v2 of ``kernels/adamw.py``).
+(Over 350 lines: the kernel, its block table, the pointer tables and their CUDA-graph bookkeeping (pinned buffers
+kept for the capture's life) are one optimizer's state.)
 
 The model holds bf16 (or fp16, or fp32) parameters, which its forward and backward use as they are;
 the optimizer holds fp32 master weights and the moments m and v in three flat fp32 buffers, one slice
@@ -41,9 +43,6 @@ capture uses is never freed nor rewritten; eager steps build their own. So eager
 may be mixed. Call ``step()`` once before capturing (the usual warm-up on a side stream), which
 compiles the kernel. To change the learning rate, write the device tensor:
 ``opt.lr.fill_(3e-4)`` between replays, or ``opt.lr.copy_(t)`` from a device tensor inside the graph.
-
-Over 350 lines: the kernel, its block table, the pointer tables and their CUDA-graph
-bookkeeping (pinned buffers kept for the capture's life) are one optimizer's state.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """FlashAttention forward, the tuned shelf (v2 of ``course_utils.kernels.attention``).
-
-(Over 300 lines: the kernel, its three load paths, the per-device tiles and the timed choice that
+(Over 350 lines: the kernel, its three load paths, the per-device tiles and the timed choice that
 the backward shares belong together; the compile cases are the last 25 lines.)
 
 v1 in base 2 (the scale folded into log2 e), masks only on the ragged or diagonal tiles, causal

@@ -1,11 +1,13 @@
 """A cheaper launch for the ops' hot kernels (chapter 12: host time is speed), on Triton's public API.
 
-``kernel[grid](*args, **meta)`` costs a host CPU tens of microseconds on every call: ``JITFunction.run``
+``kernel[grid](*args, **meta)`` costs a host CPU tens of microseconds on every call: Triton's launcher
 binds the arguments, specializes each of them, builds the compile cache key and looks it up, all
 before the launch itself. The compiled kernel it finds is a pure function of what the specialization
-reads, and ``JITFunction.run`` returns it (a ``CompiledKernel``): its public call ``compiled[grid](*all)``
-launches it directly, with every parameter of the kernel in signature order (constexprs included, as
-``run`` passes them). :func:`launch` keeps that compiled kernel per specialization and calls it:
+reads, and ``kernel[grid](...)`` returns it: its call ``compiled[grid](*all)`` launches it directly, with
+every parameter of the kernel in signature order (constexprs included, as the launcher passes them).
+:func:`launch` keeps that compiled kernel per specialization and calls it. What this needs of Triton's
+internals (the classes, the launcher method, the parameter list, the knobs) comes from
+:mod:`course_utils.triton_internals`, where each assumption is written down and checked:
 
     key = (kernel, call site's key, grid, the specialization of args, meta, debug knobs, current device)
 
@@ -21,13 +23,13 @@ never trusted alone.
 
 The first call of a key goes through ``kernel[grid]``, which checks, compiles and launches as always.
 Anything this module does not map goes through ``kernel[grid]`` every time and is not cached: the
-interpreter (``env.on_gpu()`` false), ``ENABLED = False``, a kernel that is not a plain ``JITFunction``
-(an autotuner, heuristics) or has pre-run hooks, ``JITFunction.run`` replaced by a launch counter
+interpreter (``env.on_gpu()`` false), ``ENABLED = False``, a kernel that is not a plain ``@triton.jit`` one
+(an autotuner, heuristics) or has pre-run hooks, the launcher method replaced by a launch counter
 (``course_utils.profile.count_launches`` counts every launch), a launch-enter hook set (a profiler
 sees the plain launch), a grid that is not a tuple of ints, an argument of another type (a
 tensor subclass, a tuple), a non-constexpr parameter passed by keyword, a constexpr passed
 positionally that is not an int, bool or None, a parameter missing with no default. One thing
-``JITFunction.run`` checks that the cached call does not: that the kernel's global constants have not
+Triton's launcher checks that the cached call does not: that the kernel's global constants have not
 changed since it was compiled (the course never rebinds them; the first call of each key still checks).
 
 While ``torch.compile`` traces a ``triton_op`` (the ops on a GPU, :mod:`course_utils.ops._lib`), the tensors are a
@@ -48,13 +50,20 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import env
-from ..triton_internals import TritonInternalsError, compiled_launch_classes, launch_hook_set, launch_knobs
+from ..triton_internals import (
+    TritonInternalsError,
+    compiled_launch_classes,
+    launch_hook_set,
+    launch_knobs,
+    launch_method,
+    launch_parameters,
+)
 
 try:   # the one documented place for Triton's internals; a Triton that breaks their assumptions: plain launches
-    JITFunction, CompiledKernel = compiled_launch_classes()
+    _JIT, _COMPILED = compiled_launch_classes()
     _INTERNALS_OK = True
 except TritonInternalsError:
-    JITFunction = CompiledKernel = type(None)
+    _JIT = _COMPILED = type(None)
     _INTERNALS_OK = False
 
 ENABLED = _INTERNALS_OK  # False: every launch is the plain kernel[grid](*args, **meta) (checks compare both)
@@ -64,12 +73,12 @@ _TENSORS = (torch.Tensor, torch.nn.Parameter)   # exact types: a tensor subclass
 _MISSING = object()
 _TRACERS = (FunctionalTensor, FakeTensor)
 # the types these names stand for, replaced by fakes in the tests of the cache logic (no GPU there)
-JIT_TYPES: tuple = (JITFunction,)
-COMPILED_TYPES: tuple = (CompiledKernel,)
+JIT_TYPES: tuple = (_JIT,)
+COMPILED_TYPES: tuple = (_COMPILED,)
 current_device = torch.cuda.current_device
-# JITFunction.run as Triton defines it: a launch counter or recorder that replaces it (course_utils.profile's
+# the launcher method as Triton defines it: a launch counter or recorder that replaces it (course_utils.profile's
 # triton_launch_hook, aot's pretend launches) must see every launch, so then every launch is the plain one
-PLAIN_RUN = getattr(JITFunction, "run", None)
+PLAIN_RUN = launch_method(_JIT)
 
 
 def launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
@@ -107,7 +116,7 @@ def plain_launch(kernel, grid, args: tuple, meta: dict) -> None:
 def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
     """:func:`launch` without its mode check (the tests drive it with fake kernels on the CPU)."""
     spec = specialization(args)
-    if (spec is None or type(kernel).run is not PLAIN_RUN or launch_hook_set()
+    if (spec is None or launch_method(type(kernel)) is not PLAIN_RUN or launch_hook_set()
             or type(grid) is not tuple):
         plain_launch(kernel, grid, args, meta)
         return
@@ -160,22 +169,20 @@ def specialization(args: tuple):
 def _tail(kernel, args: tuple, meta: dict):
     """The parameters after ``args`` in signature order (from ``meta`` or their defaults), or None when the
     call's layout is not the simple one mapped here: then the launch is never cached."""
-    if not isinstance(kernel, JIT_TYPES) or kernel.pre_run_hooks:
+    params = launch_parameters(kernel) if isinstance(kernel, JIT_TYPES) else None
+    if params is None or len(args) > len(params):
         return None
-    params = kernel.params
-    if len(args) > len(params):
-        return None
-    for p, a in zip(params, args):   # a constexpr given positionally: its value is in the key only if an int
-        if p.is_constexpr and type(a) not in (int, bool, type(None)):
+    for (_, is_constexpr, _, _), a in zip(params, args):   # a constexpr given positionally: keyed only if an int
+        if is_constexpr and type(a) not in (int, bool, type(None)):
             return None
     tail = []
-    for p in params[len(args):]:
-        value = meta.get(p.name, _MISSING)
+    for name, is_constexpr, has_default, default in params[len(args):]:
+        value = meta.get(name, _MISSING)
         if value is _MISSING:
-            if not p.has_default:
+            if not has_default:
                 return None
-            value = p.default
-        elif not p.is_constexpr:   # a runtime argument by keyword: its value would key the cache
+            value = default
+        elif not is_constexpr:   # a runtime argument by keyword: its value would key the cache
             return None
         tail.append(value)
     return tuple(tail)

@@ -1,4 +1,6 @@
 """LayerNorm and RMSNorm, the shelf ``make bench`` times (chapter 10, v4 of ``kernels/layernorm.py``).
+(Over 350 lines: the plans, the backward candidates, their launchers and the timed choice belong together (a
+candidate is only as good as the launcher the choice times).)
 
 Forward: a tile of ROWS rows x BLOCK_N columns per program (several rows per program when rows are
 short), statistics in float32, mean/rstd stored only when a backward pass will need them.
@@ -13,9 +15,6 @@ kernels are in ``layernorm_kernels.py``. ``BACKWARD_DESIGN`` ("course", "per-sm"
 "both") picks the backward candidates; the fastest is kept per shape, unless
 ``torch.use_deterministic_algorithms(True)`` pins the first (a pure function of shape and device: the
 bits of dw and db depend on the plan, since each plan sums the rows in its own order).
-
-Over 350 lines: the plans, the backward candidates, their launchers and the timed choice
-belong together (a candidate is only as good as the launcher the choice times).
 """
 
 from __future__ import annotations
