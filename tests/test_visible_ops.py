@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import course_utils.ops  # noqa: F401  (registers every op)
 import course_utils.ops.dropout  # noqa: F401
 import course_utils.ops.linear_ce  # noqa: F401
+from course_utils import env
 from course_utils.ops import _lib
 from course_utils.ops import norms as Nm
 from course_utils.tuned import launch as L
@@ -35,7 +36,7 @@ def test_a_triton_op_made_from_an_impl_runs_eagerly():
     """What kernel_op registers on a GPU, here under a test namespace: the eager call runs the course's kernels."""
     schema, impl = _lib.KERNEL_OPS["layer_norm_fwd"]
     op = torch.library.triton_op("coursetest::layer_norm_fwd", _lib.annotated(impl, schema), mutates_args=())
-    x, w, b = torch.randn(5, 24), torch.randn(24), torch.randn(24)
+    x, w, b = (torch.randn(*shape, device=env.DEVICE) for shape in ((5, 24), (24,), (24,)))
     y, mean, rstd = op(x, w, b, 1e-5)
     want = torch.nn.functional.layer_norm(x.double(), (24,), w.double(), b.double(), 1e-5)
     assert torch.allclose(y.double(), want, atol=1e-5, rtol=1e-5)
@@ -204,3 +205,23 @@ def test_kernel_op_on_a_gpu_registers_a_triton_op_and_its_opaque_twin(monkeypatc
     y, t = op(x, 3.0)
     assert torch.equal(y, x * 3.0) and torch.equal(t, x.sum(-1))
     torch.library.opcheck(op, (x, 3.0))
+
+
+def test_traced_qkv_backward_writes_its_own_buffers_and_packs_them_alike(monkeypatch):
+    """While torch.compile traces, attention_qkv_bwd's kernels write three buffers of their own (no views of
+    one buffer: Inductor copied such views wrongly, reading past a slice's end); the packed result must be the
+    one the eager path writes in place."""
+    from course_utils.ops import attn
+    B, N, H, d = 2, 19, 3, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(B, N, 3 * H * d, generator=g).to(env.DEVICE)
+    o, lse = attn.attention_qkv_fwd(qkv, H, True, d ** -0.5)
+    do = torch.randn(B, N, H, d, generator=g).to(env.DEVICE).transpose(1, 2)   # the step's layout: a transposed view
+    eager = attn.attention_qkv_bwd(do, qkv, o, lse, H, True, d ** -0.5)
+    seen = []
+    real_bwd_into = attn._bwd_into
+    monkeypatch.setattr(attn._lib, "tracing", lambda *ts: True)
+    monkeypatch.setattr(attn, "_bwd_into", lambda *a: seen.append(a[-3:]) or real_bwd_into(*a))
+    traced = attn.attention_qkv_bwd(do, qkv, o, lse, H, True, d ** -0.5)
+    assert all(t._base is None and t.is_contiguous() for t in seen[0])
+    assert traced.shape == qkv.shape and torch.equal(traced, eager)

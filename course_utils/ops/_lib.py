@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import tempfile
 from collections.abc import Callable
 
 import torch
@@ -41,6 +42,10 @@ from ..tuned.launch import launch, traced  # noqa: F401  (the ops' hot launches:
 NAMESPACE = "course"
 #: whether torch.compile sees the ops' kernels (triton_op) or calls each op as one opaque custom op
 INDUCTOR_SEES_KERNELS = env.on_gpu() and os.environ.get("COURSE_OPAQUE_OPS", "0") in ("", "0")
+if env.on_gpu() and not INDUCTOR_SEES_KERNELS:
+    # Inductor's caches key a graph by its ops' names, not by how they are registered: an opaque build would
+    # reuse a visible one's code (seen on an H100). The opaque builds keep a cache of their own.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_course_opaque"))
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 _DEFINED: dict[str, object] = {}
 KERNEL_OPS: dict[str, tuple[str, Callable]] = {}   # name -> (schema, impl) of every kernel op

@@ -137,11 +137,14 @@ def _backward(ctx, do, _dlse=None):
     return dq, dk, dv, None, None
 
 
-# Opaque to Inductor for now (torch.compile calls these ops as a whole). Its build of the forward tile kernel failed
-# in tl.dot's accumulator check (torch 2.11, Triton 3.6, an H100; results/h100-80gb-hbm3/compile_visible_ops_attention
-# .log): Inductor passes the float scales as fp64, which made p and acc fp64. The kernels now cast them to float32
-# first, and tests/test_fp64_scalars.py compiles the forward (with that build's constants) and the backward for
-# sm_90 with fp64 scales; True once tools/gpu_checks/visible_ops.py has built and checked them on a GPU.
+# Opaque to Inductor for now (torch.compile calls these ops as a whole). Two builds of them as triton_ops failed
+# on an H100 (torch 2.11, Triton 3.6). First, tl.dot's accumulator check: Inductor passed the float scales as
+# fp64 (results/h100-80gb-hbm3/compile_visible_ops_attention.log); the kernels now cast them to float32 and
+# tests/test_fp64_scalars.py compiles them for sm_90 with fp64 scales. Second, illegal memory accesses in
+# GPT-2 small's compiled step: Inductor copied the backward's dq, dk, dv (views of one dqkv buffer) reading
+# past a slice's end; with three buffers of their own (attention_qkv_bwd, traced) the toy's 2-layer step ran
+# right and tools/gpu_checks/visible_ops.py passed, but the 12-layer step still faulted once it was timed.
+# True once that step has run clean under tools/gpu_checks/compile_course.py.
 _VISIBLE = False
 FWD = _lib.kernel_op("attention_fwd", "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)",
                      attention_fwd, _fake_fwd, visible=_VISIBLE)
@@ -189,7 +192,13 @@ def _fake_qkv_fwd(qkv, n_head, causal, scale):
 
 def attention_qkv_bwd(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, n_head: int,
                       causal: bool, scale: float):
-    """dqkv in the projection's packed layout: the kernels write dq, dk, dv into its three slices (no gather)."""
+    """dqkv in the projection's packed layout: the kernels write dq, dk, dv into its three slices (no gather).
+    While torch.compile traces, they write three buffers of their own, packed by one copy: Inductor (torch
+    2.11) copies a kernel's mutated views of one buffer wrongly, reading past the end of a slice."""
+    if _lib.tracing(qkv):
+        grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in split_qkv(qkv, n_head)]
+        _bwd_into(do, *split_qkv(qkv, n_head), o, lse, causal, scale, *grads)
+        return torch.stack(grads, 0).permute(1, 3, 0, 2, 4).reshape(qkv.shape)
     dqkv = qkv.new_empty(qkv.shape)
     _bwd_into(do, *split_qkv(qkv, n_head), o, lse, causal, scale, *split_qkv(dqkv, n_head))
     return dqkv
