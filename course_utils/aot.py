@@ -60,6 +60,7 @@ from .aot_compile import (  # noqa: F401  (re-exported: python -m course_utils.a
     ptx_of,
     table,
 )
+from .state import RuntimeCache
 
 ARCHS = (75, 80, 90)
 PACKAGES = (KERNEL_PACKAGE, "course_utils.tuned")  # the two shelves: what a student reads, what make bench times
@@ -166,7 +167,7 @@ def kernel_modules() -> list:
     return modules
 
 
-IMPORT_ERRORS: dict[str, str] = {}  # module -> why kernel_modules() could not import it
+IMPORT_ERRORS: dict[str, str] = RuntimeCache()  # module -> why kernel_modules() could not import it
 
 
 def _shelf_siblings(module) -> list[str]:

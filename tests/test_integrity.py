@@ -204,6 +204,29 @@ def test_run_time_guard_catches_tampering(name):
     g.verify("this check")
 
 
+def test_the_course_filling_its_run_time_caches_is_not_tampering_but_replacing_one_is():
+    """On a GPU a check times tiles (choice.TIMES) and plans launches (ops' PLANS): the grade of chapter 12's
+    solution failed integrity that way on an H100. A RuntimeCache may grow; put another dict in its place,
+    or edit a constant dict, and the guard says so."""
+    from course_utils.ops import norms
+    from course_utils.tuned import choice
+    g = guard.arm("from course_utils import check")
+    key = ("a test's key", 1)
+    choice.TIMES[key] = {"a candidate": 1.0}
+    norms.PLANS[key] = "a plan"
+    try:
+        g.verify("this check")
+    finally:
+        del choice.TIMES[key], norms.PLANS[key]
+    restore = _swap(choice, "TIMES", dict(choice.TIMES))
+    try:
+        with pytest.raises(guard.IntegrityError, match="TIMES was replaced"):
+            g.verify("this check")
+    finally:
+        restore()
+    g.verify("this check")
+
+
 @pytest.mark.slow
 def test_a_notebook_writing_the_course_files_changes_only_its_private_copy(tmp_path):
     target = exercises.ROOT / "course_utils" / "checkers" / "__init__.py"

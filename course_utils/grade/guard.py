@@ -17,6 +17,8 @@ import importlib
 import pkgutil
 import sys
 
+from ..state import RuntimeCache
+
 COURSE = "course_utils"
 
 
@@ -47,11 +49,10 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def _watched(name: str, value) -> bool:
-    if callable(value) or isinstance(value, type(sys)):
+    if callable(value) or isinstance(value, (type(sys), RuntimeCache)):
         return True
-    if isinstance(value, dict) and (name.startswith("_") or name == "PLANS"):
-        # a private dict is a cache the launchers fill on a GPU (_BEST, _DEVICE_INFO), and course_utils.ops'
-        # PLANS the launch plans its ops cache as they run (chapter 12's checks run them): not constants
+    if isinstance(value, dict) and name.startswith("_"):
+        # a private dict is a cache the launchers fill on a GPU (_BEST, _DEVICE_INFO): not a constant
         return False
     return name.isupper() and "CACHE" not in name and isinstance(value, (int, float, str, tuple, dict, frozenset))
 
@@ -99,7 +100,9 @@ class Guard:
                 continue
             if name.startswith(COURSE) or name == "builtins" or callable(v):
                 if _watched(k, v):
-                    out[k] = _record(v) if not isinstance(v, (dict, tuple)) else (repr(v),)
+                    # a constant by its value; a RuntimeCache (course_utils.state) by its identity alone
+                    constant = isinstance(v, (dict, tuple)) and not isinstance(v, RuntimeCache)
+                    out[k] = (repr(v),) if constant else _record(v)
                 if isinstance(v, type) and name.startswith(COURSE) and v.__module__ == name:
                     for ck, cv in vars(v).items():
                         if callable(cv):

@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 
 from .. import env
+from ..state import RuntimeCache
 from ..tuned.launch import launch, traced  # noqa: F401  (the ops' hot launches: course_utils.tuned.launch says why)
 
 NAMESPACE = "course"
@@ -48,7 +49,7 @@ if env.on_gpu() and not INDUCTOR_SEES_KERNELS:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_course_opaque"))
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 _DEFINED: dict[str, object] = {}
-KERNEL_OPS: dict[str, tuple[str, Callable]] = {}   # name -> (schema, impl) of every kernel op
+KERNEL_OPS: dict[str, tuple[str, Callable]] = RuntimeCache()   # name -> (schema, impl) of every kernel op
 
 
 def kernel_op(name: str, schema: str, impl: Callable, fake: Callable, visible: bool = True):

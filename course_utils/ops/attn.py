@@ -25,11 +25,12 @@ import torch
 
 from .. import hardware
 from ..kernels.attention import validate
+from ..state import RuntimeCache
 from ..tuned import attention as F_
 from ..tuned import attention_backward as B_
 from . import _lib
 
-PLANS: dict = {}
+PLANS: dict = RuntimeCache()
 VALID: set = set()   # the (shapes, dtypes, devices) whose inputs passed the checks
 
 

@@ -23,13 +23,14 @@ import torch
 
 from .. import env, hardware
 from ..kernels.gemm import check_operands
+from ..state import RuntimeCache
 from ..tuned import choice
 from ..tuned import elementwise as EW
 from ..tuned import gelu_backward as GB
 from ..tuned import gemm as G
 from . import _lib
 
-PLANS: dict = {}
+PLANS: dict = RuntimeCache()
 LINEAR_PLANS = ("cublas", "gemm")
 _FORCED: list = []
 

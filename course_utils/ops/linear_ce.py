@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 
 from ..kernels import fused_classifier as K
+from ..state import RuntimeCache
 from ..tuned import linear_cross_entropy as T
 from . import _lib
 
-PLANS: dict = {}
+PLANS: dict = RuntimeCache()
 
 
 def _plan(rows: int, vocab: int, dtype: torch.dtype) -> dict:

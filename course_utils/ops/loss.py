@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 
 from ..kernels import cross_entropy as K
+from ..state import RuntimeCache
 from . import _lib
 
-PLANS: dict = {}
+PLANS: dict = RuntimeCache()
 CHECKED: set = set()   # the input layouts whose checks passed
 
 

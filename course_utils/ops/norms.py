@@ -17,11 +17,12 @@ import torch
 
 from .. import env, hardware
 from ..kernels import add_layernorm as A
+from ..state import RuntimeCache
 from ..tuned import layernorm as T
 from ..tuned.layernorm_kernels import norm_fwd_kernel
 from . import _lib
 
-PLANS: dict = {}
+PLANS: dict = RuntimeCache()
 
 
 # --------------------------------------------------------------------------- layer_norm

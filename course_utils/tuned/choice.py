@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 
 from .. import env
+from ..state import RuntimeCache
 
 CHOICE_ROUNDS = 3  # close configurations are a few percent apart: the best of three timings each
-TIMES: dict = {}   # key -> {candidate: best ms or None}, for every choice timed in this process
+TIMES: dict = RuntimeCache()   # key -> {candidate: best ms or None}, for every choice timed in this process
 
 
 def out_of_resources(e: BaseException) -> bool:

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import fused_classifier as K
+from ..state import RuntimeCache
 from ..traffic.classifier import CHUNK_BYTES, ROW_MULTIPLE, chunk_rows_for  # the chunk rule is a bytes rule
 from .launch import launch, traced
 
@@ -78,7 +79,7 @@ def check(h, weight, targets, what: str = "linear_cross_entropy") -> None:
 
 #: device -> False once torch.addmm(acc_fp32, g.T, h, out_dtype=float32) has refused a float32 ``acc`` (some
 #: torch versions require it in the inputs' dtype); then each chunk adds a float32 product instead.
-ACCUMULATE_IN_PLACE: dict = {}
+ACCUMULATE_IN_PLACE: dict = RuntimeCache()
 
 
 def _fp32_out_dtype_gemm(t: torch.Tensor) -> bool:
