@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --out results/h100-80gb-hbm3
     torchrun --nproc_per_node=1 -m benchmarks.multigpu --ddp-only --out ...   # the 1-GPU DDP baseline
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --ddp-only --ddp-by-hand --out ...   # + the step by hand
+    torchrun --nproc_per_node=4 -m benchmarks.multigpu --ddp-only --ddp-by-hand --ddp-compiled --out ...   # + compiled
     torchrun --nproc_per_node=2 -m benchmarks.multigpu --graphs --no-ddp --out ...   # CUDA-graph timings
     torchrun --nproc_per_node=4 -m benchmarks.multigpu --graphs --no-ddp --sizes 1,4,16,64 --out ...   # fewer sizes
     python -m benchmarks.multigpu --judge --out results/h100-80gb-hbm3   # issue 28's targets from the CSVs
@@ -413,13 +414,16 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 
 
 def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, global_batch: int = DDP_GLOBAL_BATCH,
-            dog: Watchdog = QUIET, by_hand: bool = False):
+            dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False):
     """Chapter 12's GPT step (course ops) under DDP: global batch split over the ranks; per step the
     mean loss over all ranks (= the loss of the whole global batch) and the step's wall time.
 
     ``by_hand``: chapter 12's step by hand instead (no autograd engine, so no DDP hooks): every gradient
     averaged over the ranks by one all-reduce of all of them, flattened into one buffer, after the
-    backward (nothing overlaps it); bf16 weights with float32 masters on a GPU, as chapter 12's."""
+    backward (nothing overlaps it); bf16 weights with float32 masters on a GPU, as chapter 12's.
+    ``compiled``: the same step under ``torch.compile`` (DDP's model compiled, Dynamo splitting its graph
+    at the gradient buckets; the step by hand's forward and backward compiled as one function): on a GPU
+    the course's kernels launched from Inductor's code, so the host issues a step faster."""
     cfg = cfg or gpt.GPU
     model = gpt.GPT(cfg).to(device).use("course")
     if by_hand:
@@ -427,13 +431,14 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, glo
         if device.type == "cuda":
             gpt.bf16_weights(model)
         opt = gpt.optimizer(model)
-        hand = HandStep(model, opt)
+        hand = HandStep(model, opt, compiled=compiled)
         train = lambda x, y: _hand_data_parallel_step(hand, opt, x, y, world)  # noqa: E731
     else:
         from torch.nn.parallel import DistributedDataParallel as DDP
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         opt = gpt.optimizer(ddp)
-        train = lambda x, y: gpt.train_step(ddp, opt, x, y)  # noqa: E731
+        run = torch.compile(ddp, fullgraph=False) if compiled else ddp   # DDP's graph breaks at its buckets
+        train = lambda x, y: gpt.train_step(run, opt, x, y)  # noqa: E731
     per_rank = global_batch // world
     data = gpt.tokens()
     rows = []
@@ -454,6 +459,15 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, glo
     df["tokens_per_s_per_gpu"] = global_batch * cfg.seq_len / step_s / world
     df["global_batch"], df["world_size"] = global_batch, world
     return df
+
+
+def ddp_table(by_hand: bool = False, compiled: bool = False) -> str:
+    """The CSV name of a data-parallel variant: multigpu_ddp, multigpu_ddp_hand, ..._compiled."""
+    return "multigpu_ddp" + ("_hand" if by_hand else "") + ("_compiled" if compiled else "")
+
+
+#: every data-parallel variant's table, each judged against its own one-GPU run
+DDP_TABLES = tuple(ddp_table(h, c) for h in (False, True) for c in (False, True))
 
 
 def average_gradients(params, world: int) -> None:
@@ -526,10 +540,11 @@ def run_distributed(args) -> None:
         if timing:
             tables.append(("multigpu_allreduce" + ("_graphs" if args.graphs else ""), pd.DataFrame(timing)))
     if not (args.no_ddp or args.check_only or args.only_impls):
-        tables.append(("multigpu_ddp", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS, dog=dog)))
-        if args.ddp_by_hand:
-            tables.append(("multigpu_ddp_hand", ddp_run(world, rank, device, steps=10 if args.quick else DDP_STEPS,
-                                                        dog=dog, by_hand=True)))
+        steps = 10 if args.quick else DDP_STEPS
+        for by_hand in (False, True) if args.ddp_by_hand else (False,):
+            for compiled in (False, True) if args.ddp_compiled else (False,):
+                tables.append((ddp_table(by_hand, compiled), ddp_run(world, rank, device, steps=steps, dog=dog,
+                                                                     by_hand=by_hand, compiled=compiled)))
     dog.step("results")
     if rank == 0:
         if args.only_impls:   # a probe of a few impls: printed, never written over the recorded CSVs
@@ -651,15 +666,23 @@ def targets(tables: dict) -> list:
                 found.append(Target(ISSUE, f"TP MLP block, fused epilogue vs NCCL + separate kernels, {where}",
                                     r["tp mlp, nccl + separate kernels"] / r["tp mlp, fused epilogue"], 1.2))
                 found += fast_path_targets(r, where, mib)
-        one, d = tables.get(("multigpu_ddp", 1)), tables.get(("multigpu_ddp", world))
-        if one is not None and d is not None:
+        for name in DDP_TABLES:   # each variant against its own one-GPU run
+            one, d = tables.get((name, 1)), tables.get((name, world))
+            if one is None or d is None:
+                continue
+            what = DDP_NAMES[name]
             n = min(len(one), len(d))
             rel = abs((d["loss"].values[:n] - one["loss"].values[:n]) / one["loss"].values[:n]).max()
-            found.append(Target(ISSUE, f"DDP per-GPU tokens/s vs 1 GPU, {world} GPUs",
+            found.append(Target(ISSUE, f"{what} per-GPU tokens/s vs 1 GPU, {world} GPUs",
                                 d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
-            found.append(Target(ISSUE, f"DDP losses within 2% of 1 GPU (1 - largest relative difference), {world} GPUs",
-                                1 - rel, 0.98))
+            found.append(Target(ISSUE, f"{what} losses within 2% of 1 GPU (1 - largest relative difference), "
+                                       f"{world} GPUs", 1 - rel, 0.98))
     return found
+
+
+DDP_NAMES = {"multigpu_ddp": "DDP", "multigpu_ddp_compiled": "DDP + torch.compile",
+             "multigpu_ddp_hand": "step by hand, data-parallel",
+             "multigpu_ddp_hand_compiled": "step by hand + torch.compile, data-parallel"}
 
 
 def fast_path_targets(r, where: str, mib: int) -> list:
@@ -685,7 +708,7 @@ def fast_path_targets(r, where: str, mib: int) -> list:
 def judge(out: Path) -> pd.DataFrame:
     """Read ``out/multigpu_*_w<W>.csv``, print issue 28's targets, write ``out/multigpu_targets.csv``."""
     tables = {}
-    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs", "multigpu_ddp"):
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs", *DDP_TABLES):
         for world in (1, 2, 4):
             path = out / f"{name}_w{world}.csv"
             if path.exists():
@@ -728,14 +751,15 @@ def run_simulated(args) -> None:
     print(f"PASS DDP step on one process: losses {[round(v, 3) for v in df['loss']]}")
 
 
-def ddp_one_process(device, steps: int = 3, global_batch: int = 4, by_hand: bool = False):
+def ddp_one_process(device, steps: int = 3, global_batch: int = 4, by_hand: bool = False, compiled: bool = False):
     """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
     same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
-            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch, by_hand=by_hand)
+            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch, by_hand=by_hand,
+                           compiled=compiled)
         finally:
             dist.destroy_process_group()
 
@@ -763,6 +787,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ddp-only", action="store_true", help="only the DDP step (for the 1-GPU baseline)")
     ap.add_argument("--ddp-by-hand", action="store_true",
                     help="also chapter 12's step by hand, data-parallel with one flat all-reduce (multigpu_ddp_hand)")
+    ap.add_argument("--ddp-compiled", action="store_true",
+                    help="also each data-parallel step under torch.compile (multigpu_ddp[_hand]_compiled)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
     ap.add_argument("--graphs", action="store_true", help="time CUDA graphs of 20 calls (names end in _graphs)")
     ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")

@@ -59,3 +59,32 @@ def test_the_step_by_hand_data_parallel_follows_ddp_on_two_processes():
     assert losses["worst_grad"] <= 1e-5, losses   # the mean over the ranks, as DDP's (not the sum, not local)
     assert len(losses["hand"]) == len(losses["ddp"]) == 2
     assert torch.allclose(torch.tensor(losses["hand"]), torch.tensor(losses["ddp"]), rtol=1e-5, atol=0), losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("by_hand", [False, True], ids=["ddp", "by-hand"])
+def test_each_data_parallel_step_compiled_takes_the_same_steps(by_hand):
+    """``--ddp-compiled``: DDP's model under torch.compile (its graph split at the buckets) and the step by
+    hand compiled whole train like their eager selves (on the CPU the course's ops stay opaque custom ops)."""
+    from benchmarks import multigpu
+    eager = multigpu.ddp_one_process(torch.device("cpu"), steps=2, by_hand=by_hand)
+    compiled = multigpu.ddp_one_process(torch.device("cpu"), steps=2, by_hand=by_hand, compiled=True)
+    assert len(compiled) == len(eager) == 2
+    assert torch.allclose(torch.tensor(compiled["loss"].values), torch.tensor(eager["loss"].values), rtol=1e-4, atol=0)
+
+
+def test_every_data_parallel_variant_is_judged_against_its_own_one_gpu_run():
+    import pandas as pd
+
+    from benchmarks import multigpu
+
+    def run(ms, loss=(3.0, 2.5)):
+        return pd.DataFrame({"loss": list(loss), "tokens_per_s_per_gpu": [1e3 / ms] * 2})
+    tables = {("multigpu_ddp", 1): run(10), ("multigpu_ddp", 2): run(20),
+              ("multigpu_ddp_hand_compiled", 1): run(4), ("multigpu_ddp_hand_compiled", 2): run(4.2, (3.0, 2.6))}
+    got = {t.claim: t.measured for t in multigpu.targets(tables)}
+    assert got["DDP per-GPU tokens/s vs 1 GPU, 2 GPUs"] == pytest.approx(0.5)
+    assert got["step by hand + torch.compile, data-parallel per-GPU tokens/s vs 1 GPU, 2 GPUs"] == pytest.approx(4 / 4.2)
+    assert got["step by hand + torch.compile, data-parallel losses within 2% of 1 GPU (1 - largest relative "
+               "difference), 2 GPUs"] == pytest.approx(1 - 0.1 / 2.5)
+    assert not any("DDP + torch.compile" in name for name in got)   # not recorded: not judged
