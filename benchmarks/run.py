@@ -269,7 +269,36 @@ def write_summary(results: list[TopicResult], ceilings: bench.Ceilings, out_dir:
     text += (f"\nCeilings: copy {ceilings.copy_gbps:.0f} GB/s, {ceilings.matmul_dtype} matmul "
              f"{ceilings.matmul_tflops:.0f} TFLOP/s ({ceilings.note}).\n\n")
     text += to_markdown(runs, f"Topics run ({sum(r.seconds for r in results):.0f} s)").replace("# Topics", "## Topics")
-    (out_dir / f"{stem}.md").write_text(text)
+    (out_dir / f"{stem}.md").write_text(text + multigpu_section(out_dir))
+
+
+MULTIGPU_TITLE = "Across GPUs (issue 28)"
+MULTIGPU_HEADING = "## " + MULTIGPU_TITLE
+
+
+def multigpu_section(out_dir: Path) -> str:
+    """targets.md's last section: chapter 13's targets, from ``multigpu_targets.csv`` (``torchrun`` runs,
+    not ``make bench``'s, judged by ``python -m benchmarks.multigpu --judge``); empty when none is recorded."""
+    import pandas as pd
+
+    path = out_dir / "multigpu_targets.csv"
+    if not path.exists():
+        return ""
+    rows = pd.read_csv(path)
+    counts = rows["status"].value_counts()
+    told = ", ".join(f"{counts[s]} {s}" for s in ("pass", bench.TIE, "short") if s in counts)
+    table = "#" + to_markdown(rows.drop(columns=["issue"], errors="ignore"), MULTIGPU_TITLE)   # a second-level one
+    return (f"\n{table}\n{told}. Measured by `torchrun` runs on one host of 2 and 4 GPUs (`results/README.md` "
+            "names each run), judged from the `multigpu_*_w<W>.csv` files by `python -m benchmarks.multigpu "
+            "--judge`, which rewrites this section alone.\n")
+
+
+def replace_multigpu_section(out_dir: Path) -> None:
+    """Rewrite the multi-GPU section of ``out_dir/targets.md`` and keep the rest (the judge of chapter 13)."""
+    md = out_dir / "targets.md"
+    if md.exists():
+        head = md.read_text().split("\n" + MULTIGPU_HEADING)[0].rstrip("\n") + "\n"
+        md.write_text(head + multigpu_section(out_dir))
 
 
 def commit() -> str:

@@ -301,3 +301,19 @@ def test_the_launch_bound_wall_clock_targets_against_eager_are_retired():
         for size in (1, 4, 16):
             assert f"bias+gelu+scale {dtype} {size} MiB vs torch.compile (wall)" in ew
             assert ew[f"bias+gelu+scale {dtype} {size} MiB vs eager (graph)"].required == 2.5
+
+
+def test_targets_md_carries_the_multi_gpu_targets_and_their_judge_rewrites_that_section_alone(tmp_path):
+    import pandas as pd
+    (tmp_path / "targets.md").write_text("# Speed targets\n\n| a |\n|---|\n| 1 |\n")
+    rows = pd.DataFrame({"issue": [28, 28], "target": ["fused vs nccl, 2 GPUs", "DDP vs 1 GPU, 4 GPUs"],
+                         "required": [1.5, 0.9], "measured": [1.6, 0.22], "status": ["pass", "short"]})
+    rows.to_csv(tmp_path / "multigpu_targets.csv", index=False)
+    runner.replace_multigpu_section(tmp_path)
+    runner.replace_multigpu_section(tmp_path)   # twice: one section, not two
+    text = (tmp_path / "targets.md").read_text()
+    assert text.startswith("# Speed targets\n\n| a |") and text.count(runner.MULTIGPU_HEADING) == 1
+    assert "| DDP vs 1 GPU, 4 GPUs | 0.9 | 0.22 | short |" in text and "1 pass, 1 short." in text
+    (tmp_path / "multigpu_targets.csv").unlink()
+    runner.replace_multigpu_section(tmp_path)   # nothing recorded: no section
+    assert runner.MULTIGPU_HEADING not in (tmp_path / "targets.md").read_text()
