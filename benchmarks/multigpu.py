@@ -624,11 +624,11 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
         host = sorted(set(df.loc[df["host_ms"] > df["ms"], "impl"]))
         if host:
             print("the host, not the GPU, set the pace (host_ms > ms) somewhere for: " + ", ".join(host))
-    if "multigpu_ddp" in tables:
-        d = tables["multigpu_ddp"]
-        line = f"\nDDP, {world} GPU(s): {d['tokens_per_s_per_gpu'].iloc[0]:.0f} tokens/s per GPU, last loss " \
-               f"{d['loss'].iloc[-1]:.4f}"
-        one = out / "multigpu_ddp_w1.csv"
+    for name in (n for n in DDP_TABLES if n in tables):
+        d = tables[name]
+        line = f"\n{DDP_NAMES[name]}, {world} GPU(s): {d['tokens_per_s_per_gpu'].iloc[0]:.0f} tokens/s per GPU, " \
+               f"median step {d['ms'].median():.1f} ms, last loss {d['loss'].iloc[-1]:.4f}"
+        one = out / f"{name}_w1.csv"
         if world > 1 and one.exists():
             d1 = pd.read_csv(one)
             eff = d["tokens_per_s_per_gpu"].iloc[0] / d1["tokens_per_s_per_gpu"].iloc[0]
