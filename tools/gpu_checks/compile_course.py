@@ -54,7 +54,8 @@ def main():
                      "config_key": a.config, "course_kernel_ops": T._registration(name)})
         print(f"{name:40s} {rows[-1]['ms']:8.2f} ms/step   host {rows[-1]['host_ms']:7.2f} ms")
     if a.csv:
-        _write(rows, Path(a.csv), " ".join(["tools/gpu_checks/compile_course.py", "--config", a.config]))
+        _write(rows, Path(a.csv), " ".join(["tools/gpu_checks/compile_course.py", "--config", a.config, "--impls",
+                                            repr(a.impls)]))
 
 
 def _write(rows: list, path: Path, source: str) -> None:
