@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import env, hardware
+from . import env, hardware, state
 from . import triton_internals as internals
 from .aot_compile import (  # noqa: F401  (re-exported: python -m course_utils.aot and the tests use them)
     KERNEL_PACKAGE,
@@ -60,7 +60,6 @@ from .aot_compile import (  # noqa: F401  (re-exported: python -m course_utils.a
     ptx_of,
     table,
 )
-from .state import RuntimeCache
 
 ARCHS = (75, 80, 90)
 PACKAGES = (KERNEL_PACKAGE, "course_utils.tuned")  # the two shelves: what a student reads, what make bench times
@@ -167,7 +166,7 @@ def kernel_modules() -> list:
     return modules
 
 
-IMPORT_ERRORS: dict[str, str] = RuntimeCache()  # module -> why kernel_modules() could not import it
+IMPORT_ERRORS: dict[str, str] = state.RuntimeCache()  # module -> why kernel_modules() could not import it
 
 
 def _shelf_siblings(module) -> list[str]:

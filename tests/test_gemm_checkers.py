@@ -146,7 +146,7 @@ def test_the_courses_own_kernels_are_refused_as_the_answer_key():
 def test_every_exercise_check_refuses_the_course_answers():
     """Exercise 9.1's split-K slice check and 9.2's residual epilogue check refuse the course's launchers
     and tuned ops, reached directly or through a student's function (the fault catalogue in
-    checkers/_gemm_faults.py is only consulted after that)."""
+    faults/gemm.py is only consulted after that)."""
     from course_utils.kernels import gemm as G
     from course_utils.tuned import gemm as T
     with pytest.raises(check.CheckFailure, match="course's own kernel"):

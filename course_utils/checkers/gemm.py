@@ -1,6 +1,6 @@
 """Checks for chapter 9 (a matmul and its fused epilogues).
 (Over 350 lines: chapter 9's four exercises share one refusal of the course's answers, one operand set with guard
-zones and one fault catalogue (``_gemm_faults``); split per exercise, each would import the others' internals.)
+zones and one fault catalogue (``faults.gemm``); split per exercise, each would import the others' internals.)
 
 :func:`check_matmul` judges ``fn(a, b) -> a @ b``, :func:`check_linear_gelu` ``fn(x, w, b) ->
 gelu(x @ w + b)`` (tanh GELU, bias per output column) and :func:`check_linear_gelu_residual`
@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import check, env
-from ._gemm_faults import EXACT, diagnose, gelu_tanh, slice_faults
+from ..faults.gemm import EXACT, diagnose, gelu_tanh, slice_faults
 
 # (atol per sqrt(K), rtol): a K-long sum of products of N(0, 1) numbers is about sqrt(K) in size; the
 # output is rounded to its dtype once. On a GPU a float32 tl.dot runs in tf32 (10-bit mantissa) unless

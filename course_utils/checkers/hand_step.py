@@ -35,7 +35,7 @@ import traceback
 import torch
 
 from .. import check, env
-from ._block_faults import FLOW_FAULTS, ORDER, error, reference, tensor_faults
+from ..faults.block_backward import FLOW_FAULTS, ORDER, error, reference, tensor_faults
 from .calls import run_watched
 
 NAME = "block backward"

@@ -1,5 +1,6 @@
-"""The float64 answers of exercise 12.3's check (:mod:`.hand_step`): one block's backward, right and with
-each usual mistake, made of the block's saved activations one op at a time with torch.autograd in float64.
+"""The float64 answers of exercise 12.3's check (:mod:`course_utils.checkers.hand_step`): one block's
+backward, right and with each usual mistake, made of the block's saved activations one op at a time with
+torch.autograd in float64.
 
 :func:`reference` is the right answer, or with ``fault`` one of :data:`FLOW_FAULTS` (a gradient that
 misses one of its paths through the block's two adds); :func:`tensor_faults` names a mistake that
