@@ -527,21 +527,39 @@ TARGETS = [
 HOST_OVER_ATEN = 1.5       # each op's host cost per call <= 1.5x its aten counterpart's
 
 
+FLOORS = ("torch_seed1", "torch_compile")   # torch against torch: eager from another seed, compile from the same
+
+
+def _floor(first, stat: str) -> tuple[float, str]:
+    """The noise floor of ``stat`` (``mean_abs`` or ``max``): the larger of the two torch-against-torch
+    differences (issue 27: "two seeds of eager, or eager against compile"), and which one it is."""
+    got = [(float(first.get(f"loss_{c}_{stat}", float("nan"))), c) for c in FLOORS]
+    got = [(v, c) for v, c in got if v == v]
+    return max(got) if got else (float("nan"), "")
+
+
 def _loss_targets(df) -> list:
+    """The course's loss curve against the noise floor measured torch against torch on the same batches, per
+    step (largest difference) and over the last half of the steps (mean |difference|, mean signed
+    difference). ``LOSS_TOLERANCE`` is not a target: at this learning rate two torch runs part by more than
+    it (the layer replay still starts at the first step beyond it)."""
     if "loss_max_rel_diff" not in df or df["loss_max_rel_diff"].isna().all():
         return []
     first = df[df["loss_max_rel_diff"].notna()].iloc[0]
-    rel = float(first["loss_max_rel_diff"])
-    out = [bench.Target(ISSUE, f"losses within {LOSS_TOLERANCE:.0%} at every one of {int(first['loss_steps'])} "
-                               f"steps: {LOSS_TOLERANCE:.0%} / largest relative difference",
-                        LOSS_TOLERANCE / rel if rel > 0 else float("inf"), 1.0)]
-    floor = first.get("loss_torch_seed1_mean_abs", float("nan"))
+    steps = int(first["loss_steps"])
+    out = []
+    top, top_of = _floor(first, "max")
+    if top == top:
+        out.append(bench.Target(ISSUE, f"loss, every one of {steps} steps: noise floor (largest |rel. diff| of "
+                                       f"{top_of} vs eager) / course's largest",
+                                top / float(first["loss_max_rel_diff"]), 1.0))
+    floor, of = _floor(first, "mean_abs")
     if floor == floor:
-        out.append(bench.Target(ISSUE, "loss curve, last half of the steps: noise floor (eager from another seed "
-                                       "vs eager, mean |rel. diff|) / course vs eager (mean |rel. diff|)",
+        out.append(bench.Target(ISSUE, f"loss curve, last half of the steps: noise floor (mean |rel. diff| of {of} "
+                                       "vs eager) / course vs eager (mean |rel. diff|)",
                                 floor / float(first["loss_course_mean_abs"]), 1.0))
-        out.append(bench.Target(ISSUE, "loss curve, last half: noise floor (mean |rel. diff|) / |course's mean "
-                                       "signed rel. diff| (a curve that runs higher throughout fails)",
+        out.append(bench.Target(ISSUE, f"loss curve, last half: noise floor (mean |rel. diff| of {of}) / |course's "
+                                       "mean signed rel. diff| (a curve that runs higher throughout fails)",
                                 floor / max(abs(float(first["loss_course_mean_signed"])), 1e-12), 1.0))
     return out
 
