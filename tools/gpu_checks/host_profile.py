@@ -38,20 +38,23 @@ def _top(prof: cProfile.Profile, n: int, per: int, sort: str = "tottime") -> str
 
 def per_op(calls: int, top: int):
     dtype = torch.bfloat16
-    t = O._block_inputs(1, 16, 64, 2, 64, dtype, dtype, torch.device("cuda"))
-    seed = torch.zeros(1, dtype=torch.int64, device="cuda")
-    for name, fn in O._block_calls(t, ops, seed):
-        call = O._with_backward(fn)
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(calls):
-            call()
-        prof.disable()
-        torch.cuda.synchronize()
-        print(f"\n=== {name}: forward + backward, per call (cProfile)\n{_top(prof, top, calls)}", flush=True)
+    for grad in (False, True):
+        t = O._block_inputs(1, 16, 64, 2, 64, dtype, dtype, torch.device("cuda"), requires_grad=grad)
+        seed = torch.zeros(1, dtype=torch.int64, device="cuda")
+        for name, fn in O._block_calls(t, ops, seed):
+            call = O._with_backward(fn) if grad else fn
+            with torch.set_grad_enabled(grad):
+                for _ in range(5):
+                    call()
+                torch.cuda.synchronize()
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(calls):
+                    call()
+                prof.disable()
+            torch.cuda.synchronize()
+            what = "forward + backward" if grad else "forward alone (no grad)"
+            print(f"\n=== {name}: {what}, per call (cProfile)\n{_top(prof, top, calls)}", flush=True)
 
 
 def step(config: str, top: int, hand: bool = False):
