@@ -29,6 +29,11 @@ import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+try:   # the launch path reads two knobs per launch (launch_hook_set, launch_knobs); require() checks they exist
+    from triton import knobs as _knobs
+except ImportError:
+    _knobs = None
+
 WRITTEN_FOR = (3, 6)  # the Triton (major, minor) every internal below was read from and tested on
 
 
@@ -253,16 +258,15 @@ def launch_parameters(kernel):
 
 
 def launch_hook_set() -> bool:
-    """Whether a launch-enter hook is set (a profiler's); Triton 3.6 keeps an empty ``HookChain`` when none is."""
-    from triton import knobs  # checked once by compiled_launch_classes (a per-launch check would cost host time)
-    hook = knobs.runtime.launch_enter_hook
+    """Whether a launch-enter hook is set (a profiler's); Triton 3.6 keeps an empty ``HookChain`` when none is.
+    (``knobs`` is imported once, at the module's import: an import statement per launch costs host time.)"""
+    hook = _knobs.runtime.launch_enter_hook
     return hook is not None and (type(hook).__name__ != "HookChain" or bool(getattr(hook, "calls", True)))
 
 
 def launch_knobs() -> tuple:
     """The knobs ``JITFunction.run`` adds to every launch's options (debug, instrumentation mode)."""
-    from triton import knobs
-    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
+    return _knobs.runtime.debug, _knobs.compilation.instrumentation_mode
 
 
 def launch_classes() -> list[type]:

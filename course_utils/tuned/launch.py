@@ -9,7 +9,7 @@ every parameter of the kernel in signature order (constexprs included, as the la
 internals (the classes, the launcher method, the parameter list, the knobs) comes from
 :mod:`course_utils.triton_internals`, where each assumption is written down and checked:
 
-    key = (kernel, call site's key, grid, the specialization of args, meta, debug knobs, current device)
+    key = (id(kernel), call site's key, grid, the specialization of args, meta, debug knobs, current device)
 
 where the specialization of ``args`` is exactly what Triton's depends on, and more: each tensor's dtype
 and whether its data pointer is 16-byte aligned, each int's value (Triton reads 1, divisible by 16, and
@@ -121,14 +121,16 @@ def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
         plain_launch(kernel, grid, args, meta)
         return
     try:
-        full_key = (kernel, key, grid, spec, tuple(meta.items()), tuple(map(type, meta.values())), launch_knobs(),
-                    current_device())
+        # id(kernel): a JITFunction hashes through its cache_key property (microseconds a launch); the kernels
+        # are module-level objects, and the entry holds the kernel so that its id is never reused
+        full_key = (id(kernel), key, grid, spec, tuple(meta.items()), tuple(map(type, meta.values())),
+                    launch_knobs(), current_device())
         entry = _CACHE.get(full_key)
     except TypeError:    # something unhashable in the key or in meta: not cached
         kernel[grid](*args, **meta)
         return
     if entry is not None:
-        runner, tail = entry
+        runner, tail, _ = entry
         runner(*args, *tail)
         return
     compiled = kernel[grid](*args, **meta)
@@ -137,7 +139,7 @@ def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
         return
     if len(_CACHE) >= MAX_ENTRIES:
         _CACHE.clear()
-    _CACHE[full_key] = (compiled[grid + (1,) * (3 - len(grid))], tail)
+    _CACHE[full_key] = (compiled[grid + (1,) * (3 - len(grid))], tail, kernel)
 
 
 def specialization(args: tuple):
