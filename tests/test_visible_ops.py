@@ -4,6 +4,8 @@ schema is inferred from ``annotated(impl, schema)``, and a launch with a tracer'
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -73,8 +75,10 @@ def test_a_launch_with_a_tracers_tensor_goes_through_wrap_triton(monkeypatch):
     assert calls == [("wrapped", {"BLOCK": 4}), ("plain", (4,))]
 
 
-def test_cpu_ops_stay_opaque_custom_ops():
-    assert not _lib.INDUCTOR_SEES_KERNELS   # the interpreter: Inductor does not launch user kernels on the CPU
+def test_ops_are_visible_on_a_gpu_and_opaque_custom_ops_under_the_interpreter():
+    # the interpreter: Inductor does not launch user kernels on the CPU; a GPU: triton_ops unless asked not to
+    opaque = os.environ.get("COURSE_OPAQUE_OPS", "0") not in ("", "0")
+    assert _lib.INDUCTOR_SEES_KERNELS == (env.on_gpu() and not opaque)
 
 
 # ----------------------------------------------------------------------------- the ops' functions, traced cold
