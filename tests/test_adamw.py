@@ -407,6 +407,29 @@ def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
         step_with_new_grads()
 
 
+def test_eager_tables_reuse_their_rows_and_hold_the_current_addresses():
+    """Eager tables live in rows allocated once (a table allocated per step would move the next step's
+    gradients): after more new addresses than rows, every table still holds its own key, in a row."""
+    params = [torch.zeros(5), torch.zeros(3), torch.zeros(7)]
+    opt = tuned.MasterAdamW(params)
+    alive, rows_before = [], opt._rows.data_ptr()
+    for _ in range(tuned.MAX_EAGER_TABLES * 2 + 1):
+        alive.append([torch.randn(p.shape) for p in params])
+        for p, g in zip(params, alive[-1]):
+            p.grad = g
+        opt.step()
+    assert opt._rows.data_ptr() == rows_before and len(opt._tables) == tuned.MAX_EAGER_TABLES
+    for key, (table, host, row) in opt._tables.items():
+        assert row is not None and table.data_ptr() == opt._rows[row].data_ptr()
+        assert table.tolist() == list(key) and host.tolist() == list(key)
+    assert sorted(r for _, _, r in opt._tables.values()) == list(range(tuned.MAX_EAGER_TABLES))
+    assert opt.rebuilds == tuned.MAX_EAGER_TABLES * 2 + 1
+    for p, g in zip(params, alive[-1]):                         # the same addresses again: found, not rebuilt
+        p.grad = g
+    opt.step()
+    assert opt.rebuilds == tuned.MAX_EAGER_TABLES * 2 + 1
+
+
 def test_no_decay_is_a_second_param_group_without_weight_decay():
     inits = [check.randn(s) for s in SHAPES]
     params = [w.clone() for w in inits]

@@ -19,9 +19,11 @@ in the flat buffers). A program loads its row, turns the tensor's address into a
 gradients' ``data_ptr()`` (one attribute read and one call per parameter: most of the host cost
 of a step, which ``tools/gpu_checks/adamw.py`` measures beside torch's fused AdamW) with the tables
 it has built; PyTorch's caching allocator usually hands ``backward`` the same addresses every step,
-so the table is found and nothing is copied. A parameter whose ``.grad`` is None gets
-address 0 and its programs do nothing (torch.optim.AdamW skips it too); the step count is one per
-optimizer, shared by all parameters, so unlike torch's per-parameter counts it advances on a step
+so the table is found and nothing is copied. Eager tables live in rows allocated with the optimizer
+(``MAX_EAGER_TABLES`` of them): a table allocated when it is built would shift the allocator's blocks, so
+that the next backward's gradients land elsewhere and force the next rebuild, every step. A parameter
+whose ``.grad`` is None gets address 0 and its programs do nothing (torch.optim.AdamW skips it too); the
+step count is one per optimizer, shared by all parameters, so unlike torch's per-parameter counts it advances on a step
 that skipped a parameter. Gradients are validated (dtype, shape, device, layout) when a table is
 built; between rebuilds, autograd guarantees a ``.grad`` of the parameter's shape and dtype.
 
@@ -204,9 +206,16 @@ class MasterAdamW:
         self._weight_addresses = [p.data_ptr() for p in self.params]
         self._weight_table = torch.tensor(self._weight_addresses, dtype=torch.int64).to(self.device)
         self._cuda = self.device.type == "cuda"
-        self._tables: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._tables: OrderedDict[tuple, tuple] = OrderedDict()   # key -> (device table, host buffer, row)
         self._captured: set[tuple] = set()      # tables a CUDA graph reads: kept for the optimizer's life
         self._spare: list[torch.Tensor] = []    # pinned host buffers for tables built inside a capture
+        # eager tables live in rows allocated once: a table built per step would move the gradients that the
+        # next backward allocates (the caching allocator's blocks shift), and so force the next rebuild
+        n_params = len(self.params)
+        self._rows = torch.empty((MAX_EAGER_TABLES, n_params), dtype=torch.int64, device=self.device)
+        self._host_rows = torch.empty((MAX_EAGER_TABLES, n_params), dtype=torch.int64, pin_memory=self._cuda)
+        self._copied = [torch.cuda.Event() if self._cuda else None for _ in range(MAX_EAGER_TABLES)]
+        self._free_rows = list(range(MAX_EAGER_TABLES))
         self.rebuilds = 0
         self._top_up_spare()
 
@@ -293,22 +302,33 @@ class MasterAdamW:
         if capturing and not self._spare:
             raise RuntimeError("MasterAdamW: no pinned buffer left for a table built inside a CUDA graph capture; "
                                "run one eager step() between captures")
-        host = self._spare.pop() if capturing else self._host_buffer()
+        if not capturing:
+            self._evict(MAX_EAGER_TABLES - 1)
+        row = self._free_rows.pop() if self._free_rows and not capturing else None
+        if row is not None:       # a row of the eager tables: its last copy must be done before the host rewrites it
+            if self._copied[row] is not None:
+                self._copied[row].synchronize()
+            host, table = self._host_rows[row], self._rows[row]
+        else:                     # a capture's table (the graph's pool), or every row held by a captured table
+            host = self._spare.pop() if capturing else self._host_buffer()
+            table = torch.empty(len(key), dtype=torch.int64, device=self.device)
         host.copy_(torch.tensor(key, dtype=torch.int64))     # host memory: no device work yet
-        table = torch.empty(len(key), dtype=torch.int64, device=self.device)
         table.copy_(host, non_blocking=True)                   # captured as a copy node when capturing
-        self._tables[key] = (table, host)                      # the host buffer lives as long as the table
+        if row is not None and self._copied[row] is not None:
+            self._copied[row].record()
+        self._tables[key] = (table, host, row)                 # the host buffer lives as long as the table
         self.rebuilds += 1
         if capturing:
             self._captured.add(key)
-        else:
-            self._evict()
         return table
 
-    def _evict(self) -> None:
+    def _evict(self, keep: int) -> None:
+        """Drop the oldest eager tables until ``keep`` remain; their rows are free again."""
         eager = [k for k in self._tables if k not in self._captured]
-        for k in eager[:max(0, len(eager) - MAX_EAGER_TABLES)]:
-            del self._tables[k]
+        for k in eager[:max(0, len(eager) - keep)]:
+            row = self._tables.pop(k)[2]
+            if row is not None:
+                self._free_rows.append(row)
 
     def _grad_table(self) -> torch.Tensor:
         key = tuple([0 if (g := p.grad) is None else g.data_ptr() for p in self.params])
