@@ -229,3 +229,27 @@ def test_traced_qkv_backward_writes_its_own_buffers_and_packs_them_alike(monkeyp
     traced = attn.attention_qkv_bwd(do, qkv, o, lse, H, True, d ** -0.5)
     assert all(t._base is None and t.is_contiguous() for t in seen[0])
     assert traced.shape == qkv.shape and torch.equal(traced, eager)
+
+
+def test_the_wrappers_cast_for_autocast_while_compiled_too(monkeypatch):
+    """A custom op has no autocast rule: the wrappers cast the matrix-product inputs to autocast's dtype, in
+    eager and while torch.compile traces (the compiled data-parallel step of chapter 13 passed an fp32
+    tied head to linear_cross_entropy on an H100 and the fake implementation refused it)."""
+    import course_utils.ops as ops
+    monkeypatch.setattr(_lib, "autocast_dtype", lambda device_type: torch.float16)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(12, 16, generator=g).to(torch.float16)
+    w = torch.randn(40, 16, generator=g)                      # float32, as autocast's model keeps it
+    x = torch.randn(12, 16, generator=g).to(torch.float16)
+    w_fc, b_fc = torch.randn(24, 16, generator=g) / 4, torch.randn(24, generator=g)
+    targets = torch.randint(0, 40, (12,), generator=g)
+
+    def f(h, w, x, w_fc, b_fc, targets):
+        return ops.linear_cross_entropy(h, w, targets), ops.linear_gelu(x, w_fc, b_fc)
+
+    eager = f(h, w, x, w_fc, b_fc, targets)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="eager", fullgraph=True)(h, w, x, w_fc, b_fc, targets)
+    assert compiled[1].dtype == torch.float16
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b)

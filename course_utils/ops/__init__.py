@@ -24,7 +24,9 @@ Importing :mod:`course_utils.ops` registers them (and compiles nothing). Each is
 ``torch.library.opcheck`` passes. The functions of this module with the same names are the calls to
 use: from eager Python they run an ``autograd.Function`` over the very same forward and backward
 functions (no dispatcher on the hot path); while ``torch.compile`` traces, they call
-``torch.ops.course.<name>``. Tile choices are made by :func:`warmup` (or the first call of a
+``torch.ops.course.<name>``. Under autocast the wrappers cast the matrix-product inputs to autocast's dtype
+themselves, in eager and while tracing alike (a custom op has no autocast rule of its own).
+Tile choices are made by :func:`warmup` (or the first call of a
 shape) and cached per (shape, dtype, device); :func:`host_overhead_table` measures what a call costs
 the host against its aten counterpart.
 """
@@ -67,9 +69,9 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(x @ weight.T + bias)``, weight (out_features, in_features) as in ``nn.Linear``."""
+    x, weight, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, weight, bias)
     if _compiling():
         return torch.ops.course.linear_gelu(x, weight, bias)
-    x, weight, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, weight, bias)
     return _linear.LinearGelu.run(x, weight, bias)[0]
 
 
@@ -79,9 +81,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     strides; the result is a (B, H, N, d) view of (B, N, H, d) memory. ``scale`` defaults to 1/sqrt(d);
     ``causal`` defaults to False, as SDPA's ``is_causal`` does (a causal mask is asked for, never assumed)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q, k, v = _lib.cast(_lib.autocast_dtype(q.device.type), q, k, v)
     if _compiling():
         return torch.ops.course.attention(q, k, v, bool(causal), scale)
-    q, k, v = _lib.cast(_lib.autocast_dtype(q.device.type), q, k, v)
     return _attention.Attention.run(q, k, v, bool(causal), scale)[0]
 
 
@@ -90,9 +92,9 @@ def attention_qkv(qkv: torch.Tensor, n_head: int, causal: bool = False, scale: f
     back in the same packed layout, written there by the backward kernels (no gather of dq, dk, dv)."""
     hd = qkv.shape[-1] // (3 * n_head) if n_head > 0 else 1
     scale = hd ** -0.5 if scale is None else float(scale)
+    (qkv,) = _lib.cast(_lib.autocast_dtype(qkv.device.type), qkv)
     if _compiling():
         return torch.ops.course.attention_qkv(qkv, int(n_head), bool(causal), scale)
-    (qkv,) = _lib.cast(_lib.autocast_dtype(qkv.device.type), qkv)
     return _attention.AttentionQKV.run(qkv, int(n_head), bool(causal), scale)[0]
 
 
@@ -107,7 +109,7 @@ def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed_tensor
     """``dropout(gelu_tanh(x + bias), p)``; the Philox seed is read from ``seed_tensor`` (int64, one element,
     on x's device) by the kernel: bump it in place (``seed_tensor.add_(1)``) after the backward pass to
     draw a new mask, also inside a CUDA graph."""
+    x, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, bias)
     if _compiling():
         return torch.ops.course.bias_gelu_dropout(x, bias, float(p), seed_tensor)
-    x, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, bias)
     return _dropout.BiasGeluDropout.run(x, bias, float(p), seed_tensor)

@@ -82,7 +82,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
                          ignore_index: int = K.IGNORE_INDEX) -> torch.Tensor:
     """``F.cross_entropy(h @ weight.T, targets, ignore_index=ignore_index)`` as a float32 scalar, h (rows, d),
     weight (vocab, d) (a tied head: the token embedding), targets (rows,) int64 or int32."""
+    h, weight = _lib.cast(_lib.autocast_dtype(h.device.type), h, weight)   # traced too: a custom op has no autocast
     if torch.compiler.is_compiling():
         return torch.ops.course.linear_cross_entropy(h, weight, targets, ignore_index)
-    h, weight = _lib.cast(_lib.autocast_dtype(h.device.type), h, weight)
     return LinearCrossEntropy.run(h, weight, targets, int(ignore_index))[0]
