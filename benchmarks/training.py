@@ -384,6 +384,8 @@ def _time_config(key: str, quick: bool, t0: float):
             own_peak[name] = torch.cuda.max_memory_allocated() / 2**30 - before
         except Exception as e:  # reported in the table, the other rows go on
             errors[name] = f"{type(e).__name__}: {e}"[:300]
+            _log(f"{key}: FAILED {name}: {errors[name]}", t0)   # in the log at once: a CUDA fault ends the run
+            continue
         _log(f"{key}: built {name}", t0)
     times = bench.time_rounds(steps, rounds=3, errors=errors, warmup=2, rep=5 if quick else 10, flush_l2=False)
     rebuilds = {n: s.optimizer.rebuilds for n, s in steps.items() if hasattr(getattr(s, "optimizer", None), "rebuilds")}

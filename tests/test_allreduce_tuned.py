@@ -184,7 +184,8 @@ def test_two_shot_spreads_the_reduce_scatter_over_the_ranks_with_one_row_a_progr
 
 def test_auto_picks_two_shot_only_where_it_moves_fewer_bytes():
     assert T.pick_algorithm(64 * 2**20, 2) == "one-shot"          # W = 2: the same bytes, one barrier fewer
-    assert T.pick_algorithm(1 * 2**20, 4) == "one-shot"           # latency-bound
+    assert T.pick_algorithm(2**19, 4) == "one-shot"               # latency-bound: 0.5 MiB, the one-shot measured faster
+    assert T.pick_algorithm(2**20, 4) == "two-shot"               # 1 MiB: the two-shot measured faster on 4 H100s
     assert T.pick_algorithm(16 * 2**20, 4) == "two-shot"          # half the one-shot's bytes
     with pytest.raises(ValueError, match="algorithm must be one of"):
         T.all_reduce([torch.zeros(2, 8, device=env.DEVICE)] * 2, _ranks(2, torch.float32), "ring")
