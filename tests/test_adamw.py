@@ -376,7 +376,7 @@ def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
     params = [torch.zeros(5), torch.zeros(3)]
     opt = tuned.MasterAdamW(params)
     capturing = [False]
-    monkeypatch.setattr(opt, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(opt._grads, "capturing", lambda: capturing[0])
     alive = []
 
     def step_with_new_grads():
@@ -388,21 +388,21 @@ def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
 
     eager_key = step_with_new_grads()
     capturing[0] = True
-    spare = list(opt._spare)
+    spare = list(opt._grads.spare)
     captured_key = step_with_new_grads()
-    assert opt._tables[captured_key][1] is spare[-1] and len(opt._spare) == tuned.SPARE_PINNED - 1
+    assert opt._grads.tables[captured_key][1] is spare[-1] and len(opt._grads.spare) == tuned.SPARE_PINNED - 1
     for p, g in zip(params, alive[0]):                          # a capture that finds an eager table
         p.grad = g
     opt.step()
-    assert eager_key in opt._captured
+    assert eager_key in opt._grads.captured
     capturing[0] = False
     for _ in range(tuned.MAX_EAGER_TABLES + 3):
         step_with_new_grads()
-    assert len(opt._spare) == tuned.SPARE_PINNED                 # set aside again outside the capture
-    assert captured_key in opt._tables and eager_key in opt._tables
-    assert len(opt._tables) == tuned.MAX_EAGER_TABLES + 2
+    assert len(opt._grads.spare) == tuned.SPARE_PINNED                 # set aside again outside the capture
+    assert captured_key in opt._grads.tables and eager_key in opt._grads.tables
+    assert len(opt._grads.tables) == tuned.MAX_EAGER_TABLES + 2
     capturing[0] = True
-    opt._spare.clear()
+    opt._grads.spare.clear()
     with pytest.raises(RuntimeError, match="no pinned buffer left"):
         step_with_new_grads()
 
@@ -412,17 +412,17 @@ def test_eager_tables_reuse_their_rows_and_hold_the_current_addresses():
     gradients): after more new addresses than rows, every table still holds its own key, in a row."""
     params = [torch.zeros(5), torch.zeros(3), torch.zeros(7)]
     opt = tuned.MasterAdamW(params)
-    alive, rows_before = [], opt._rows.data_ptr()
+    alive, rows_before = [], opt._grads.rows.data_ptr()
     for _ in range(tuned.MAX_EAGER_TABLES * 2 + 1):
         alive.append([torch.randn(p.shape) for p in params])
         for p, g in zip(params, alive[-1]):
             p.grad = g
         opt.step()
-    assert opt._rows.data_ptr() == rows_before and len(opt._tables) == tuned.MAX_EAGER_TABLES
-    for key, (table, host, row) in opt._tables.items():
-        assert row is not None and table.data_ptr() == opt._rows[row].data_ptr()
+    assert opt._grads.rows.data_ptr() == rows_before and len(opt._grads.tables) == tuned.MAX_EAGER_TABLES
+    for key, (table, host, row) in opt._grads.tables.items():
+        assert row is not None and table.data_ptr() == opt._grads.rows[row].data_ptr()
         assert table.tolist() == list(key) and host.tolist() == list(key)
-    assert sorted(r for _, _, r in opt._tables.values()) == list(range(tuned.MAX_EAGER_TABLES))
+    assert sorted(r for _, _, r in opt._grads.tables.values()) == list(range(tuned.MAX_EAGER_TABLES))
     assert opt.rebuilds == tuned.MAX_EAGER_TABLES * 2 + 1
     for p, g in zip(params, alive[-1]):                         # the same addresses again: found, not rebuilt
         p.grad = g
@@ -462,7 +462,7 @@ def test_host_work_per_step_is_one_address_read_per_parameter():
     opt.step()
     prof = cProfile.Profile()
     prof.enable()
-    opt._grad_table()
+    opt._grads.table()
     prof.disable()
     stats = pstats.Stats(prof)
     called = {f[2] for f in stats.stats}

@@ -1,6 +1,5 @@
 """MasterAdamW: the whole model's AdamW step in one launch (v2 of ``kernels/adamw.py``).
-(Over 350 lines: the kernel, its block table, the pointer tables and their CUDA-graph bookkeeping (pinned buffers
-kept for the capture's life) are one optimizer's state.)
+(The gradient tables' bookkeeping, CUDA-graph captures included, lives in :mod:`course_utils.tuned.adamw_tables`.)
 
 The model holds bf16 (or fp16, or fp32) parameters, which its forward and backward use as they are;
 the optimizer holds fp32 master weights and the moments m and v in three flat fp32 buffers, one slice
@@ -49,23 +48,19 @@ compiles the kernel. To change the learning rate, write the device tensor:
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 import triton
 import triton.language as tl
 
 from ..kernels import adamw as teaching
 from ..kernels.adamw import adamw_math
+from .adamw_tables import MAX_EAGER_TABLES, POINTER_ALIGN, SPARE_PINNED, GradTables  # noqa: F401  (re-exported)
 
 BLOCK_SIZE = 2048          # elements per program: 16 per thread at 4 warps
 NUM_WARPS = 4
 ALIGN_ELEMENTS = 16        # each tensor's slice of the flat buffers starts at a multiple of 16 (64 bytes)
-POINTER_ALIGN = 16         # bytes: parameters and gradients start on 16-byte boundaries (vector loads)
 VECTOR_ELEMENTS = 4        # elements per vector load of every tensor (see "Vector loads" above)
 BLOCK_COLUMNS = 5          # a block table row: tensor index, offset in it, its numel, flat offset, decay 0/1
-SPARE_PINNED = 2           # pinned host buffers kept ready for tables built during a capture
-MAX_EAGER_TABLES = 8       # eager gradient tables kept (least recently built dropped first)
 TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -203,21 +198,8 @@ class MasterAdamW:
         self._init_masters(master_from)
         self._blocks = self._block_table(no_decay)
         self._n_blocks = self._blocks.numel() // BLOCK_COLUMNS
-        self._weight_addresses = [p.data_ptr() for p in self.params]
-        self._weight_table = torch.tensor(self._weight_addresses, dtype=torch.int64).to(self.device)
-        self._cuda = self.device.type == "cuda"
-        self._tables: OrderedDict[tuple, tuple] = OrderedDict()   # key -> (device table, host buffer, row)
-        self._captured: set[tuple] = set()      # tables a CUDA graph reads: kept for the optimizer's life
-        self._spare: list[torch.Tensor] = []    # pinned host buffers for tables built inside a capture
-        # eager tables live in rows allocated once: a table built per step would move the gradients that the
-        # next backward allocates (the caching allocator's blocks shift), and so force the next rebuild
-        n_params = len(self.params)
-        self._rows = torch.empty((MAX_EAGER_TABLES, n_params), dtype=torch.int64, device=self.device)
-        self._host_rows = torch.empty((MAX_EAGER_TABLES, n_params), dtype=torch.int64, pin_memory=self._cuda)
-        self._copied = [torch.cuda.Event() if self._cuda else None for _ in range(MAX_EAGER_TABLES)]
-        self._free_rows = list(range(MAX_EAGER_TABLES))
-        self.rebuilds = 0
-        self._top_up_spare()
+        self._weight_table = torch.tensor([p.data_ptr() for p in self.params], dtype=torch.int64).to(self.device)
+        self._grads = GradTables(self.params, self.dtype, self.device, self.numels)
 
     @classmethod
     def from_fp32_model(cls, model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, **kwargs) -> MasterAdamW:
@@ -266,78 +248,10 @@ class MasterAdamW:
                 for start in range(0, n, self.block_size)]
         return torch.tensor(rows, dtype=torch.int64).reshape(-1).to(self.device)
 
-    # --- the gradient table -------------------------------------------------------------------------
-
-    def _capturing(self) -> bool:
-        return self._cuda and torch.cuda.is_current_stream_capturing()
-
-    def _host_buffer(self) -> torch.Tensor:
-        return torch.empty(len(self.params), dtype=torch.int64, pin_memory=self._cuda)
-
-    def _top_up_spare(self) -> None:
-        while len(self._spare) < SPARE_PINNED:
-            self._spare.append(self._host_buffer())
-
-    def _check_grads(self) -> None:
-        """On each rebuild: the parameters are where the weight table says, each gradient fits its parameter."""
-        for i, (p, addr) in enumerate(zip(self.params, self._weight_addresses)):
-            if p.data_ptr() != addr or p.dtype != self.dtype or p.numel() != self.numels[i]:
-                raise RuntimeError(f"parameter {i} was replaced since MasterAdamW was built (p.data = ..., or "
-                                   "model.to() afterwards): build the optimizer after converting the model")
-            g = p.grad
-            if g is None:
-                continue
-            if g.dtype != self.dtype or g.shape != p.shape:
-                raise TypeError(f"the gradient of parameter {i} is {g.dtype} {tuple(g.shape)}; expected the "
-                                f"parameter's {self.dtype} {tuple(p.shape)}")
-            if g.device != self.device:
-                raise ValueError(f"the gradient of parameter {i} is on {g.device}, the parameter on {self.device}")
-            if g.layout != torch.strided or not g.is_contiguous() or g.data_ptr() % POINTER_ALIGN:
-                raise ValueError(f"the gradient of parameter {i} is not a contiguous dense tensor on a "
-                                 f"{POINTER_ALIGN}-byte boundary (sparse, strided or an odd view)")
-
-    def _new_table(self, key: tuple) -> torch.Tensor:
-        self._check_grads()
-        capturing = self._capturing()
-        if capturing and not self._spare:
-            raise RuntimeError("MasterAdamW: no pinned buffer left for a table built inside a CUDA graph capture; "
-                               "run one eager step() between captures")
-        if not capturing:
-            self._evict(MAX_EAGER_TABLES - 1)
-        row = self._free_rows.pop() if self._free_rows and not capturing else None
-        if row is not None:       # a row of the eager tables: its last copy must be done before the host rewrites it
-            if self._copied[row] is not None:
-                self._copied[row].synchronize()
-            host, table = self._host_rows[row], self._rows[row]
-        else:                     # a capture's table (the graph's pool), or every row held by a captured table
-            host = self._spare.pop() if capturing else self._host_buffer()
-            table = torch.empty(len(key), dtype=torch.int64, device=self.device)
-        host.copy_(torch.tensor(key, dtype=torch.int64))     # host memory: no device work yet
-        table.copy_(host, non_blocking=True)                   # captured as a copy node when capturing
-        if row is not None and self._copied[row] is not None:
-            self._copied[row].record()
-        self._tables[key] = (table, host, row)                 # the host buffer lives as long as the table
-        self.rebuilds += 1
-        if capturing:
-            self._captured.add(key)
-        return table
-
-    def _evict(self, keep: int) -> None:
-        """Drop the oldest eager tables until ``keep`` remain; their rows are free again."""
-        eager = [k for k in self._tables if k not in self._captured]
-        for k in eager[:max(0, len(eager) - keep)]:
-            row = self._tables.pop(k)[2]
-            if row is not None:
-                self._free_rows.append(row)
-
-    def _grad_table(self) -> torch.Tensor:
-        key = tuple([0 if (g := p.grad) is None else g.data_ptr() for p in self.params])
-        found = self._tables.get(key)
-        if found is None:
-            return self._new_table(key)
-        if key not in self._captured and self._capturing():
-            self._captured.add(key)                            # a graph reads it now: never drop it
-        return found[0]
+    @property
+    def rebuilds(self) -> int:
+        """How many gradient tables were built (:class:`course_utils.tuned.adamw_tables.GradTables`)."""
+        return self._grads.rebuilds
 
     # --- the public step ------------------------------------------------------------------------------
 
@@ -351,9 +265,10 @@ class MasterAdamW:
         self._step()
 
     def _step(self) -> None:
-        table = self._grad_table()
-        if len(self._spare) < SPARE_PINNED and not self._capturing():
-            self._top_up_spare()
+        grads = self._grads
+        table = grads.table()
+        if len(grads.spare) < SPARE_PINNED and not grads.capturing():
+            grads.top_up_spare()
         self.step_count.add_(1)
         if self._n_blocks:
             multi_tensor_adamw_kernel[(self._n_blocks,)](
