@@ -615,7 +615,9 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
                                                                / t["tuned two-shot"])
             summary["tuned fused in buffer vs nccl+add_layer_norm"] = t[base] / t["tuned fused, x in buffer"]
             summary["tp tuned speedup"] = t["tp mlp, nccl + separate kernels"] / t["tp mlp, tuned epilogue"]
-            summary["auto picks"] = [T.pick_algorithm(m * MIB, world) for _, m in t.index]
+            # by the message's bytes, as auto counts them (682 rows of 768 are 512 bytes short of 1 MiB)
+            rows = tables[name].groupby(["width", "mib_per_rank"])["rows"].first()
+            summary["auto picks"] = [T.pick_algorithm(int(rows[(w, m)]) * w * 2, world) for w, m in t.index]
         how = "CUDA graphs of 20 calls" if name.endswith("graphs") else "20 calls back to back"
         print(f"\nper call, {world} GPUs, {how} (targets: fused >= 1.5x at 1-16 MiB, one-shot >= 1.0x, "
               "tp mlp >= 1.2x)")

@@ -186,6 +186,7 @@ def test_auto_picks_two_shot_only_where_it_moves_fewer_bytes():
     assert T.pick_algorithm(64 * 2**20, 2) == "one-shot"          # W = 2: the same bytes, one barrier fewer
     assert T.pick_algorithm(2**19, 4) == "one-shot"               # latency-bound: 0.5 MiB, the one-shot measured faster
     assert T.pick_algorithm(2**20, 4) == "two-shot"               # 1 MiB: the two-shot measured faster on 4 H100s
+    assert T.pick_algorithm(682 * 768 * 2, 4) == "two-shot"       # the benchmark's "1 MiB" of rows of 768
     assert T.pick_algorithm(16 * 2**20, 4) == "two-shot"          # half the one-shot's bytes
     with pytest.raises(ValueError, match="algorithm must be one of"):
         T.all_reduce([torch.zeros(2, 8, device=env.DEVICE)] * 2, _ranks(2, torch.float32), "ring")
