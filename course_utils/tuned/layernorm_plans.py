@@ -1,0 +1,124 @@
+"""The LayerNorm shelf's launch plans (chapter 10): tiles, warps and grids of the forward and of each backward
+candidate, as pure functions of the shape and the device. :mod:`course_utils.tuned.layernorm` picks among
+them (its ``backward_candidates``, the timed choice) and launches them; it re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+from .. import env, hardware
+
+MAX_BLOCK_N = 65536
+# From results/h100-80gb-hbm3/layernorm_tune.csv (256 MiB inputs, recorded before the backward's tl.range loops),
+# used on sm_90: (BLOCK_N, bytes per element) -> (tile elements, num_warps) of the forward kernel, and
+# -> (tile elements, num_warps, programs per SM) of the backward tile kernel.
+FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {
+    (1024, 2): (4096, 4), (2048, 2): (4096, 8), (4096, 2): (4096, 8), (8192, 2): (8192, 16), (16384, 2): (16384, 16),
+    (1024, 4): (4096, 8), (2048, 4): (4096, 8), (4096, 4): (8192, 8), (8192, 4): (8192, 32), (16384, 4): (16384, 32)}
+BWD_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
+    (1024, 2): (2048, 4, 4), (2048, 2): (2048, 4, 4), (4096, 2): (4096, 8, 2), (8192, 2): (8192, 16, 2),
+    (1024, 4): (4096, 8, 2), (2048, 4): (4096, 8, 2), (4096, 4): (8192, 16, 2), (8192, 4): (8192, 32, 2)}
+TILE_ELEMENTS = 4096          # elsewhere: rows per program = this // BLOCK_N
+ELEMENTS_PER_THREAD = 16      # elsewhere: num_warps = tile / (32 x this), between 4 and 32
+BWD_PROGRAMS_PER_SM = 2       # backward grid: SMs x this programs, each summing a contiguous run of rows
+CHUNKED_FROM = 8192           # BLOCK_N from which the chunked backward is a candidate (the only one above)
+# (CHUNK, num_warps, programs per SM): not in layernorm_tune.csv (recorded before the chunked kernel existed);
+# all four are timed at first use of a shape
+CHUNKED = ((2048, 4, 1), (4096, 8, 1), (2048, 4, 2), (4096, 8, 2))
+PER_SM_MAX_BLOCK = 16384    # the per-SM layout keeps a whole row and two accumulator rows in registers
+ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUNKED_FROM to PER_SM_MAX_BLOCK)
+# More 1-D "row" candidates, not yet measured (tools/gpu_checks/kernel_candidates.py times them against
+# Liger-Kernel): BLOCK_N -> (num_warps, programs per SM, pipeline stages of the row loop). Triton pipelines
+# a loop whose loads feed no dot product only when the loop asks (tl.range(num_stages=)): ROW_WARPS' loops,
+# like Liger-Kernel's, wait for each row's loads. Stages keep one more row of x and dy in shared memory
+# (bf16 N=16384: 64 KiB a stage; fp32 N=16384 does not fit two, and is skipped as "no fit").
+# At N=16384 ptxas spills 0.7-2.3 KB a thread of every 1-D row kernel but the pipelined 32-warp one (about
+# 0.26 KB; results/ptx/candidate_registers.csv), so that one only.
+ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192: ((16, 1, 2), (32, 1, 2)),
+                 16384: ((32, 1, 2),)}
+# "split": BLOCK_N -> (SLICE, CHUNK, num_warps, programs per SM). At N=16384 the 1-D kernels hold x, dy, w,
+# dw and db of a row, 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: they spill (0.7-2.3 KB
+# a thread for sm_90, results/ptx/candidate_registers.csv, where the 8192 and 4096 slices spill nothing). The split
+# kernel sums the row first (CHUNK columns a step), then reads it again for dx: what stays in registers is w,
+# dw and db of its SLICE columns (SLICE = BLOCK_N: one program per row, which it reads twice; less: several
+# programs share a row, each keeping a slice, and L2 serves all but one of their reads).
+SPLIT = {8192: ((8192, 2048, 16, 1), (4096, 2048, 8, 2)),
+         16384: ((8192, 2048, 16, 1), (4096, 2048, 8, 2), (16384, 2048, 32, 1))}
+COLUMN_SUM_ROWS = 32        # BLOCK_M of the teaching column_sum, which column_sum_pair sums as (same bits)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, "split": a column slice of
+    one row at a time, or "chunked"), BLOCK_N columns (CHUNK for "chunked", SLICE for "split"), ROWS rows
+    per tile, num_warps, grid programs, (backward) the rows each program sums, (row) the pipeline stages
+    of the row loop (0: not pipelined) and (split) the columns per step of the row's sums (0: SLICE)."""
+
+    version: str
+    BLOCK_N: int
+    ROWS: int
+    num_warps: int
+    grid: int
+    rows_per_program: int = 0
+    stages: int = 0
+    chunk: int = 0
+
+
+def _warps(tile: int) -> int:
+    return max(4, min(32, tile // (32 * ELEMENTS_PER_THREAD)))
+
+
+def _rows(n_rows: int, block: int, tile: int) -> int:
+    return max(1, min(tile // block, triton.next_power_of_2(n_rows)))
+
+
+def _block(n_cols: int) -> int:
+    block = triton.next_power_of_2(n_cols)
+    if block > MAX_BLOCK_N:
+        raise ValueError(f"layer_norm/rms_norm keep a row in registers: at most {MAX_BLOCK_N} columns, got {n_cols}")
+    return block
+
+
+def plan_forward(n_rows: int, n_cols: int, itemsize: int, info: hardware.DeviceInfo, *,
+                 interpreter: bool | None = None) -> Plan:
+    """Tile and warps of the forward kernel: a pure function of the shape and the device."""
+    block = _block(n_cols)
+    interpreter = (not env.on_gpu()) if interpreter is None else interpreter
+    tile, warps = FWD_TILES.get((block, itemsize), (TILE_ELEMENTS, None)) if info.arch >= 90 else (TILE_ELEMENTS, None)
+    rows = _rows(n_rows, block, 16384 if interpreter else tile)
+    return Plan("tiles", block, rows, warps or _warps(rows * block), triton.cdiv(n_rows, rows))
+
+
+def _grid(n_rows: int, rows: int, programs: int) -> tuple[int, int]:
+    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), rows) * rows
+    return triton.cdiv(n_rows, rows_per_program), rows_per_program
+
+
+def per_sm_plan(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> Plan:
+    """Liger-Kernel's backward layout on the course's kernel: one program per SM, each a contiguous run of
+    rows taken one row at a time (dx written, dw/db summed in registers), warps by row length as Liger's."""
+    block = _block(n_cols)
+    warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return Plan("tiles", block, 1, warps, *_grid(n_rows, 1, max(1, info.sms)))
+
+
+def row_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]:
+    """The ``ROW_PIPELINED`` candidates of this row length (none for other lengths)."""
+    return [Plan("row", _block(n_cols), 1, w, *_grid(n_rows, 1, info.sms * k), stages or 0)
+            for w, k, stages in ROW_PIPELINED.get(_block(n_cols), ())]
+
+
+def split_plan(n_rows: int, n_cols: int, slice_: int, warps: int, programs: int, chunk: int = 0) -> Plan:
+    """The "split" launch: runs of rows x column slices of ``slice_`` columns, about ``programs`` programs
+    (at least one per slice), the slices of a run adjacent in the grid; the row's sums ``chunk`` columns a step."""
+    slices = triton.cdiv(n_cols, slice_)
+    runs, rows_per_program = _grid(n_rows, 1, max(1, programs // slices))
+    return Plan("split", slice_, 1, warps, runs * slices, rows_per_program, chunk=chunk)
+
+
+def split_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]:
+    """The ``SPLIT`` candidates of this row length (none for other lengths)."""
+    return [split_plan(n_rows, n_cols, s, w, info.sms * k, c) for s, c, w, k in SPLIT.get(_block(n_cols), ())]
