@@ -20,6 +20,7 @@ inputs whose alignment rules them out (the launcher falls back to pointer loads)
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -144,9 +145,11 @@ def _backward(ctx, do, _dlse=None):
 # tests/test_fp64_scalars.py compiles them for sm_90 with fp64 scales. Second, illegal memory accesses in
 # GPT-2 small's compiled step: Inductor copied the backward's dq, dk, dv (views of one dqkv buffer) reading
 # past a slice's end; with three buffers of their own (attention_qkv_bwd, traced) the toy's 2-layer step ran
-# right and tools/gpu_checks/visible_ops.py passed, but the 12-layer step still faulted once it was timed.
-# True once that step has run clean under tools/gpu_checks/compile_course.py.
-_VISIBLE = False
+# right and tools/gpu_checks/visible_ops.py passed, but the 12-layer step still faulted once it was timed; later
+# the compiled step by hand faulted without CUDA_LAUNCH_BLOCKING and ran with it (attention_visible_fault.txt).
+# True once that step has run clean under tools/gpu_checks/compile_course.py. COURSE_ATTENTION_VISIBLE=1 makes
+# them triton_ops for one process (tools/gpu_checks/fault_hunt.py --attention-visible: to find that fault).
+_VISIBLE = os.environ.get("COURSE_ATTENTION_VISIBLE", "0") == "1"
 FWD = _lib.kernel_op("attention_fwd", "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)",
                      attention_fwd, _fake_fwd, visible=_VISIBLE)
 BWD = _lib.kernel_op("attention_bwd", "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, "
