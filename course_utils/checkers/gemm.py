@@ -1,6 +1,6 @@
 """Checks for chapter 9 (a matmul and its fused epilogues).
-(Over 350 lines: chapter 9's four exercises share one refusal of the course's answers, one operand set with guard
-zones and one fault catalogue (``faults.gemm``); split per exercise, each would import the others' internals.)
+(The operands in guard zones, the load checks and the calls are in :mod:`.gemm_operands`; the fault catalogue is
+``faults.gemm``.)
 
 :func:`check_matmul` judges ``fn(a, b) -> a @ b``, :func:`check_linear_gelu` ``fn(x, w, b) ->
 gelu(x @ w + b)`` (tanh GELU, bias per output column) and :func:`check_linear_gelu_residual`
@@ -29,7 +29,6 @@ it (interpreter): a load with every lane masked off is a K tile outside the slic
 from __future__ import annotations
 
 import inspect
-import re
 
 import numpy as np
 import torch
@@ -39,6 +38,7 @@ import triton.language as tl
 
 from .. import check, env
 from ..faults.gemm import EXACT, diagnose, gelu_tanh, slice_faults
+from .gemm_operands import Operand, call, require_loads_inside, require_slice_walked
 
 # (atol per sqrt(K), rtol): a K-long sum of products of N(0, 1) numbers is about sqrt(K) in size; the
 # output is rounded to its dtype once. On a GPU a float32 tl.dot runs in tf32 (10-bit mantissa) unless
@@ -87,98 +87,6 @@ def _operands(m, n, k, dtype, transposed, cancelling=False, exact=False):
     if transposed:  # the same values, stored column by column
         a, b = a.T.contiguous().T, b.T.contiguous().T
     return a, b
-
-
-class _Operand:
-    """``t`` (its strides kept: a transposed view stays transposed) inside guard zones of NaN wider than
-    any tile a student picks, so a load past its end reads a NaN (0 * NaN is NaN: a K mask missing on
-    one operand poisons the sum every time) and never leaves the buffer."""
-
-    def __init__(self, name: str, t: torch.Tensor, pad_cols: int = 0):
-        self.name = name
-        flip = t.dim() == 2 and t.stride(0) == 1 and t.shape[1] > 1
-        store = t.T if flip else t
-        rows, cols = store.shape if store.dim() == 2 else (1, store.shape[0])
-        self.guard = 256 * (cols + pad_cols) + 4096
-        n = rows * (cols + pad_cols)
-        self.buffer = torch.full((n + 2 * self.guard,), float("nan"), dtype=t.dtype, device=t.device)
-        inner = self.buffer[self.guard:self.guard + n]
-        if store.dim() == 2:
-            inner = inner.view(rows, cols + pad_cols)[:, :cols]   # pad columns stay NaN
-        else:
-            inner = inner.view(cols)
-        inner.copy_(store)
-        self.view = inner.T if flip else inner
-
-    def unchanged(self, case: str, original: torch.Tensor) -> None:
-        g = self.guard
-        edges = torch.cat([self.buffer[:g], self.buffer[-g:]])
-        check.require(bool(torch.isnan(edges).all()), f"{case}: your kernel wrote into the memory around input "
-                      f"{self.name}: mask your tl.store with rows < M and columns < N.")
-        check.require(torch.equal(self.view, original), f"{case}: your function changed its input {self.name}")
-
-    def holds(self, addr: np.ndarray) -> np.ndarray:
-        start = self.buffer.data_ptr()
-        return (addr >= start) & (addr < start + self.buffer.numel() * self.buffer.element_size())
-
-
-_LOAD_FAULTS = {
-    "a": "a's load reads past its rows (mask offs_m < M) or past column K (mask k < K)",
-    "b": "b's load reads past row K (mask k < K) or past its columns (mask offs_n < N)",
-    "bias": "the bias load reads past its N entries: mask it with offs_n < N",
-    "residual": "the residual load reads past its M x N tile: mask it with rows < M and columns < N",
-}
-
-
-def _check_loads(case: str, loads, operands, what: str) -> None:
-    """Name the operand a masked-in lane read outside of (interpreter only: a GPU records nothing)."""
-    from .loads import outside, span
-
-    bad = outside(loads, [o.view for o in operands])
-    if not bad:
-        return
-    addr = loads.flat()
-    inside = np.zeros(addr.size, dtype=bool)
-    for o in operands:
-        lo, hi = span(o.view)
-        inside |= (addr >= lo) & (addr < hi)
-    names = [o.name for o in operands if bool((o.holds(addr) & ~inside).any())]
-    faults = "; ".join(_LOAD_FAULTS[n] for n in names) or "a load reads memory that is none of the operands"
-    if "ragged K" in what and any(n in ("a", "b") for n in names):
-        faults = (f"the K mask is missing on the load of {' and '.join(n for n in names if n in 'ab')}: the last "
-                  f"K tile reads past K. Mask both loads with k < K and other=0.0 ({faults})")
-    raise check.CheckFailure(f"{case}: your kernel loaded {bad} element(s) outside its operands: {faults}. A "
-                             "masked-off lane must not load: past the end of a buffer there may be no memory at all.")
-
-
-def _check_slice_walk(case: str, loads, k_slices: int) -> None:
-    """9.1: a K tile walked outside its slice loads with every lane masked off (interpreter only). A loop
-    from k_start walks none; one aligned below k_start, or with a fixed trip count, a few (at most one a
-    slice). A loop over the whole K range masked with k >= k_start walks every earlier slice's tiles again."""
-    empty = sum(1 for a in loads.addresses if a.size == 0)
-    useful = len(loads.addresses) - empty
-    if k_slices > 1 and useful and 4 * empty > useful:
-        raise check.CheckFailure(
-            f"{case}: {empty} of your kernel's {empty + useful} loads had every lane masked off: the K loop walks "
-            "tiles outside its slice (from 0, or past k_stop) and masks them away, so each slice walks the tiles "
-            "of the slices before it again and the split saves no work. Walk only the slice: for k0 in "
-            "range(k_start, k_stop, BLOCK_K).")
-
-
-def _call(fn, args, case):
-    try:
-        with np.errstate(over="ignore"):   # the interpreter's exp overflows to inf in GELU: on purpose
-            return fn(*args)
-    except (NotImplementedError, check.CheckFailure):
-        raise
-    except Exception as e:
-        if "NotImplementedError" in repr(e):  # the interpreter wraps what a kernel raises
-            found = re.search(r"NotImplementedError\((['\"])(.*?)\1\)", str(e))
-            raise NotImplementedError(found.group(2) if found else f"not done yet ({e})") from None
-        from .loads import interpreter_limit
-        limit = interpreter_limit(e)
-        raise check.CheckFailure(f"{case}: {limit}" if limit else
-                                 f"{case}: your function raised {type(e).__name__}: {e}") from e
 
 
 def _close(got, expected, atol, rtol) -> bool:
@@ -247,22 +155,22 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
         for what, m, n, k, transposed in todo:
             case = f"{name} ({_name(dtype)}, M={m}, N={n}, K={k}, {what})"
             a, b = _operands(m, n, k, dtype, transposed, cancelling="cancelling" in what, exact=what == EXACT)
-            ops = [_Operand("a", a), _Operand("b", b)]
+            ops = [Operand("a", a), Operand("b", b)]
             if with_bias:
                 scale = 1.5 if what == EXACT else 1.0
-                ops.append(_Operand("bias", check.randn((n,), dtype, scale=scale)))
+                ops.append(Operand("bias", check.randn((n,), dtype, scale=scale)))
             if with_res:   # the first N columns of an M x (N + 3) tensor: its row stride is not N
-                ops.append(_Operand("residual", check.randn((m, n), dtype), pad_cols=3))
+                ops.append(Operand("residual", check.randn((m, n), dtype), pad_cols=3))
             originals = [o.view.clone() for o in ops]
             with check.track_loads() as loads:
-                got = _call(fn, [o.view for o in ops], case)
+                got = call(fn, [o.view for o in ops], case)
             if not isinstance(got, torch.Tensor) or tuple(got.shape) != (m, n):
                 raise check.CheckFailure(f"{case}: expected a {m} x {n} tensor, got "
                                          f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
             for o, t in zip(ops, originals):
                 o.unchanged(case, t)
             try:
-                _check_loads(case, loads, ops, what)
+                require_loads_inside(case, loads, ops, what)
             except check.CheckFailure as e:
                 raise check.CheckFailure(_k_stop(str(e), k_slices)) from None
             acc = a.double() @ b.double()
@@ -279,7 +187,7 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
                 extra = slice_faults(a, b, k_slices) if epilogue == "none" else ()
                 fault = _k_stop(diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0, extra), k_slices)
                 check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=fault or hint)
-            _check_slice_walk(case, loads, k_slices)
+            require_slice_walked(case, loads, k_slices)
             passed += 1
     # one Triton kernel: the product and its epilogue in a single launch (torch.empty for the output is fine)
     dtype = dtypes[0]
@@ -323,12 +231,12 @@ def check_epilogue_masks(name: str, epilogue) -> None:
     a 5 x 11 residual and bias inside NaN guard zones and stores every lane: each lane of the rows past M
     (or of the columns past N) is NaN only if that lane loaded from the guard zone."""
     t, m, n = PROBE_TILE, PROBE_M, PROBE_N
-    bias = _Operand("bias", check.randn((n,), torch.float32))
-    res = _Operand("residual", check.randn((m, n), torch.float32), pad_cols=PROBE_PAD)
+    bias = Operand("bias", check.randn((n,), torch.float32))
+    res = Operand("residual", check.randn((m, n), torch.float32), pad_cols=PROBE_PAD)
     acc = check.randn((t, t), torch.float32)
     out = torch.zeros((t, t), dtype=torch.float32, device=acc.device)
     case = f"{name} (your epilogue alone, on a {t} x {t} tile over M={m}, N={n}; every lane stored)"
-    _call(lambda: _epilogue_probe_kernel[(1,)](acc, bias.view, res.view, out, m, n, res.view.stride(0),
+    call(lambda: _epilogue_probe_kernel[(1,)](acc, bias.view, res.view, out, m, n, res.view.stride(0),
                                                EPILOGUE=epilogue, BLOCK_M=t, BLOCK_N=t), [], case)
     nan = torch.isnan(out.cpu())
     if bool(nan[m:, :n].all()):

@@ -1,0 +1,106 @@
+"""Chapter 9's checks' operands and calls: each operand inside NaN guard zones (:class:`Operand`), the
+loads a student's kernel made held against them (:func:`require_loads_inside`, :func:`require_slice_walked`;
+the interpreter records loads, a GPU does not), and a student's function called with its errors said plainly
+(:func:`call`). :mod:`course_utils.checkers.gemm` judges with them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from .. import check
+
+
+class Operand:
+    """``t`` (its strides kept: a transposed view stays transposed) inside guard zones of NaN wider than
+    any tile a student picks, so a load past its end reads a NaN (0 * NaN is NaN: a K mask missing on
+    one operand poisons the sum every time) and never leaves the buffer."""
+
+    def __init__(self, name: str, t: torch.Tensor, pad_cols: int = 0):
+        self.name = name
+        flip = t.dim() == 2 and t.stride(0) == 1 and t.shape[1] > 1
+        store = t.T if flip else t
+        rows, cols = store.shape if store.dim() == 2 else (1, store.shape[0])
+        self.guard = 256 * (cols + pad_cols) + 4096
+        n = rows * (cols + pad_cols)
+        self.buffer = torch.full((n + 2 * self.guard,), float("nan"), dtype=t.dtype, device=t.device)
+        inner = self.buffer[self.guard:self.guard + n]
+        if store.dim() == 2:
+            inner = inner.view(rows, cols + pad_cols)[:, :cols]   # pad columns stay NaN
+        else:
+            inner = inner.view(cols)
+        inner.copy_(store)
+        self.view = inner.T if flip else inner
+
+    def unchanged(self, case: str, original: torch.Tensor) -> None:
+        g = self.guard
+        edges = torch.cat([self.buffer[:g], self.buffer[-g:]])
+        check.require(bool(torch.isnan(edges).all()), f"{case}: your kernel wrote into the memory around input "
+                      f"{self.name}: mask your tl.store with rows < M and columns < N.")
+        check.require(torch.equal(self.view, original), f"{case}: your function changed its input {self.name}")
+
+    def holds(self, addr: np.ndarray) -> np.ndarray:
+        start = self.buffer.data_ptr()
+        return (addr >= start) & (addr < start + self.buffer.numel() * self.buffer.element_size())
+
+
+LOAD_FAULTS = {
+    "a": "a's load reads past its rows (mask offs_m < M) or past column K (mask k < K)",
+    "b": "b's load reads past row K (mask k < K) or past its columns (mask offs_n < N)",
+    "bias": "the bias load reads past its N entries: mask it with offs_n < N",
+    "residual": "the residual load reads past its M x N tile: mask it with rows < M and columns < N",
+}
+
+
+def require_loads_inside(case: str, loads, operands, what: str) -> None:
+    """Name the operand a masked-in lane read outside of (interpreter only: a GPU records nothing)."""
+    from .loads import outside, span
+
+    bad = outside(loads, [o.view for o in operands])
+    if not bad:
+        return
+    addr = loads.flat()
+    inside = np.zeros(addr.size, dtype=bool)
+    for o in operands:
+        lo, hi = span(o.view)
+        inside |= (addr >= lo) & (addr < hi)
+    names = [o.name for o in operands if bool((o.holds(addr) & ~inside).any())]
+    faults = "; ".join(LOAD_FAULTS[n] for n in names) or "a load reads memory that is none of the operands"
+    if "ragged K" in what and any(n in ("a", "b") for n in names):
+        faults = (f"the K mask is missing on the load of {' and '.join(n for n in names if n in 'ab')}: the last "
+                  f"K tile reads past K. Mask both loads with k < K and other=0.0 ({faults})")
+    raise check.CheckFailure(f"{case}: your kernel loaded {bad} element(s) outside its operands: {faults}. A "
+                             "masked-off lane must not load: past the end of a buffer there may be no memory at all.")
+
+
+def require_slice_walked(case: str, loads, k_slices: int) -> None:
+    """9.1: a K tile walked outside its slice loads with every lane masked off (interpreter only). A loop
+    from k_start walks none; one aligned below k_start, or with a fixed trip count, a few (at most one a
+    slice). A loop over the whole K range masked with k >= k_start walks every earlier slice's tiles again."""
+    empty = sum(1 for a in loads.addresses if a.size == 0)
+    useful = len(loads.addresses) - empty
+    if k_slices > 1 and useful and 4 * empty > useful:
+        raise check.CheckFailure(
+            f"{case}: {empty} of your kernel's {empty + useful} loads had every lane masked off: the K loop walks "
+            "tiles outside its slice (from 0, or past k_stop) and masks them away, so each slice walks the tiles "
+            "of the slices before it again and the split saves no work. Walk only the slice: for k0 in "
+            "range(k_start, k_stop, BLOCK_K).")
+
+
+def call(fn, args, case):
+    try:
+        with np.errstate(over="ignore"):   # the interpreter's exp overflows to inf in GELU: on purpose
+            return fn(*args)
+    except (NotImplementedError, check.CheckFailure):
+        raise
+    except Exception as e:
+        if "NotImplementedError" in repr(e):  # the interpreter wraps what a kernel raises
+            found = re.search(r"NotImplementedError\((['\"])(.*?)\1\)", str(e))
+            raise NotImplementedError(found.group(2) if found else f"not done yet ({e})") from None
+        from .loads import interpreter_limit
+        limit = interpreter_limit(e)
+        raise check.CheckFailure(f"{case}: {limit}" if limit else
+                                 f"{case}: your function raised {type(e).__name__}: {e}") from e
