@@ -144,8 +144,8 @@ INDUCTOR_CONSTANTS = {"stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od
 # Every kernel that takes a float argument and that the ops (or the teaching launchers behind them) launch
 EXPECTED = {
     "course_utils.tuned.attention.attn_fwd_tuned_kernel": {"qk_scale", "q_scale"},
-    "course_utils.tuned.attention_backward.attn_bwd_dkdv_tuned_kernel": {"qk_scale", "sm_scale"},
-    "course_utils.tuned.attention_backward.attn_bwd_dq_tuned_kernel": {"qk_scale", "sm_scale"},
+    "course_utils.tuned.attention_backward_kernels.attn_bwd_dkdv_tuned_kernel": {"qk_scale", "sm_scale"},
+    "course_utils.tuned.attention_backward_kernels.attn_bwd_dq_tuned_kernel": {"qk_scale", "sm_scale"},
     "course_utils.kernels.attention.attn_fwd_kernel": {"sm_scale"},
     "course_utils.kernels.attention_backward.attn_bwd_dkdv_kernel": {"sm_scale"},
     "course_utils.kernels.attention_backward.attn_bwd_dq_kernel": {"sm_scale"},
