@@ -425,7 +425,8 @@ def _registration(name: str) -> str:
     from course_utils.ops import _lib, attn
     if not _lib.INDUCTOR_SEES_KERNELS:
         return "custom_op"
-    return "triton_op" if attn._VISIBLE else "triton_op (attention: custom_op)"
+    opaque = sorted(_lib.OPAQUE_NAMES | (set() if attn._VISIBLE else {"attention"}))
+    return f"triton_op ({', '.join(opaque)}: custom_op)" if opaque else "triton_op"
 
 
 def _merge_recorded(df: pd.DataFrame, name: str, keys: list[str]) -> pd.DataFrame:

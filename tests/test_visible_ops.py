@@ -77,14 +77,44 @@ def test_a_launch_with_a_tracers_tensor_goes_through_wrap_triton(monkeypatch):
 
 def test_ops_are_visible_on_a_gpu_and_opaque_custom_ops_under_the_interpreter():
     # the interpreter: Inductor does not launch user kernels on the CPU; a GPU: triton_ops unless asked not to
-    opaque = os.environ.get("COURSE_OPAQUE_OPS", "0") not in ("", "0")
+    opaque = os.environ.get("COURSE_OPAQUE_OPS", "0").strip() == "1"
     assert _lib.INDUCTOR_SEES_KERNELS == (env.on_gpu() and not opaque)
+
+
+def test_opaque_ops_env_names_ops():
+    # COURSE_OPAQUE_OPS: "1" every op (INDUCTOR_SEES_KERNELS false), a list of names those only
+    assert _lib.opaque_names("0") == _lib.opaque_names("") == _lib.opaque_names("1") == frozenset()
+    assert _lib.opaque_names(" a_fwd, b_bwd,") == {"a_fwd", "b_bwd"}
 
 
 # ----------------------------------------------------------------------------- the ops' functions, traced cold
 # While AOTAutograd traces a triton_op, its function runs on a tracer's tensors with nothing cached yet: every
 # launch must go through wrap_triton and nothing may read a data pointer or time a plan. Here the function of
 # each visible op runs on fake tensors with every plan cache empty; wrap_triton is replaced by a recorder.
+
+
+class Launch(str):
+    """A recorded launch: the kernel's name (a str), with its arguments."""
+
+    def __new__(cls, name, args):
+        self = super().__new__(cls, name)
+        self.args = args
+        return self
+
+
+def views_of_own_buffers(launched, inputs) -> list[str]:
+    """Launches that pass a part of a tensor the op made itself (a view that does not cover it whole; views of
+    ``inputs`` are fine): Inductor's copies around a user kernel that writes slices of one buffer read past
+    its end (GPT-2 small at B=16 on the H100, under CUDA graphs)."""
+    ins = [t for t in inputs if isinstance(t, torch.Tensor)]
+    bad = []
+    for launch in launched:
+        for i, a in enumerate(launch.args):
+            base = getattr(a, "_base", None) if isinstance(a, torch.Tensor) else None
+            whole = base is not None and a.storage_offset() == base.storage_offset() and a.numel() == base.numel()
+            if base is not None and not whole and not any(base is t or base is t._base for t in ins):
+                bad.append(f"{launch} argument {i}: a view {tuple(a.shape)} of a buffer {tuple(base.shape)}")
+    return bad
 
 
 @pytest.fixture
@@ -101,7 +131,7 @@ def cold_trace(monkeypatch):
             self.name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
 
         def __getitem__(self, grid):
-            return lambda *a, **k: launched.append(self.name)
+            return lambda *a, **k: launched.append(Launch(self.name, a))
 
     monkeypatch.setattr(torch.library, "wrap_triton", Recorder)
     for mod, attr in ((Nm, "PLANS"), (Ln, "PLANS"), (Lce, "PLANS"), (Ls, "PLANS"), (Ls, "CHECKED"),
@@ -114,10 +144,13 @@ def test_norms_trace_cold(cold_trace):
     with FakeTensorMode():
         x, w, b, r = torch.randn(6, 40), torch.randn(40), torch.randn(40), torch.randn(6, 40)
         y, mean, rstd = Nm.layer_norm_fwd(x, w, b, 1e-5)
-        Nm.layer_norm_bwd(torch.randn(6, 40), x, w, mean, rstd)
-        y, s, mean, rstd = Nm.add_layer_norm_fwd(x, r, w, b, 1e-5)
-        Nm.add_layer_norm_bwd(torch.randn(6, 40), torch.randn(6, 40), s, w, mean, rstd)
+        dy0 = torch.randn(6, 40)
+        Nm.layer_norm_bwd(dy0, x, w, mean, rstd)
+        y, s, mean2, rstd2 = Nm.add_layer_norm_fwd(x, r, w, b, 1e-5)
+        dy, ds = torch.randn(6, 40), torch.randn(6, 40)
+        Nm.add_layer_norm_bwd(dy, ds, s, w, mean2, rstd2)
     assert len(cold_trace) >= 4
+    assert views_of_own_buffers(cold_trace, (x, w, b, r, y, s, mean, rstd, mean2, rstd2, dy0, dy, ds)) == []
 
 
 def test_linear_gelu_traces_cold(cold_trace):
@@ -125,9 +158,11 @@ def test_linear_gelu_traces_cold(cold_trace):
     with FakeTensorMode():
         x, w, b = torch.randn(2, 5, 40), torch.randn(24, 40), torch.randn(24)
         y, acc = Ln.linear_gelu_fwd(x, w, b)
-        dx, dw, db = Ln.linear_gelu_bwd(torch.randn(2, 5, 24), x, w, b, acc)
+        dy = torch.randn(2, 5, 24)
+        dx, dw, db = Ln.linear_gelu_bwd(dy, x, w, b, acc)
     assert y.shape == (2, 5, 24) and dx.shape == x.shape and dw.shape == w.shape and db.shape == b.shape
     assert len(cold_trace) == 2    # the bias + GELU forward and its backward
+    assert views_of_own_buffers(cold_trace, (x, w, b, y, acc, dy)) == []
 
 
 def test_losses_trace_cold(cold_trace):
@@ -141,6 +176,17 @@ def test_losses_trace_cold(cold_trace):
         loss, dh, dw = Lce.linear_ce_fwd(h, w, targets, -100)
         Lce.linear_ce_bwd(torch.ones(()), dh, dw)
     assert len(cold_trace) >= 3
+    assert views_of_own_buffers(cold_trace, (logits, targets, h, w)) == []
+
+
+def test_linear_cross_entropy_traced_writes_whole_buffers(cold_trace):
+    # three chunks of rows (3 + 3 + 1): each launch gets the chunk's own logits and losses, not slices of one
+    from course_utils.tuned import linear_cross_entropy as T
+    with FakeTensorMode():
+        h, w, targets = torch.randn(7, 16), torch.randn(33, 16), torch.randint(0, 33, (7,))
+        loss, dh, dw = T.linear_cross_entropy_forward(h, w, targets, chunk_rows=3)
+    assert len(cold_trace) == 3 and loss.shape == () and dh.shape == h.shape and dw.shape == w.shape
+    assert views_of_own_buffers(cold_trace, (h, w, targets)) == []
 
 
 @pytest.mark.skipif(not _lib.INDUCTOR_SEES_KERNELS, reason="needs a CUDA GPU (the ops are triton_ops only there)")

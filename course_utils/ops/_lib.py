@@ -41,12 +41,26 @@ from ..state import RuntimeCache
 from ..tuned.launch import launch, traced  # noqa: F401  (the ops' hot launches: course_utils.tuned.launch says why)
 
 NAMESPACE = "course"
+#: ``COURSE_OPAQUE_OPS``: "1" keeps every op opaque on a GPU; a comma-separated list of kernel op names
+#: ("linear_cross_entropy_fwd,linear_cross_entropy_bwd") keeps those opaque (to find which op a fault needs)
+_OPAQUE_ENV = os.environ.get("COURSE_OPAQUE_OPS", "0").strip()
+
+
+def opaque_names(value: str) -> frozenset:
+    """The kernel ops that a ``COURSE_OPAQUE_OPS`` value names ("0", "" and "1" name none one by one)."""
+    value = value.strip()
+    return frozenset() if value in ("", "0", "1") else frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+OPAQUE_NAMES = opaque_names(_OPAQUE_ENV)
 #: whether torch.compile sees the ops' kernels (triton_op) or calls each op as one opaque custom op
-INDUCTOR_SEES_KERNELS = env.on_gpu() and os.environ.get("COURSE_OPAQUE_OPS", "0") in ("", "0")
-if env.on_gpu() and not INDUCTOR_SEES_KERNELS:
+INDUCTOR_SEES_KERNELS = env.on_gpu() and _OPAQUE_ENV != "1"
+if env.on_gpu() and _OPAQUE_ENV not in ("", "0"):
     # Inductor's caches key a graph by its ops' names, not by how they are registered: an opaque build would
     # reuse a visible one's code (seen on an H100). The opaque builds keep a cache of their own.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_course_opaque"))
+    tag = "" if _OPAQUE_ENV == "1" else "_" + "_".join(sorted(OPAQUE_NAMES))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_course_opaque{tag}"))
 _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 _DEFINED: dict[str, object] = {}
 KERNEL_OPS: dict[str, tuple[str, Callable]] = RuntimeCache()   # name -> (schema, impl) of every kernel op
@@ -58,7 +72,8 @@ def kernel_op(name: str, schema: str, impl: Callable, fake: Callable, visible: b
     if name in _DEFINED:
         return _DEFINED[name]
     KERNEL_OPS[name] = (schema, impl)
-    if INDUCTOR_SEES_KERNELS and visible:   # the schema comes from the annotations: give impl the schema's own
+    if INDUCTOR_SEES_KERNELS and visible and name not in OPAQUE_NAMES:
+        # the schema comes from the annotations: give impl the schema's own
         opaque = _custom_op(f"{name}_opaque", schema, impl, fake)
         op = torch.library.triton_op(f"{NAMESPACE}::{name}", annotated(impl, schema, opaque), mutates_args=())
         op.register_fake(fake)   # in place of impl itself: ours also takes symbolic shapes

@@ -133,20 +133,34 @@ def linear_cross_entropy_forward(h: torch.Tensor, weight: torch.Tensor, targets:
     num_warps = num_warps or (8 if block > 1024 else 4)       # as course_utils.ops.loss plans cross_entropy
     targets = targets.contiguous()
     scale = K.mean_scale(targets, ignore_index)               # 1 / rows not ignored, on the device
-    losses = torch.empty(rows, dtype=torch.float32, device=h.device)
     dh = torch.empty((rows, d), dtype=h.dtype, device=h.device)
-    logits = torch.empty((min(chunk, rows), vocab), dtype=h.dtype, device=h.device)   # reused by every chunk
+    # Eager: one logits buffer reused by every chunk, the kernel writes each chunk's losses into a slice of one
+    # vector. While torch.compile traces, the kernel writes whole tensors of its own: Inductor's copies around
+    # a user kernel that writes successive slices of one buffer read past that buffer's end (an illegal
+    # address on the H100 under CUDA graphs, GPT-2 small at B=16), and it reuses memory itself.
+    per_chunk = traced(h)
+    losses = None if per_chunk else torch.empty(rows, dtype=torch.float32, device=h.device)
+    logits = None if per_chunk else torch.empty((min(chunk, rows), vocab), dtype=h.dtype, device=h.device)
+    chunk_losses = []
     acc = _accumulator(weight)
     wt = weight.t()
     for i, start in enumerate(range(0, rows, chunk)):
         stop = min(start + chunk, rows)
-        h_c, g = h[start:stop], logits[:stop - start]
+        h_c = h[start:stop]
+        if per_chunk:
+            g = torch.empty((stop - start, vocab), dtype=h.dtype, device=h.device)
+            losses_c = torch.empty(stop - start, dtype=torch.float32, device=h.device)
+            chunk_losses.append(losses_c)
+        else:
+            g, losses_c = logits[:stop - start], losses[start:stop]
         torch.mm(h_c, wt, out=g)
-        _classify(g, targets[start:stop], scale, int(ignore_index), losses[start:stop], block, num_warps)
+        _classify(g, targets[start:stop], scale, int(ignore_index), losses_c, block, num_warps)
         torch.mm(g, weight, out=dh[start:stop])
         _accumulate(acc, g, h_c, first=i == 0)
     if rows == 0:
         acc.zero_()
+    if per_chunk:
+        losses = torch.cat(chunk_losses) if chunk_losses else torch.zeros(0, dtype=torch.float32, device=h.device)
     dweight = acc if acc.dtype == weight.dtype else acc.to(weight.dtype)
     return losses.sum() * scale, dh, dweight
 
