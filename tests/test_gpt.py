@@ -289,3 +289,20 @@ def test_a_float32_residual_stream_under_16_bit_weights():
         hook.remove()
         assert abs(loss - want) / want < 2e-2, (residual, loss, want)
     assert seen == [torch.float16, torch.float16]   # the GEMMs read 16-bit activations either way
+
+
+def test_a_call_without_the_losses_keeps_the_recorded_loss_columns(training_bench, monkeypatch):
+    # a call that re-times the versions alone (COURSE_TRAINING_PARTS=versions) keeps the headline's recorded
+    # loss columns and says which day's curve they come from; nothing is invented where none are recorded
+    import pandas as pd
+    head = training_bench.HEADLINE
+    rec = pd.DataFrame([{"config_key": head, "impl": "eager", "date": "2026-11-25", "loss_steps": 200,
+                         "loss_course_mean_abs": 0.004}, {"config_key": "toy-b8", "impl": "eager", "loss_steps": 9}])
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: rec)
+    assert training_bench._recorded_losses() == {"loss_steps": 200, "loss_course_mean_abs": 0.004,
+                                                 "loss_date": "2026-11-25"}
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: rec.drop(columns=["loss_steps",
+                                                                                        "loss_course_mean_abs"]))
+    assert training_bench._recorded_losses() == {}
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: None)
+    assert training_bench._recorded_losses() == {}
