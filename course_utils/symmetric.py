@@ -70,6 +70,8 @@ class SimulatedRanks(Ranks):
 
     def __init__(self, world_size: int, capacity: int, dtype=torch.float32, device=None, max_programs=None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and device.index is None:   # a tensor's device names its index: cuda:0, not cuda
+            device = torch.device("cuda", torch.cuda.current_device())
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         programs = max_programs or (PROGRAMS_SIMULATED if device.type == "cpu" else 64)

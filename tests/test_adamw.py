@@ -17,6 +17,14 @@ from course_utils.tuned import adamw as tuned
 DTYPES = (torch.float32, torch.float16)
 
 
+@pytest.fixture
+def on_the_course_device():
+    """Tensors made without a device land on the course's (a GPU on a GPU host), as the optimizer's do: these
+    tests make theirs that way (not autouse: the mode's Python would count in the host-work profile)."""
+    with torch.device(cu.DEVICE):
+        yield
+
+
 def step_t(t: int) -> torch.Tensor:
     return torch.tensor([float(t)], device=cu.DEVICE)
 
@@ -119,6 +127,7 @@ def test_reference_is_torch_adamw(weight_decay):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.usefixtures("on_the_course_device")
 def test_teaching_launcher_refuses_bad_inputs():
     n = 10
     f32 = [torch.zeros(n, device=cu.DEVICE) for _ in range(3)]
@@ -217,6 +226,7 @@ def test_parameters_without_gradient_are_skipped(dtype):
     _assert_matches(opt.masters(), _views(opt, opt.exp_avg), _views(opt, opt.exp_avg_sq), ref, ropt)
 
 
+@pytest.mark.usefixtures("on_the_course_device")
 def test_pointer_table_rebuilt_only_when_gradients_move():
     dtype = torch.float16
     inits = [check.randn(s).to(dtype).float() for s in SHAPES]
@@ -254,6 +264,7 @@ def test_masters_from_an_fp32_source():
     _assert_matches(opt.masters(), _views(opt, opt.exp_avg), _views(opt, opt.exp_avg_sq), ref, ropt)
 
 
+@pytest.mark.usefixtures("on_the_course_device")
 def test_state_dict_round_trip():
     shapes = SHAPES[:4]
     params_a = [check.randn(s).half() for s in shapes]
@@ -369,6 +380,7 @@ def test_from_fp32_model_keeps_the_exact_fp32_weights():
         tuned.MasterAdamW.from_fp32_model(model, torch.int8)
 
 
+@pytest.mark.usefixtures("on_the_course_device")
 def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
     """The bookkeeping of CUDA-graph captures, with the capture simulated (the GPU check captures for real):
     a table built while capturing comes from a pinned buffer set aside beforehand and is never dropped,
@@ -407,6 +419,7 @@ def test_tables_a_capture_reads_are_kept_and_eager_ones_bounded(monkeypatch):
         step_with_new_grads()
 
 
+@pytest.mark.usefixtures("on_the_course_device")
 def test_eager_tables_reuse_their_rows_and_hold_the_current_addresses():
     """Eager tables live in rows allocated once (a table allocated per step would move the next step's
     gradients): after more new addresses than rows, every table still holds its own key, in a row."""

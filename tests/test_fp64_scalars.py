@@ -286,7 +286,8 @@ def test_attention_functions_trace_cold_through_wrap_triton(monkeypatch):
     monkeypatch.setattr(torch.library, "wrap_triton", Recorder)
     monkeypatch.setattr(A, "PLANS", {})
     monkeypatch.setattr(A, "VALID", set())
-    with FakeTensorMode():
+    from course_utils import env
+    with FakeTensorMode(), torch.device(env.DEVICE):   # the ops refuse a CPU tensor on a GPU host
         q, k, v, do = (torch.randn(2, 3, 40, 16) for _ in range(4))
         o, lse = A.attention_fwd(q, k, v, True, 0.25)
         A.attention_bwd(do, q, k, v, o, lse, True, 0.25)

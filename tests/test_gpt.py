@@ -30,10 +30,13 @@ def test_batches_are_reproducible_windows_with_next_token_targets():
 
 
 def test_twins_start_from_identical_parameters():
-    a, b = gpt.twins(gpt.TINY, cu.DEVICE)
+    a, b = gpt.twins(gpt.TINY, cu.DEVICE, bf16=False)
     assert a.ops.name == "torch" and b.ops.name == "course"
     for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert na == nb and torch.equal(pa, pb) and pa.data_ptr() != pb.data_ptr()
+    _, c = gpt.twins(gpt.TINY, cu.DEVICE, bf16=True)   # a GPU's default: the same weights rounded to bf16
+    for (na, pa), (nc, pc) in zip(a.named_parameters(), c.named_parameters()):
+        assert na == nc and torch.equal(pa.to(pc.dtype), pc), na
 
 
 def test_course_ops_refuse_rather_than_fall_back(monkeypatch):

@@ -23,13 +23,15 @@ def _run(code: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, f
 
 def test_a_step_that_outruns_the_watchdog_says_where_and_exits():
     code = ("import time\nfrom benchmarks.multigpu import Watchdog\n"
-            "dog = Watchdog(1.0, rank=3)\ndog.step('width 768, 1 MiB: reference check: tuned one-shot')\n"
+            "dog = Watchdog(1.0, rank=3); print(time.time(), flush=True)\n"
+            "dog.step('width 768, 1 MiB: reference check: tuned one-shot')\n"
             "time.sleep(120)\n")
-    run, took = _run(code)
+    run, _ = _run(code)
+    took = time.time() - float(run.stdout.split()[0])   # from the first step to the exit, not the imports
     assert run.returncode == M.HUNG_EXIT, run.stderr[-2000:]
     assert "HUNG rank 3" in run.stderr and "reference check: tuned one-shot" in run.stderr
     assert "File \"<string>\", line 5" in run.stderr   # every thread's stack: the main thread in its sleep
-    assert took < 30
+    assert took < 30    # the watchdog's 1 s and the stacks, not the step's 120 s sleep
 
 
 def test_steps_that_keep_coming_never_trip_it_and_a_slow_step_may_be_allowed_more():
@@ -71,17 +73,18 @@ class _OneRank:
 
 
 def test_the_gpu_smoke_runs_its_first_two_phases_on_one_simulated_rank(monkeypatch, capsys):
-    """tools/gpu_checks/allreduce_smoke.py's plumbing (impls, inputs, verdicts, the table) on the CPU: one
-    simulated rank, float32, tiny sizes; the CUDA-graph phase needs a GPU."""
+    """tools/gpu_checks/allreduce_smoke.py's plumbing (impls, inputs, verdicts, the table) on the course's
+    device (the CPU in CI): one simulated rank, float32, tiny sizes; the CUDA-graph phase is left out."""
     import torch
 
     from course_utils import symmetric as S
     sm = _smoke_module()
-    for name, value in (("DEVICE", "cpu"), ("DTYPE", torch.float32), ("MIB", 2**12), ("CALLS", 3)):
+    from course_utils import env
+    for name, value in (("DEVICE", env.DEVICE), ("DTYPE", torch.float32), ("MIB", 2**12), ("CALLS", 3)):
         monkeypatch.setattr(sm, name, value)
     smoke = sm.Smoke.__new__(sm.Smoke)
     smoke.dist, smoke.rank, smoke.world, smoke.dog = _OneRank(), 0, 1, M.Watchdog(0)
-    smoke.ranks = S.SimulatedRanks(1, 16 * 2**12, torch.float32, device="cpu")
+    smoke.ranks = S.SimulatedRanks(1, 16 * 2**12, torch.float32, device=env.DEVICE)   # the interpreter's CPU
     smoke.spins, smoke.table, smoke.compiled = 2, [], set()
     assert smoke.run(graphs=False) == 0
     out = capsys.readouterr().out

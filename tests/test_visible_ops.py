@@ -289,6 +289,7 @@ def test_the_wrappers_cast_for_autocast_while_compiled_too(monkeypatch):
     x = torch.randn(12, 16, generator=g).to(torch.float16)
     w_fc, b_fc = torch.randn(24, 16, generator=g) / 4, torch.randn(24, generator=g)
     targets = torch.randint(0, 40, (12,), generator=g)
+    h, w, x, w_fc, b_fc, targets = (t.to(env.DEVICE) for t in (h, w, x, w_fc, b_fc, targets))   # a GPU's ops
 
     def f(h, w, x, w_fc, b_fc, targets):
         return ops.linear_cross_entropy(h, w, targets), ops.linear_gelu(x, w_fc, b_fc)

@@ -47,11 +47,11 @@ SMOKE_SPINS = 2**22               # a wait gives up after a few seconds here, no
 WATCHDOG_S = 20.0
 EPS = 1e-6
 Y_TOL = 3e-2                      # bf16 y against float64 RMSNorm of the same s, relative to |y| + 1
-DEVICE, DTYPE = "cuda", torch.bfloat16   # tests/test_multigpu_watchdog.py runs phases 1-2 on the CPU (float32)
+DEVICE, DTYPE = "cuda", torch.bfloat16   # tests/test_multigpu_watchdog.py: phases 1-2 on the course device
 
 
 def sync() -> None:
-    if DEVICE == "cuda":
+    if torch.device(DEVICE).type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -201,7 +201,7 @@ class Smoke:
         self.dog.step("done")
         failed = [row for row in self.table if row[3] != "PASS"]
         if self.rank == 0:
-            device = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
+            device = torch.cuda.get_device_name() if torch.device(DEVICE).type == "cuda" else DEVICE
             print(f"\n{self.world} GPUs ({device}), {time.perf_counter() - start:.0f} s: "
                   f"{len(self.table) - len(failed)}/{len(self.table)} PASS")
             names = sorted({(n, m) for _, n, m, _ in self.table}, key=lambda t: (t[1], t[0]))
