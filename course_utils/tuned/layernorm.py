@@ -54,6 +54,7 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     _grid,
     _rows,
     _warps,
+    column_sum_block_n,
     per_sm_plan,
     plan_forward,
     row_plans,
@@ -187,8 +188,9 @@ def column_sum_pair(dw_partial: torch.Tensor, db_partial: torch.Tensor, dtype: t
     n_partials, n_cols = dw_partial.shape
     dw = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
     db = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
-    launch(column_sum_pair_kernel, "column_sum_pair", (-(-n_cols // REDUCE_BLOCK_N),),
-           (dw, db, dw_partial, db_partial, n_partials, n_cols), dict(BLOCK_M=COLUMN_SUM_ROWS, BLOCK_N=REDUCE_BLOCK_N))
+    block_n = column_sum_block_n(n_cols, REDUCE_BLOCK_N)
+    launch(column_sum_pair_kernel, "column_sum_pair", (-(-n_cols // block_n),),
+           (dw, db, dw_partial, db_partial, n_partials, n_cols), dict(BLOCK_M=COLUMN_SUM_ROWS, BLOCK_N=block_n))
     return dw, db
 
 

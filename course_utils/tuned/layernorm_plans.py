@@ -48,6 +48,16 @@ ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192:
 SPLIT = {8192: ((8192, 2048, 16, 1), (4096, 2048, 8, 2)),
          16384: ((8192, 2048, 16, 1), (4096, 2048, 8, 2), (16384, 2048, 32, 1))}
 COLUMN_SUM_ROWS = 32        # BLOCK_M of the teaching column_sum, which column_sum_pair sums as (same bits)
+# BLOCK_N of column_sum_pair: columns never mix, so any BLOCK_N gives the same bits. On an H100 the teaching
+# column_sum of 132-528 partial rows of 768 columns ran 7.1-16.3 us with 16 columns a program (48 programs)
+# against 9.3-23.8 us with 64 (12 programs): too few programs to fill the GPU (tools/gpu_checks/
+# kernel_candidates.py, results/h100-80gb-hbm3/kernel_candidates.log). Wider rows were not timed: they keep 64.
+NARROW_SUM_COLS, NARROW_SUM_BLOCK_N = 1024, 16
+
+
+def column_sum_block_n(n_cols: int, default: int) -> int:
+    """Columns per program of the partial-row reduction: 16 up to ``NARROW_SUM_COLS`` columns, else ``default``."""
+    return NARROW_SUM_BLOCK_N if n_cols <= NARROW_SUM_COLS else default
 
 
 @dataclass(frozen=True)
