@@ -147,9 +147,13 @@ class GPT(nn.Module):
             h = ops.layer_norm(x, first.weight, first.bias, eps).to(compute)
         else:
             h = ops.layer_norm(x, first.weight, first.bias, eps)
+        one_node = ops.block is not None and cache is None and _trains_eagerly(idx.device.type)
         for i, block in enumerate(self.blocks):
-            h, x = ops.add_layer_norm(block.attend(h, ops, cache, i), x, block.ln2.weight, block.ln2.bias, eps)
             nxt = self.blocks[i + 1].ln1 if i + 1 < len(self.blocks) else self.ln_f
+            if one_node:   # the same kernels, one autograd node a block (course_utils.ops.block)
+                h, x = ops.block(h, x, block, nxt, self.cfg.n_head, eps)
+                continue
+            h, x = ops.add_layer_norm(block.attend(h, ops, cache, i), x, block.ln2.weight, block.ln2.bias, eps)
             h, x = ops.add_layer_norm(block.mlp(h, ops), x, nxt.weight, nxt.bias, eps)
         if cache is not None:
             cache.length += N
@@ -167,6 +171,11 @@ def bf16_weights(model: GPT, residual_dtype: torch.dtype | None = None) -> GPT:
     model.master = [p.detach().float().clone() for p in model.parameters()]
     model.residual_dtype = residual_dtype
     return model.to(torch.bfloat16)
+
+
+def _trains_eagerly(device_type: str) -> bool:
+    """Autograd records, torch.compile is not tracing and autocast is off: where ``Ops.block`` applies."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(device_type)
 
 
 def uses_autocast(model: nn.Module) -> bool:

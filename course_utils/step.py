@@ -23,7 +23,6 @@ add + LayerNorm keeps the sum in float32, each branch reads and returns its own 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -32,6 +31,7 @@ from .ops import attn as A
 from .ops import linear as L
 from .ops import linear_ce as C
 from .ops import norms as Nm
+from .ops.block import Saved, block_backward, block_forward, params_of  # noqa: F401  (Saved: what a block keeps)
 
 #: GPT-2's initial positions and tokens feed ``aten.embedding_dense_backward`` as autograd's embedding does
 _NO_PADDING = -1
@@ -47,40 +47,6 @@ OPS = (SimpleNamespace(layer_norm_fwd=torch.ops.course.layer_norm_fwd, layer_nor
        SimpleNamespace(linear_gelu_fwd=torch.ops.course.linear_gelu_fwd,
                        linear_gelu_bwd=torch.ops.course.linear_gelu_bwd),
        SimpleNamespace(linear_ce_fwd=torch.ops.course.linear_cross_entropy_fwd))
-
-
-@dataclass
-class Saved:
-    """What one block's backward reads: the inputs of its GEMMs, attention's output and statistics,
-    and each fused residual add + LayerNorm's sum and statistics."""
-    h1: torch.Tensor          # LayerNorm 1's output: the qkv projection's input
-    qkv: torch.Tensor
-    o: torch.Tensor           # attention's output, (B, H, N, hd) view of (B, N, H, hd) memory
-    lse: torch.Tensor
-    o2: torch.Tensor          # o as (B, N, d): the output projection's input
-    s1: torch.Tensor          # residual stream after the attention branch
-    mean1: torch.Tensor
-    rstd1: torch.Tensor
-    h2: torch.Tensor          # LayerNorm 2's output: the MLP's input
-    acc: torch.Tensor         # linear_gelu's saved pre-activation (empty for the GEMM-epilogue plan)
-    f: torch.Tensor           # GELU's output: the second MLP GEMM's input
-    s2: torch.Tensor          # residual stream after the MLP branch
-    mean2: torch.Tensor
-    rstd2: torch.Tensor
-
-
-def _linear(x: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
-    """x @ W.T + b over the last dim, one cuBLAS call (what ``F.linear`` runs)."""
-    y = torch.addmm(lin.bias, x.reshape(-1, x.shape[-1]), lin.weight.t())
-    return y.view(*x.shape[:-1], lin.weight.shape[0])
-
-
-def _linear_backward(dy: torch.Tensor, x: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
-    """dW = dy.T @ x, db = the column sums of dy, into the parameters' ``.grad``; returns dx = dy @ W."""
-    dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
-    lin.weight.grad = torch.mm(dy2.t(), x2)
-    lin.bias.grad = dy2.sum(0)
-    return torch.mm(dy2, lin.weight).view(x.shape)
 
 
 class HandStep:
@@ -130,16 +96,9 @@ class HandStep:
         h = h.to(self.compute)   # a wider stream: its first LayerNorm's output in the branches' dtype
         ctx = {"x0": x, "mean0": mean0, "rstd0": rstd0, "pos": pos, "blocks": []}
         for i, blk in enumerate(m.blocks):
-            qkv = _linear(h, blk.qkv)
-            o, lse = A.attention_qkv_fwd(qkv, self.n_head, True, self.scale)
-            o2 = o.transpose(1, 2).reshape(B, N, -1)
-            h1 = h
-            h, s1, mean1, rstd1 = Nm.add_layer_norm_fwd(_linear(o2, blk.proj), x, blk.ln2.weight, blk.ln2.bias, eps)
-            f, acc = L.linear_gelu_fwd(h, blk.fc.weight, blk.fc.bias)
             nxt = m.blocks[i + 1].ln1 if i + 1 < len(m.blocks) else m.ln_f
-            h2 = h
-            h, x, mean2, rstd2 = Nm.add_layer_norm_fwd(_linear(f, blk.out), s1, nxt.weight, nxt.bias, eps)
-            ctx["blocks"].append(Saved(h1, qkv, o, lse, o2, s1, mean1, rstd1, h2, acc, f, x, mean2, rstd2))
+            h, x, saved = block_forward((Nm, A, L), h, x, params_of(blk, nxt), self.n_head, eps, self.scale)
+            ctx["blocks"].append(saved)
         loss, dh, dwte = C.linear_ce_fwd(h.reshape(-1, h.shape[-1]), m.wte.weight, targets.reshape(-1), -100)
         return loss, dh.view(h.shape), dwte, ctx
 
@@ -152,21 +111,12 @@ class HandStep:
         Nm, A, L, C = self.kernels
         dres = None                                   # the residual stream's gradient (None: nothing yet)
         for i in reversed(range(len(m.blocks))):
-            blk, sv = m.blocks[i], ctx["blocks"][i]
             nxt = m.blocks[i + 1].ln1 if i + 1 < len(m.blocks) else m.ln_f
-            # h, x = add_layer_norm(out(f), s1): both inputs of the add get ds
-            ds, nxt.weight.grad, nxt.bias.grad = Nm.add_layer_norm_bwd(dh, dres, sv.s2, nxt.weight, sv.mean2,
-                                                                       sv.rstd2)
-            df = _linear_backward(ds.to(self.compute), sv.f, blk.out)   # the branch's copy of ds in its dtype
-            dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(df, sv.h2, blk.fc.weight, blk.fc.bias,
-                                                                          sv.acc)
-            # h2, s1 = add_layer_norm(proj(o2), x)
-            dres, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(dh2, ds, sv.s1, blk.ln2.weight,
-                                                                                 sv.mean1, sv.rstd1)
-            do2 = _linear_backward(dres.to(self.compute), sv.o2, blk.proj)
-            do = do2.view(sv.o.shape[0], sv.o.shape[2], sv.o.shape[1], sv.o.shape[3]).transpose(1, 2)
-            dqkv = A.attention_qkv_bwd(do, sv.qkv, sv.o, sv.lse, self.n_head, True, self.scale)
-            dh = _linear_backward(dqkv, sv.h1, blk.qkv)
+            params = params_of(m.blocks[i], nxt)
+            dh, dres, grads = block_backward((Nm, A, L), dh, dres, ctx["blocks"][i], params, self.n_head,
+                                             self.scale)
+            for prm, g in zip(params, grads):
+                prm.grad = g
         first = m.blocks[0].ln1
         dx, first.weight.grad, first.bias.grad = Nm.layer_norm_bwd(dh.to(self.residual), ctx["x0"], first.weight,
                                                                    ctx["mean0"], ctx["rstd0"])

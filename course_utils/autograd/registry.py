@@ -32,7 +32,10 @@ class Ops:
     - ``linear_cross_entropy(h, weight, targets)``: the same loss of the logits ``h @ weight.T`` (the LM
       head and the loss together: the course's op never writes the whole logits);
     - ``attention_qkv(qkv, n_head, causal)``: ``attention`` on the q, k, v of a packed (B, N, 3 H hd)
-      projection, o as ``attention``'s (None: the model splits qkv and calls ``attention``).
+      projection, o as ``attention``'s (None: the model splits qkv and calls ``attention``);
+    - ``block(h, x, blk, nxt, n_head, eps) -> (h, x)``: a whole block, from its first LayerNorm's output to
+      the next one's, as one autograd node (:mod:`course_utils.ops.block`; None: the model calls the ops
+      one by one). The model takes it only to train eagerly, without autocast.
     """
     name: str
     layer_norm: Callable
@@ -42,6 +45,7 @@ class Ops:
     cross_entropy: Callable
     linear_cross_entropy: Callable
     attention_qkv: Callable | None = None
+    block: Callable | None = None
 
 
 def _torch_add_layer_norm(x, residual, w, b, eps):
@@ -175,8 +179,11 @@ GEMM_EPILOGUE = ("course_utils.autograd.gemm", "linear_gelu", "chapter 9's GEMM 
                  "z recomputed in backward")
 
 
-def course_ops(gemm_epilogue: bool = False, library=None) -> Ops:
+def course_ops(gemm_epilogue: bool = False, library=None, block_nodes: bool = False) -> Ops:
     """The course's kernels for every op, or a ``RuntimeError`` naming each op that has none.
+
+    ``block_nodes``: each block of the model one autograd node (``Ops.block``), the ops of
+    :mod:`course_utils.ops` all taken (it calls their functions), no GEMM epilogue, no ``library``.
 
     Without :mod:`course_utils.ops`, ``linear_gelu`` is cuBLAS's matmul followed by the course's
     fused bias + GELU, or, with ``gemm_epilogue=True``, chapter 9's GEMM with the epilogue in the
@@ -201,22 +208,29 @@ def course_ops(gemm_epilogue: bool = False, library=None) -> Ops:
     missing = [f"{op} ({'; '.join(r)})" for op, (fn, _, r) in found.items() if fn is None]
     if missing:
         raise RuntimeError("the course has no kernel yet for: " + ", ".join(missing))
-    packed = None
+    packed = block = None
     if found["attention"][1] == COURSE_CANDIDATES["attention"][0][2]:   # the operator: its packed twin too
         from course_utils.ops import attention_qkv as packed
+    if block_nodes:
+        if gemm_epilogue or library is not None or not all(found[op][1] == COURSE_CANDIDATES[op][0][2]
+                                                           for op in COURSE_CANDIDATES):
+            raise ValueError("block_nodes needs every op from course_utils.ops (no gemm_epilogue, no library)")
+        from course_utils.ops.block import block
     return Ops("course", layer_norm=found["layer_norm"][0], add_layer_norm=found["add_layer_norm"][0],
                linear_gelu=found["linear_gelu"][0], attention=_attention_causal(found["attention"][0]),
                cross_entropy=found["cross_entropy"][0], linear_cross_entropy=found["linear_cross_entropy"][0],
-               attention_qkv=packed)
+               attention_qkv=packed, block=block)
 
 
 def ops(name: str) -> Ops:
-    """``"torch"`` or ``"course"``."""
+    """``"torch"``, ``"course"`` or ``"course-blocks"`` (the course's, each block one autograd node)."""
     if name == "torch":
         return torch_ops()
     if name == "course":
         return course_ops()
-    raise ValueError(f"ops must be 'torch' or 'course', got {name!r}")
+    if name == "course-blocks":
+        return course_ops(block_nodes=True)
+    raise ValueError(f"ops must be 'torch', 'course' or 'course-blocks', got {name!r}")
 
 
 __all__ = ["Ops", "torch_ops", "course_ops", "course_table", "uses_library_ops", "ops", "COURSE_CANDIDATES"]
