@@ -63,6 +63,7 @@ IMPLS = {
     "eager": ("torch", "python"),
     "torch.compile": ("torch", "compile"),
     "course": ("course", "python"),
+    "course, one autograd node a block": ("course-blocks", "python"),
     "course, step by hand": ("course", "hand"),
     "course, step by hand + torch.compile": ("course", "hand-compile"),
     "course + torch.compile": ("course", "compile"),
@@ -114,7 +115,7 @@ def _weights(cfg) -> gpt.GPT:
 def _model(cfg, ops, bf16: bool | None = None):
     """A fresh copy of the configuration's weights on the GPU; the course's in bf16 with float32 masters."""
     model = copy.deepcopy(_weights(cfg)).cuda().use(ops)
-    if bf16 if bf16 is not None else ops == "course":
+    if bf16 if bf16 is not None else ops.startswith("course"):
         gpt.bf16_weights(model)
     return model
 

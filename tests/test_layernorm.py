@@ -200,7 +200,7 @@ def test_forward_is_one_launch_and_partials_are_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.mark.parametrize("n_partials, n_cols", [(1, 1), (37, 65), (70, 200), (5, 1100)])   # 16 columns a program, then 64
+@pytest.mark.parametrize("n_partials, n_cols", [(1, 1), (37, 65), (70, 200), (5, 1100)])   # BLOCK_N 16, then 64
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_column_sum_pair_is_the_two_teaching_launches(n_partials, n_cols, dtype):
     """The one-launch reduction of both partial buffers gives the bits of two teaching ``column_sum``s."""

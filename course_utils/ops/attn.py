@@ -147,8 +147,11 @@ def _backward(ctx, do, _dlse=None):
 # past a slice's end; with three buffers of their own (attention_qkv_bwd, traced) the toy's 2-layer step ran
 # right and tools/gpu_checks/visible_ops.py passed, but the 12-layer step still faulted once it was timed; later
 # the compiled step by hand faulted without CUDA_LAUNCH_BLOCKING and ran with it (attention_visible_fault.txt).
-# True once that step has run clean under tools/gpu_checks/compile_course.py. COURSE_ATTENTION_VISIBLE=1 makes
-# them triton_ops for one process (tools/gpu_checks/fault_hunt.py --attention-visible: to find that fault).
+# The same Inductor copy read past a buffer around the loss kernel (linear_cross_entropy, fixed): after that fix,
+# 8 builds with attention visible ran without a fault (attention_visible_after_ce_fix_b*.log), but the compiled
+# step by hand ran slower there (21.5 and 22.3 ms against 18.1 opaque, other processes) and the compiled autograd
+# step is not yet timed against torch.compile in one run: opaque until it is. COURSE_ATTENTION_VISIBLE=1 makes
+# them triton_ops for one process (tools/gpu_checks/fault_hunt.py --attention-visible).
 _VISIBLE = os.environ.get("COURSE_ATTENTION_VISIBLE", "0") == "1"
 FWD = _lib.kernel_op("attention_fwd", "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)",
                      attention_fwd, _fake_fwd, visible=_VISIBLE)
