@@ -64,7 +64,7 @@ def test_a_block_is_one_node_where_the_op_by_op_path_records_many():
     x, y = _batch(per_op.cfg)
     nodes_a, nodes_b = _nodes(per_op(x, y)[1]), _nodes(blocks(x, y)[1])
     assert nodes_b.count("BlockFunctionBackward") == 3
-    assert len(nodes_a) - len(nodes_b) >= 3 * 5, (len(nodes_a), len(nodes_b))   # at least five nodes a block saved
+    assert len(nodes_a) - len(nodes_b) >= 3 * 12, (len(nodes_a), len(nodes_b))   # 17 a block with torch 2.13
 
 
 def test_the_op_by_op_path_wherever_one_node_does_not_apply():
