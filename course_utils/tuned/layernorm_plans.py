@@ -12,9 +12,11 @@ import triton
 from .. import env, hardware
 
 MAX_BLOCK_N = 65536
-# From results/h100-80gb-hbm3/layernorm_tune.csv (256 MiB inputs, recorded before the backward's tl.range loops),
-# used on sm_90: (BLOCK_N, bytes per element) -> (tile elements, num_warps) of the forward kernel, and
-# -> (tile elements, num_warps, programs per SM) of the backward tile kernel.
+# From the first run of results/h100-80gb-hbm3/layernorm_tune.csv (2026-11-24, 256 MiB inputs, before the
+# backward's tl.range loops), used on sm_90: (BLOCK_N, bytes per element) -> (tile elements, num_warps) of the
+# forward kernel, and -> (tile elements, num_warps, programs per SM) of the backward tile kernel. In the file's
+# re-run with these loops (2026-11-27) each forward entry is within 1% of its size's fastest tile, each backward
+# entry within 4% (where 1 program per SM was faster, backward_candidates times the same tile at 1 per SM too).
 FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {
     (1024, 2): (4096, 4), (2048, 2): (4096, 8), (4096, 2): (4096, 8), (8192, 2): (8192, 16), (16384, 2): (16384, 16),
     (1024, 4): (4096, 8), (2048, 4): (4096, 8), (4096, 4): (8192, 8), (8192, 4): (8192, 32), (16384, 4): (16384, 32)}
@@ -25,8 +27,8 @@ TILE_ELEMENTS = 4096          # elsewhere: rows per program = this // BLOCK_N
 ELEMENTS_PER_THREAD = 16      # elsewhere: num_warps = tile / (32 x this), between 4 and 32
 BWD_PROGRAMS_PER_SM = 2       # backward grid: SMs x this programs, each summing a contiguous run of rows
 CHUNKED_FROM = 8192           # BLOCK_N from which the chunked backward is a candidate (the only one above)
-# (CHUNK, num_warps, programs per SM): not in layernorm_tune.csv (recorded before the chunked kernel existed);
-# all four are timed at first use of a shape
+# (CHUNK, num_warps, programs per SM): all four are timed at first use of a shape (layernorm_tune.csv's re-run
+# of 2026-11-27 times them too, its "ours chunked" rows)
 CHUNKED = ((2048, 4, 1), (4096, 8, 1), (2048, 4, 2), (4096, 8, 2))
 PER_SM_MAX_BLOCK = 16384    # the per-SM layout keeps a whole row and two accumulator rows in registers
 ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUNKED_FROM to PER_SM_MAX_BLOCK)
