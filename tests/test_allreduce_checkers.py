@@ -8,7 +8,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from course_utils import check
+from course_utils import check, env
 from course_utils.checkers import allreduce as checks
 from course_utils.kernels import allreduce as K
 
@@ -127,8 +127,13 @@ def test_right_kernels_pass(capsys):
 @pytest.mark.parametrize("fault", ["no barrier", "barrier before the writes", "only the own buffer read",
                                    "wrong peer offset", "signal pad never reset", "reads before the wait"])
 @pytest.mark.parametrize("fused", [False, True], ids=["all-reduce", "fused"])
-def test_each_fault_is_named(fault, fused):
+def test_each_fault_is_named(fault, fused, capsys):
     check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
+    if fault == "reads before the wait" and env.on_gpu():
+        # a GPU records no loads and runs the simulated ranks one after another: the verdict must not vouch
+        check_fn(bound(fault, fused))
+        assert "checked under Triton's interpreter only" in capsys.readouterr().out
+        return
     words = "before their flags came" if fault == "reads before the wait" else fault
     with pytest.raises(check.CheckFailure, match=words):
         check_fn(bound(fault, fused))
