@@ -9,7 +9,7 @@ the final one). That is where the course's model puts its fused adds, so the blo
 :func:`block_forward` and :func:`block_backward` are the step by hand's (:class:`course_utils.step.HandStep`):
 no autograd engine, the parameters' gradients returned. :class:`BlockFunction` wraps the very same two
 functions in one ``torch.autograd.Function``: autograd then records one node a block, where the model's
-op-by-op path records about fifteen (ten course ops and aten's linears, views and casts), and calls one
+op-by-op path records eighteen (four course ops; three linears with their transposes; views), and calls one
 Python backward a block. The kernels, their order and so the gradients are the same (tests/test_block.py).
 """
 
