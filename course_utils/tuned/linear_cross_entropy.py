@@ -22,9 +22,9 @@ dweight accumulator (``2 x vocab x d x 4`` bytes: 310 MB for GPT-2 small) while 
 few hundred runs far from cuBLAS's peak). :func:`chunk_rows_for` takes the most rows whose buffer fits
 ``CHUNK_BYTES`` (512 MiB: 5336 rows of GPT-2's 50304-entry vocabulary in bf16), then evens the chunks
 out in multiples of ``ROW_MULTIPLE``: 8192 rows are 2 chunks of 4096 (412 MB of logits, where eager holds
-824 MB in bf16 and 1.65 GB in float32), 16384 rows 4 chunks of 4096. Liger's rule (rows / ceil(vocab / d) rounded to a power of two:
-128 rows here) holds less but rereads the accumulator 64 times. ``tools/gpu_checks/linear_cross_entropy.py``
-times other chunk sizes next to this choice.
+824 MB in bf16 and 1.65 GB in float32), 16384 rows 4 chunks of 4096. Liger's rule (rows / ceil(vocab / d)
+rounded to a power of two: 128 rows here) holds less but rereads the accumulator 64 times.
+``tools/gpu_checks/linear_cross_entropy.py`` times other chunk sizes next to this choice.
 
 **dweight precision.** On CUDA with bf16/fp16 inputs the accumulation uses ``torch.mm`` / ``torch.addmm``
 with ``out_dtype=torch.float32`` (CUDA only, for fp16/bf16 inputs, as torch 2.13's ``torch.addmm`` documents):
