@@ -392,8 +392,8 @@ def test_gelu_flops_are_stated_where_the_student_finds_them():
 
 
 # ---- exercise 9.1: the K loop of one split-K slice ----
-SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK, SLICE_REWALK, SLICE_DROP_TAIL, SLICE_ALIGNED = (
-    tl.constexpr(i) for i in range(7))
+(SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK, SLICE_REWALK, SLICE_DROP_TAIL, SLICE_ALIGNED,
+ SLICE_REWALK_A_MASK, SLICE_REWALK_WHERE) = (tl.constexpr(i) for i in range(9))
 SPLITS = 2
 
 
@@ -414,8 +414,8 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
         if BUG == SLICE_FROM_ZERO:
             k_start = 0
             k_first = 0
-        if BUG == SLICE_REWALK:   # the whole K range walked, the tiles before k_start masked away: right sums
-            k_first = 0
+        if BUG == SLICE_REWALK or BUG == SLICE_REWALK_A_MASK or BUG == SLICE_REWALK_WHERE:
+            k_first = 0   # the K tiles before k_start walked again, their terms zeroed: right sums, no work split
         if BUG == SLICE_ALIGNED:   # right: the tiles aligned to BLOCK_K, the first one masked below k_start
             k_first = k_start // BLOCK_K * BLOCK_K
         if BUG == SLICE_DROP_TAIL:   # whole tiles only
@@ -427,10 +427,17 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                 mask_k = k < K
             if BUG == SLICE_NO_K_MASK:
                 mask_k = k >= 0
+            mask_a, mask_b = mask_k, mask_k
+            if BUG == SLICE_REWALK_A_MASK:   # k >= k_start on a's load only: b's earlier rows loaded, times zeros
+                mask_b = k < k_stop
+            if BUG == SLICE_REWALK_WHERE:    # both loads masked by k < k_stop alone, a zeroed below k_start after
+                mask_a, mask_b = k < k_stop, k < k_stop
             a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                        mask=(offs_m[:, None] < M) & mask_k[None, :], other=0.0)
+                        mask=(offs_m[:, None] < M) & mask_a[None, :], other=0.0)
+            if BUG == SLICE_REWALK_WHERE:
+                a = tl.where((k >= k_start)[None, :], a, 0.0)
             b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                        mask=mask_k[:, None] & (offs_n[None, :] < N), other=0.0)
+                        mask=mask_b[:, None] & (offs_n[None, :] < N), other=0.0)
             acc = tl.dot(a, b, acc)
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
@@ -460,6 +467,13 @@ def test_a_correct_slice_loop_passes(variant, capsys):
     (SLICE_NO_K_MASK, ["k < k_stop"]),
     (SLICE_DROP_TAIL, ["last, partial K tile", "never summed"]),
     pytest.param(SLICE_REWALK, ["every lane masked off", "range(k_start, k_stop, BLOCK_K)"],
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
+    # the same re-walk with real loads: the earlier slices' elements are read more often than the last one's
+    pytest.param(SLICE_REWALK_A_MASK, ["elements of b in K indices 0 to", "mask on one operand only",
+                                       "range(k_start, k_stop, BLOCK_K)"],
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
+    pytest.param(SLICE_REWALK_WHERE, ["elements of a in K indices 0 to", "tl.where after the load",
+                                      "range(k_start, k_stop, BLOCK_K)"],
                  marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
 ])
 def test_slice_loop_faults_are_named(bug, words):

@@ -23,7 +23,9 @@ so given the epilogue function the residual check also calls it in a kernel of i
 (:func:`check_epilogue_masks`) on a tile that overhangs M and N and stores every lane: a lane past M or N
 that loaded from the NaN guard zone shows, on a GPU as under the interpreter. For 9.1's split-K slice,
 where a loop over the whole K range with a mask `k >= k_start` gives the right numbers, the loads show
-it (interpreter): a load with every lane masked off is a K tile outside the slice.
+it (interpreter): a load with every lane masked off is a K tile outside the slice, and an operand whose
+elements in the earlier slices' K range are read more often than the last slice's was loaded there for
+real and zeroed (the mask on one operand only, or a tl.where).
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
                 extra = slice_faults(a, b, k_slices) if epilogue == "none" else ()
                 fault = _k_stop(diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0, extra), k_slices)
                 check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=fault or hint)
-            require_slice_walked(case, loads, k_slices)
+            require_slice_walked(case, loads, k_slices, ops)
             passed += 1
     # one Triton kernel: the product and its epilogue in a single launch (torch.empty for the output is fine)
     dtype = dtypes[0]

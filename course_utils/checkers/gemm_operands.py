@@ -76,18 +76,47 @@ def require_loads_inside(case: str, loads, operands, what: str) -> None:
                              "masked-off lane must not load: past the end of a buffer there may be no memory at all.")
 
 
-def require_slice_walked(case: str, loads, k_slices: int) -> None:
-    """9.1: a K tile walked outside its slice loads with every lane masked off (interpreter only). A loop
-    from k_start walks none; one aligned below k_start, or with a fixed trip count, a few (at most one a
-    slice). A loop over the whole K range masked with k >= k_start walks every earlier slice's tiles again."""
+def require_slice_walked(case: str, loads, k_slices: int, operands=()) -> None:
+    """9.1: each slice walks its own K tiles only (interpreter only). A tile walked outside the slice shows in
+    one of two ways. Loaded with every lane masked off: a loop from k_start walks none; one aligned below
+    k_start, or with a fixed trip count, a few (at most one a slice); a loop over the whole K range masked
+    with k >= k_start on both loads walks every earlier slice's tiles again. Or loaded for real and zeroed
+    after (the k >= k_start mask on one operand only, or a tl.where): then the elements of the earlier
+    slices' K range are read more often than those of the last slice, where a kernel that walks only its
+    slice reads every element of an operand equally often (once per tile of the other operand)."""
     empty = sum(1 for a in loads.addresses if a.size == 0)
     useful = len(loads.addresses) - empty
+    walk_only = ("so each slice walks the tiles of the slices before it again and the split saves no work. Walk "
+                 "only the slice: for k0 in range(k_start, k_stop, BLOCK_K).")
     if k_slices > 1 and useful and 4 * empty > useful:
         raise check.CheckFailure(
             f"{case}: {empty} of your kernel's {empty + useful} loads had every lane masked off: the K loop walks "
-            "tiles outside its slice (from 0, or past k_stop) and masks them away, so each slice walks the tiles "
-            "of the slices before it again and the split saves no work. Walk only the slice: for k0 in "
-            "range(k_start, k_stop, BLOCK_K).")
+            f"tiles outside its slice (from 0, or past k_stop) and masks them away, {walk_only}")
+    if k_slices < 2 or not loads.active:
+        return
+    for o in operands:
+        if o.name not in ("a", "b"):
+            continue
+        reads = _reads_per_element(loads, o)
+        k_axis = 1 if o.name == "a" else 0
+        per_k = reads.amax(dim=1 - k_axis)
+        if reads.numel() and int(reads.max()) > int(reads.min()):
+            ks = (per_k > int(reads.min())).nonzero().flatten()
+            raise check.CheckFailure(
+                f"{case}: your kernel read the elements of {o.name} in K indices {int(ks[0])} to {int(ks[-1])} "
+                f"up to {int(reads.max())} times each and others {int(reads.min())} times: a slice's K loop loads "
+                "tiles of the slices before it (from 0, or past k_stop) and zeroes them (the k >= k_start mask on "
+                f"one operand only, or tl.where after the load), {walk_only}")
+
+
+def _reads_per_element(loads, operand) -> torch.Tensor:
+    """How many masked-in lanes read each element of ``operand.view`` (its shape; interpreter only)."""
+    buf = operand.buffer
+    addr = loads.flat(buf.element_size()).astype(np.int64) - buf.data_ptr()
+    addr = addr[(addr >= 0) & (addr < buf.numel() * buf.element_size()) & (addr % buf.element_size() == 0)]
+    counts = torch.from_numpy(np.bincount(addr // buf.element_size(), minlength=buf.numel()))
+    view = operand.view
+    return counts.as_strided(tuple(view.shape), view.stride(), view.storage_offset() - buf.storage_offset())
 
 
 def call(fn, args, case):
