@@ -10,6 +10,7 @@ import course_utils as cu
 from course_utils import check, gpt, step
 from course_utils.checkers import hand_step as checks
 from course_utils.ops import attn as A
+from course_utils.ops import block
 from course_utils.ops import linear as L
 from course_utils.ops import norms as Nm
 
@@ -154,9 +155,15 @@ def test_the_reference_is_autograds_gradient():
 
 def test_the_courses_backward_and_autograd_are_refused():
     def the_courses(blk, saved, dh, dres, ln_next, n_head, scale):
-        return step._linear_backward(dh, saved.h1, blk.qkv), dres
-    with pytest.raises(check.CheckFailure, match=r"step._linear_backward, the course's GEMM backward"):
+        return block.linear_backward(dh, saved.h1, blk.qkv.weight)[0], dres
+    with pytest.raises(check.CheckFailure, match=r"block.linear_backward, the course's GEMM backward"):
         checks.check_block_backward(the_courses)
+
+    def the_whole_block(blk, saved, dh, dres, ln_next, n_head, scale):
+        p = block.params_of(blk, ln_next)
+        return block.block_backward((Nm, A, L), dh, dres, saved, p, n_head, scale)[:2]
+    with pytest.raises(check.CheckFailure, match=r"block.block_backward, the course's block backward"):
+        checks.check_block_backward(the_whole_block)
 
     def whole_step(blk, saved, dh, dres, ln_next, n_head, scale):
         return step.HandStep.backward
@@ -164,8 +171,8 @@ def test_the_courses_backward_and_autograd_are_refused():
         checks.check_block_backward(whole_step)
 
     def hidden(blk, saved, dh, dres, ln_next, n_head, scale):   # no course name in the code: seen as it runs
-        back = getattr(importlib.import_module("course_utils." + "step"), "_linear" + "_backward")
-        return back(dh, saved.h1, blk.qkv), dres                 # (raises: dh is not qkv's output gradient)
+        back = getattr(importlib.import_module("course_utils.ops." + "block"), "linear" + "_backward")
+        return back(dh, saved.h1, blk.qkv.weight)[0], dres       # (raises: dh is not qkv's output gradient)
     with pytest.raises(check.CheckFailure, match="while your function ran it called the course's GEMM backward"):
         checks.check_block_backward(hidden)
 

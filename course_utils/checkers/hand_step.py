@@ -82,9 +82,12 @@ def _autograd_in(src: str) -> str | None:
 
 def _forbidden() -> dict:
     from .. import step
+    from ..ops import block
     return {"hand-written step (course_utils.step.HandStep)": step.HandStep,
             "hand-written backward (course_utils.step.HandStep.backward)": step.HandStep.backward,
-            "GEMM backward (course_utils.step._linear_backward)": step._linear_backward,
+            "block backward (course_utils.ops.block.block_backward)": block.block_backward,
+            "one-node block backward (course_utils.ops.block.BlockFunction.backward)": block.BlockFunction.backward,
+            "GEMM backward (course_utils.ops.block.linear_backward)": block.linear_backward,
             "gradient comparison (course_utils.step.grads_match)": step.grads_match,
             "torch.autograd.grad": torch.autograd.grad, "torch.autograd.backward": torch.autograd.backward}
 
