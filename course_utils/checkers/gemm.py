@@ -206,7 +206,7 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
     extra = {"none": "", "gelu": ", bias + tanh GELU in the epilogue",
              "gelu_residual": ", bias + tanh GELU + a strided residual in the epilogue"}[epilogue]
     check.verdict(name, f"matches the float64 reference on tile-multiple, ragged, odd and transposed shapes{extra}, "
-                        "every dtype tried, no load outside the operands, one Triton launch")
+                        "every dtype tried, no load outside the operands " + check.LOADS_SEEN + ", one Triton launch")
 
 
 @triton.jit

@@ -115,7 +115,7 @@ def check_dw_db_kernel(kernel, name: str = "dw/db reduction over rows") -> None:
         for n_rows, n_cols, block_m, block_n, rows_per_program in cases:
             _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program)
     check.verdict(name, "every partial row is float64's sum over its own run of rows (runs ending inside a tile), "
-                        "strided rows, no loads or writes outside the tensors")
+                        "strided rows, no loads or writes outside the tensors " + check.LOADS_SEEN)
 
 
 # --------------------------------------------------------------------------- RMSNorm's backward, rstd recomputed
@@ -200,4 +200,4 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
                           hint=_rms_diagnose(got, x64, dy64, w64, x, dy) or RMS_HINT)
             xg.check(f"{case}, the input buffer")
     check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
-                        "writes outside the tensors")
+                        "writes outside the tensors " + check.LOADS_SEEN)

@@ -253,7 +253,8 @@ def check_ce_backward_kernel(kernel, name: str = "cross-entropy backward kernel"
     # the same words on CPU and GPU (the check cell's output is compared): no BLOCK_SIZE, no dtype list
     check.verdict(name, "matches float64 (softmax - onehot) * dloss / n_rows on every dtype tried, rows of "
                         "several BLOCK_SIZE-wide tiles, targets in every tile, strided rows in and out, the lse it "
-                        "is given, rows past 2**31 elements, no reads or writes outside the tensors")
+                        "is given, rows past 2**31 elements, no reads or writes outside the tensors "
+                        + check.LOADS_SEEN)
 
 
 def _block_sizes(fn, *args) -> tuple[object, list[int]]:
