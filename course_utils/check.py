@@ -41,10 +41,6 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (1e-2, 1.6e-2),
 }
 
-#: what a verdict that says "no load outside" can vouch for: the interpreter records every load's address; a GPU
-#: records none, so there only a load whose value reaches an output (a guard zone's NaN) is seen
-LOADS_SEEN = "(loads checked address by address under Triton's interpreter; on a GPU, those that reach an output)"
-
 GUARD = 8192  # elements on each side of a guarded buffer: more than any BLOCK_SIZE a student picks
 
 

@@ -18,7 +18,7 @@ import inspect
 import torch
 
 from .. import check, env
-from .loads import in_guards
+from .loads import LOADS_SEEN, in_guards
 
 
 def _name(dtype) -> str:
@@ -317,4 +317,4 @@ def check_flash_backward(fn, name: str = "FlashAttention backward") -> None:
     check.verdict(name, "dq, dk and dv match the float64 reference with grouped-query heads, causal masks aligned "
                         "bottom-right (more keys than queries, more queries than keys, an offset of 1 modulo the "
                         "tile), every dtype tried, dQ summed over 2048 keys whose partial sums cancel, no load "
-                        "past an input " + check.LOADS_SEEN + "; three launches of your kernels")
+                        "past an input " + LOADS_SEEN + "; three launches of your kernels")

@@ -41,6 +41,7 @@ import triton.language as tl
 from .. import check, env
 from ..faults.gemm import EXACT, diagnose, gelu_tanh, slice_faults
 from .gemm_operands import Operand, call, require_loads_inside, require_slice_walked
+from .loads import LOADS_SEEN
 
 # (atol per sqrt(K), rtol): a K-long sum of products of N(0, 1) numbers is about sqrt(K) in size; the
 # output is rounded to its dtype once. On a GPU a float32 tl.dot runs in tf32 (10-bit mantissa) unless
@@ -206,7 +207,7 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
     extra = {"none": "", "gelu": ", bias + tanh GELU in the epilogue",
              "gelu_residual": ", bias + tanh GELU + a strided residual in the epilogue"}[epilogue]
     check.verdict(name, f"matches the float64 reference on tile-multiple, ragged, odd and transposed shapes{extra}, "
-                        "every dtype tried, no load outside the operands " + check.LOADS_SEEN + ", one Triton launch")
+                        "every dtype tried, no load outside the operands " + LOADS_SEEN + ", one Triton launch")
 
 
 @triton.jit

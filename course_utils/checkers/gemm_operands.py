@@ -1,7 +1,9 @@
 """Chapter 9's checks' operands and calls: each operand inside NaN guard zones (:class:`Operand`), the
 loads a student's kernel made held against them (:func:`require_loads_inside`, :func:`require_slice_walked`;
 the interpreter records loads, a GPU does not), and a student's function called with its errors said plainly
-(:func:`call`). :mod:`course_utils.checkers.gemm` judges with them.
+(:func:`call`). :mod:`course_utils.checkers.gemm` judges with them. Not a checker itself: every check of
+``gemm`` refuses the course's answers (``check.refuse_answer_key`` over ``answer_keys``, and the launches'
+kernels) before it hands a student's function to :func:`call` (tests/test_gemm_checkers.py holds that).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from .layernorm_common import (
     refuse,
     rstd_rtol,
 )
+from .loads import LOADS_SEEN
 
 FWD_HINT = ("compute in float32 (x.to(tl.float32)): mean = sum(x) / n_cols, then the variance of the centered "
             "values (x - mean, with masked lanes set to 0), rstd = 1 / sqrt(var + eps); store mean and rstd.")
@@ -107,7 +108,7 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y, mean, rstd")
             _check_passes(case, loads, x, chunk)
     check.verdict(name, "y, mean and rstd match float64: rows around 1000, small rows (eps matters), strided rows, "
-                        "no loads or writes outside the tensors " + check.LOADS_SEEN)
+                        "no loads or writes outside the tensors " + LOADS_SEEN)
 
 
 def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:

@@ -1,5 +1,7 @@
 """Checks for chapter 10's backward exercises: the dw/db stage-1 reduction (every partial row compared) and
-RMSNorm's dx with rstd recomputed; each docstring gives the launch. :mod:`.layernorm` re-exports them.
+RMSNorm's dx with rstd recomputed; each docstring gives the launch. :mod:`.layernorm` re-exports them. Each check
+first refuses the course's answers handed in or called (``layernorm_common.refuse``: ``check.refuse_answer_key``
+over chapter 10's answer keys; tests/test_layernorm_checkers.py holds both refusals).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .layernorm_common import (
     _stats64,
     refuse,
 )
+from .loads import LOADS_SEEN
 
 # --------------------------------------------------------------------------- the dw/db reduction
 
@@ -115,7 +118,7 @@ def check_dw_db_kernel(kernel, name: str = "dw/db reduction over rows") -> None:
         for n_rows, n_cols, block_m, block_n, rows_per_program in cases:
             _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program)
     check.verdict(name, "every partial row is float64's sum over its own run of rows (runs ending inside a tile), "
-                        "strided rows, no loads or writes outside the tensors " + check.LOADS_SEEN)
+                        "strided rows, no loads or writes outside the tensors " + LOADS_SEEN)
 
 
 # --------------------------------------------------------------------------- RMSNorm's backward, rstd recomputed
@@ -200,4 +203,4 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
                           hint=_rms_diagnose(got, x64, dy64, w64, x, dy) or RMS_HINT)
             xg.check(f"{case}, the input buffer")
     check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
-                        "writes outside the tensors " + check.LOADS_SEEN)
+                        "writes outside the tensors " + LOADS_SEEN)

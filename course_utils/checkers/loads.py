@@ -24,6 +24,8 @@ import torch
 from .. import env, triton_internals
 
 HOOK = "InterpreterBuilder.create_masked_load"
+#: what a verdict's "no load outside" vouches for: every address here; on a GPU only a load that reaches an output
+LOADS_SEEN = "(loads checked address by address under Triton's interpreter; on a GPU, those that reach an output)"
 
 
 def problem() -> str:

@@ -31,7 +31,7 @@ import torch
 from .. import check, env
 from ..profile import triton_launch_hook
 from . import offsets64
-from .loads import reads_per_element
+from .loads import LOADS_SEEN, reads_per_element
 
 OFFSET = 60.0          # exp(60) and up overflow float16 and, summed over a row with outliers, float32
 GAP = 5                # extra columns between rows of the logits (and 3 between rows of dlogits)
@@ -254,7 +254,7 @@ def check_ce_backward_kernel(kernel, name: str = "cross-entropy backward kernel"
     check.verdict(name, "matches float64 (softmax - onehot) * dloss / n_rows on every dtype tried, rows of "
                         "several BLOCK_SIZE-wide tiles, targets in every tile, strided rows in and out, the lse it "
                         "is given, rows past 2**31 elements, no reads or writes outside the tensors "
-                        + check.LOADS_SEEN)
+                        + LOADS_SEEN)
 
 
 def _block_sizes(fn, *args) -> tuple[object, list[int]]:
