@@ -57,14 +57,14 @@ def per_op(calls: int, top: int):
             print(f"\n=== {name}: {what}, per call (cProfile)\n{_top(prof, top, calls)}", flush=True)
 
 
-def step(config: str, top: int, hand: bool = False):
+def step(config: str, top: int, hand: bool = False, ops_name: str = "course"):
     from course_utils.step import HandStep
     cfg, batch, _ = T.CONFIGS[config]
-    model = T._model(cfg, "course")
+    model = T._model(cfg, ops_name)
     opt = gpt.optimizer(model)
     x, y = T._batch(cfg, gpt.tokens(), batch=batch)
     run = HandStep(model, opt) if hand else (lambda a, b: gpt.train_step(model, opt, a, b))
-    name = "step by hand" if hand else "autograd step"
+    name = "step by hand" if hand else f"autograd step ({ops_name})"
     for _ in range(3):
         run(x, y)
     torch.cuda.synchronize()
@@ -92,9 +92,13 @@ def main():
     ap.add_argument("--config", default="gpt2-b8")
     ap.add_argument("--skip-step", action="store_true")
     ap.add_argument("--skip-ops", action="store_true")
+    ap.add_argument("--blocks-only", action="store_true", help="profile only the step of one autograd node a block")
     a = ap.parse_args()
     if not a.skip_ops:
         per_op(a.calls, a.top)
+    if a.blocks_only:
+        step(a.config, 3 * a.top, ops_name="course-blocks")
+        return
     if not a.skip_step:
         step(a.config, 3 * a.top)
         step(a.config, 3 * a.top, hand=True)
