@@ -1,18 +1,17 @@
 """Host time of chapter 12's step, phase by phase (issue 27: why the autograd step trails the step by hand).
 
-For the course's step op by op, one autograd node a block, and by hand, prints per step: the wall time
-of steps back to back, and the host time to issue the forward, the backward and the optimizer from an
-idle GPU (synchronized before each step, not inside it, so each phase's time is the host's). Each
+For eager, torch.compile, the course's step op by op, one autograd node a block, and by hand, prints
+per step: the wall time of steps back to back, and the host time to issue the forward, the backward and
+the optimizer from an idle GPU (synchronized before each step, not inside it, so each phase's time is the host's). Each
 autograd version runs twice: with the autograd engine's device thread (PyTorch's default on a GPU) and
 with ``torch.autograd.set_multithreading_enabled(False)`` (the backward runs on the calling thread).
 
-    python tools/gpu_checks/step_phases.py [--config gpt2-b8] [--steps 20]
+    python tools/gpu_checks/step_phases.py [--config gpt2-b8,gpt2-b16] [--steps 20]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 
@@ -20,6 +19,10 @@ import torch
 
 from benchmarks import training as T
 from course_utils import gpt
+
+#: (label, ops, under torch.compile)
+VERSIONS = [("eager", "torch", False), ("torch.compile", "torch", True), ("course, a node an op", "course", False),
+            ("course, a node a block", "course-blocks", False)]
 
 
 def _phases(model, opt, x, y):
@@ -52,19 +55,19 @@ def run(config: str, steps: int):
     data = gpt.tokens()
     x, y = T._batch(cfg, data, batch=batch)
     rows = []
-    for ops in ("course", "course-blocks"):
+    for label, ops, compiled in VERSIONS:
         for threads in (True, False):
             model = T._model(cfg, ops)
             opt = gpt.optimizer(model)
-            ctx = contextlib.nullcontext() if threads else torch.autograd.set_multithreading_enabled(False)
-            with ctx:
+            net = torch.compile(model, fullgraph=True) if compiled else model
+            with torch.autograd.set_multithreading_enabled(threads):
                 for _ in range(3):
-                    gpt.train_step(model, opt, x, y)
-                wall = _wall(lambda: gpt.train_step(model, opt, x, y), steps)
-                ph = [_phases(model, opt, x, y) for _ in range(steps)]
+                    gpt.train_step(net, opt, x, y)
+                wall = _wall(lambda net=net, opt=opt: gpt.train_step(net, opt, x, y), steps)
+                ph = [_phases(net, opt, x, y) for _ in range(steps)]
             med = [statistics.median(p[i] for p in ph) for i in range(3)]
-            rows.append((f"{ops}, engine thread {'on' if threads else 'off'}", wall, *med))
-            del model, opt
+            rows.append((f"{label}, engine thread {'on' if threads else 'off'}", wall, *med))
+            del model, opt, net
     model = T._model(cfg, "course")
     opt = gpt.optimizer(model)
     hand = HandStep(model, opt)
@@ -89,7 +92,9 @@ def main():
     ap.add_argument("--config", default="gpt2-b8")
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
-    run(a.config, a.steps)
+    for config in a.config.split(","):
+        torch.compiler.reset()
+        run(config, a.steps)
 
 
 if __name__ == "__main__":
