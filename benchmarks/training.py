@@ -7,7 +7,10 @@ at batch 8, kept for continuity and not judged; ``COURSE_TRAINING_CONFIGS`` (key
 comma-separated) runs a subset, whose rows replace that subset's rows in the recorded ``training.csv``
 (each row keeps its own date). The torch versions follow nanoGPT: float32 weights under bf16 autocast,
 torch's fused AdamW. The course's version follows llm.c: bf16 weights, float32 masters and moments in
-the course's one-launch AdamW. Ten ways to run the same step (:data:`IMPLS`; ``course, step by hand``
+the course's one-launch AdamW. Thirteen ways to run the same step (:data:`IMPLS`; ``course`` records one
+autograd node a block (:mod:`course_utils.ops.block`), ``course, one autograd node an op`` one a kernel op;
+``..., backward on the calling thread`` runs the backward on the thread that calls it instead of the autograd
+engine's GPU worker thread, PyTorch's default; ``course, step by hand``
 calls the course's forward and backward functions without the autograd engine, llm.c's way:
 :mod:`course_utils.step`; ``course, step by hand + torch.compile`` compiles that forward and backward, a
 graph with no autograd in it), timed in interleaved rounds; for each one the host's time to issue a step,
@@ -62,8 +65,10 @@ SAMPLE_PROMPT, SAMPLE_BYTES = "Fusion ", 300
 IMPLS = {
     "eager": ("torch", "python"),
     "torch.compile": ("torch", "compile"),
-    "course": ("course", "python"),
-    "course, one autograd node a block": ("course-blocks", "python"),
+    "eager, backward on the calling thread": ("torch", "python-1thread"),
+    "course": ("course-blocks", "python"),
+    "course, backward on the calling thread": ("course-blocks", "python-1thread"),
+    "course, one autograd node an op": ("course", "python"),
     "course, step by hand": ("course", "hand"),
     "course, step by hand + torch.compile": ("course", "hand-compile"),
     "course + torch.compile": ("course", "compile"),
@@ -146,9 +151,12 @@ def build(name: str, cfg, data, warmup: int = 3, batch: int = BATCH):
         return hand_step
     mode = {"compile": "default", "reduce-overhead": "reduce-overhead"}.get(how)
     run = model if mode is None else torch.compile(model, fullgraph=True, mode=mode)
+    # "python-1thread": the backward on this thread, not on the autograd engine's GPU worker (chapter 12)
+    engine_threads = how != "python-1thread"
 
     def step():
-        return gpt.train_step(run, opt, x, y)
+        with torch.autograd.set_multithreading_enabled(engine_threads):
+            return gpt.train_step(run, opt, x, y)
 
     for _ in range(warmup):
         step()
