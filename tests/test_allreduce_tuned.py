@@ -204,8 +204,8 @@ def test_bad_inputs_get_the_teaching_launchers_errors():
     with pytest.raises(ValueError, match="list of 2 tensors"):
         T.all_reduce([torch.zeros(4, 8, device=env.DEVICE)], ranks)
     with pytest.raises(ValueError, match="weight must be a tensor of shape"):
-        T.all_reduce_add_rms_norm([torch.zeros(4, 8, device=env.DEVICE)] * 2, [torch.zeros(4, 8)] * 2,
-                                  torch.ones(9, device=env.DEVICE), ranks)
+        zeros = [torch.zeros(4, 8, device=env.DEVICE)] * 2
+        T.all_reduce_add_rms_norm(zeros, zeros, torch.ones(9, device=env.DEVICE), ranks)
 
 
 def _ptx_tool():
@@ -254,8 +254,8 @@ def test_a_rank_running_a_call_ahead_never_spoils_a_slow_peers_reads(algorithm):
     ranks = _ranks(world, torch.float32, programs=3)
     kernel = T.one_shot_kernel if algorithm == "one-shot" else T.two_shot_kernel
     names = ("PUBLISH", "REDUCE") if algorithm == "one-shot" else ("PUBLISH", "SCATTER", "GATHER")
-    calls = [[check.randn((n_rows, n_cols)) for _ in range(world)] for _ in range(2)]
-    outs = [[torch.full((n_rows, n_cols), float("nan")) for _ in range(world)] for _ in range(2)]
+    calls = [[check.randn((n_rows, n_cols), device=env.DEVICE) for _ in range(world)] for _ in range(2)]
+    outs = [[torch.full((n_rows, n_cols), float("nan"), device=env.DEVICE) for _ in range(world)] for _ in range(2)]
     offsets = [ranks.next_offset() for _ in range(2)]
 
     def run(call, rank, phase):

@@ -203,12 +203,13 @@ def rms_norm_teaching(x, weight, eps: float = 1e-6, *, return_stats: bool = Fals
     return (y, rstd) if return_stats else y
 
 
-def column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Stage 2: the sum over the rows of a contiguous float32 (n_partials, N) buffer, in ``dtype``."""
+def column_sum(partial: torch.Tensor, dtype: torch.dtype, block_n: int = REDUCE_BLOCK_N) -> torch.Tensor:
+    """Stage 2: the sum over the rows of a contiguous float32 (n_partials, N) buffer, in ``dtype``; ``block_n``
+    columns a program (on a GPU the tile's width sets the order of the additions, so the last bits too)."""
     n_partials, n_cols = partial.shape
     out = torch.empty(n_cols, dtype=dtype, device=partial.device)
-    grid = (-(-n_cols // REDUCE_BLOCK_N),)   # ceil division in plain Python: cheaper than triton.cdiv per call
-    column_sum_kernel[grid](out, partial, n_partials, n_cols, BLOCK_M=32, BLOCK_N=REDUCE_BLOCK_N)
+    grid = (-(-n_cols // block_n),)   # ceil division in plain Python: cheaper than triton.cdiv per call
+    column_sum_kernel[grid](out, partial, n_partials, n_cols, BLOCK_M=32, BLOCK_N=block_n)
     return out
 
 

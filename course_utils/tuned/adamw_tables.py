@@ -34,7 +34,7 @@ class GradTables:
         self.spare: list[torch.Tensor] = []    # pinned host buffers for tables built inside a capture
         n = len(params)
         self.rows = torch.empty((MAX_EAGER_TABLES, n), dtype=torch.int64, device=device)
-        self.host_rows = torch.empty((MAX_EAGER_TABLES, n), dtype=torch.int64, pin_memory=self.cuda)
+        self.host_rows = torch.empty((MAX_EAGER_TABLES, n), dtype=torch.int64, device="cpu", pin_memory=self.cuda)
         self.copied = [torch.cuda.Event() if self.cuda else None for _ in range(MAX_EAGER_TABLES)]
         self.free_rows = list(range(MAX_EAGER_TABLES))
         self.rebuilds = 0
@@ -44,7 +44,7 @@ class GradTables:
         return self.cuda and torch.cuda.is_current_stream_capturing()
 
     def _host_buffer(self) -> torch.Tensor:
-        return torch.empty(len(self.params), dtype=torch.int64, pin_memory=self.cuda)
+        return torch.empty(len(self.params), dtype=torch.int64, device="cpu", pin_memory=self.cuda)
 
     def top_up_spare(self) -> None:
         """Pinned buffers for the tables of a later capture (a capture forbids allocating pinned memory)."""

@@ -184,7 +184,7 @@ def _finish_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
 
 def column_sum_pair(dw_partial: torch.Tensor, db_partial: torch.Tensor, dtype: torch.dtype):
     """(dw, db): the column sums of two contiguous float32 (n_partials, N) buffers of one shape, in ``dtype``,
-    in one launch; the bits of ``column_sum`` (kernels/layernorm.py) on each, which takes two launches."""
+    in one launch; the bits of ``column_sum`` (kernels/layernorm.py) with the same tile on each, two launches."""
     n_partials, n_cols = dw_partial.shape
     dw = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
     db = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
