@@ -11,7 +11,9 @@ only 17.6 ms of host time. This script times a few versions three times in one p
    of every later collection).
 
 Per version and state: the wall time of steps back to back, the host time to issue one step from an
-idle GPU, and the time spent in Python's garbage collector per step (``gc.callbacks``), by generation.
+idle GPU (``host``) and while the GPU still runs the steps before it (``busy``: the host's time when it
+cannot get ahead, as back to back in the benchmark), and the time spent in Python's garbage collector
+per step (``gc.callbacks``), by generation.
 Last, per version in the ``all built`` state, the CUDA runtime calls of one step (torch.profiler),
 so a blocking one (``cudaFree``, ``cudaStreamSynchronize``, ``cudaEventSynchronize``) shows.
 
@@ -67,6 +69,18 @@ def _wall(step, n: int) -> float:
     return (time.perf_counter() - t) / n * 1e3
 
 
+def _host_busy(step, n: int) -> float:
+    """Median host ms of one step issued while the GPU is still busy with the steps before it."""
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def _host(step, n: int) -> float:
     times = []
     for _ in range(n):
@@ -86,7 +100,8 @@ def time_state(state: str, steps: dict, n: int, clock: GcClock) -> list[tuple]:
         per = {g: clock.ms[g] / n for g in (0, 1, 2)}
         counts = {g: clock.count[g] for g in (0, 1, 2)}
         host = _host(steps[name], n)
-        rows.append((state, name, wall, host, per, counts))
+        busy = _host_busy(steps[name], n)
+        rows.append((state, name, wall, host, busy, per, counts))
     return rows
 
 
@@ -176,9 +191,11 @@ def main():
         rows += time_state("gc frozen", steps, a.steps, clock)
         gc.unfreeze()
     print(f"\n=== {a.config}: ms per step; gc = ms per step in the collector (collections in {a.steps} steps)")
-    print(f"{'state':10s} {'version':40s} {'wall':>7} {'host':>7} {'gc0':>6} {'gc1':>6} {'gc2':>6}  collections 0/1/2")
-    for state, name, wall, host, per, counts in rows:
-        print(f"{state:10s} {name:40s} {wall:7.2f} {host:7.2f} {per[0]:6.2f} {per[1]:6.2f} {per[2]:6.2f}  "
+    head = ("state", "version", "wall", "host", "busy", "gc0", "gc1", "gc2")
+    print(f"{head[0]:10s} {head[1]:40s} " + " ".join(f"{h:>7}" for h in head[2:]) + "  collections 0/1/2")
+    for state, name, wall, host, busy, per, counts in rows:
+        print(f"{state:10s} {name:40s} {wall:7.2f} {host:7.2f} {busy:7.2f} "
+              f"{per[0]:7.2f} {per[1]:7.2f} {per[2]:7.2f}  "
               f"{counts[0]}/{counts[1]}/{counts[2]}")
     for k in (1, 100, 400):
         on, off = chain_backward(k, True), chain_backward(k, False)
