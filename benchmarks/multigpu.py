@@ -22,8 +22,10 @@ against the same block with NCCL and separate kernels. Each is checked against a
 first, then a stress loop runs many calls back to back with new data (exact small integers, so every
 output is compared bit for bit). Times: ``ITERS`` calls back to back between two CUDA events, the
 median of ``ROUNDS`` interleaved rounds, the slowest rank's. NCCL's bus bandwidth over sizes feeds
-the alpha-beta fit. Then chapter 12's GPT step under DistributedDataParallel at a fixed global batch:
-tokens/s per GPU and the loss of every step. Rank 0 writes ``multigpu_*_w<W>.csv`` (provenance
+the alpha-beta fit. Then chapter 12's GPT step (GPT-2 small) data-parallel at 8 sequences a GPU, under
+DistributedDataParallel and by hand, eager and compiled: tokens/s per GPU and the loss of every step; the
+one-GPU run also records the losses at the 2- and 4-GPU runs' global batches. Rank 0 writes
+``multigpu_*_w<W>.csv`` (provenance
 columns gpu, torch, triton, date, world_size), judges issue 28's targets from every CSV in the folder
 (``multigpu_targets.csv``) and prints a short table last.
 """
@@ -57,7 +59,10 @@ WIDTHS = (768, 4096)
 ITERS, ROUNDS, WARMUP = 20, 5, 3
 STRESS_CALLS = 200
 EPS = 1e-6
-DDP_GLOBAL_BATCH, DDP_STEPS, DDP_WARMUP = 32, 30, 5
+#: data parallelism: sequences per GPU (fixed: the work of each GPU does not shrink as GPUs are added), timed
+#: steps after warm-up; the one-GPU references at the W-GPU runs' global batches run DDP_LOSS_STEPS steps
+DDP_PER_GPU_BATCH, DDP_STEPS, DDP_WARMUP, DDP_LOSS_STEPS = 8, 30, 5, 10
+DDP_WORLDS = (2, 4)
 
 
 def check_no_multicast() -> None:
@@ -413,23 +418,30 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 # ------------------------------------------------------------------------------------------ DDP
 
 
-def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, global_batch: int = DDP_GLOBAL_BATCH,
-            dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False):
-    """Chapter 12's GPT step (course ops) under DDP: global batch split over the ranks; per step the
-    mean loss over all ranks (= the loss of the whole global batch) and the step's wall time.
+def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per_gpu_batch: int = DDP_PER_GPU_BATCH,
+            dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False, pin: bool = True):
+    """Chapter 12's GPT step (GPT-2 small on a GPU) data-parallel over ``world`` ranks, ``per_gpu_batch``
+    sequences on each (a global batch of ``world * per_gpu_batch``): per step the mean loss over all ranks
+    (= the loss of the whole global batch) and the step's wall time.
 
-    ``by_hand``: chapter 12's step by hand instead (no autograd engine, so no DDP hooks): every gradient
-    averaged over the ranks by one all-reduce of all of them, flattened into one buffer, after the
-    backward (nothing overlaps it); bf16 weights with float32 masters on a GPU, as chapter 12's.
-    ``compiled``: the same step under ``torch.compile`` (DDP's model compiled, Dynamo splitting its graph
-    at the gradient buckets; the step by hand's forward and backward compiled as one function): on a GPU
-    the course's kernels launched from Inductor's code, so the host issues a step faster."""
-    cfg = cfg or gpt.GPU
-    model = gpt.GPT(cfg).to(device).use("course")
+    The versions are chapter 12's: ``course`` (one autograd node a block) under DDP, or the step by hand
+    (``by_hand``: no autograd engine, so no DDP hooks; every gradient averaged over the ranks by one
+    all-reduce of all of them, flattened into one buffer, after the backward); bf16 weights with float32
+    masters on a GPU. ``compiled``: under ``torch.compile`` (DDP's model compiled, Dynamo splitting its
+    graph at the gradient buckets, on the op-by-op course ops as chapter 12's ``course + torch.compile``;
+    the step by hand's forward and backward compiled as one function). ``pin``: after the warm-up every
+    thread of this process on a core of its own (:mod:`course_utils.affinity`, one core a rank), as
+    chapter 12's benchmark times its steps."""
+    import contextlib
+
+    from course_utils import affinity
+    cfg = cfg or (gpt.GPT2 if device.type == "cuda" else gpt.TINY)
+    ops = "course" if by_hand or compiled else "course-blocks"
+    model = gpt.GPT(cfg).to(device).use(ops)
+    if device.type == "cuda":
+        gpt.bf16_weights(model)
     if by_hand:
         from course_utils.step import HandStep
-        if device.type == "cuda":
-            gpt.bf16_weights(model)
         opt = gpt.optimizer(model)
         hand = HandStep(model, opt, compiled=compiled)
         train = lambda x, y: _hand_data_parallel_step(hand, opt, x, y, world)  # noqa: E731
@@ -439,26 +451,40 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, glo
         opt = gpt.optimizer(ddp)
         run = torch.compile(ddp, fullgraph=False) if compiled else ddp   # DDP's graph breaks at its buckets
         train = lambda x, y: gpt.train_step(run, opt, x, y)  # noqa: E731
-    per_rank = global_batch // world
+    global_batch = per_gpu_batch * world
     data = gpt.tokens()
-    rows = []
-    for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, steps + DDP_WARMUP, seed=0)):
-        first = step < 2   # the first steps compile the course's kernels
-        dog.step(f"DDP step {step + 1}/{steps + DDP_WARMUP}", sync=False, allow=5.0 if first else 1.0)
-        x, y = (t[rank * per_rank:(rank + 1) * per_rank].to(device) for t in (x, y))
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = train(x, y)
-        dist.all_reduce(loss)   # the mean over ranks: every rank's batch has the same size
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world, "ms": (time.perf_counter() - t0) * 1e3})
+    rows, core = [], None
+    with contextlib.ExitStack() as pinned:
+        for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, steps + DDP_WARMUP, seed=0)):
+            if step == DDP_WARMUP and pin and device.type == "cuda":   # built and compiled: now one core
+                core = pinned.enter_context(affinity.one_core(int(os.environ.get("LOCAL_RANK", rank))))
+            first = step < 2   # the first steps compile the course's kernels
+            dog.step(f"DDP step {step + 1}/{steps + DDP_WARMUP}", sync=False, allow=5.0 if first else 1.0)
+            x, y = (t[rank * per_gpu_batch:(rank + 1) * per_gpu_batch].to(device) for t in (x, y))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = train(x, y)
+            dist.all_reduce(loss)   # the mean over ranks: every rank's batch has the same size
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world,
+                         "ms": (time.perf_counter() - t0) * 1e3})
     df = pd.DataFrame(rows[DDP_WARMUP:])
     step_s = df["ms"].median() / 1e3
-    df["tokens_per_s_per_gpu"] = global_batch * cfg.seq_len / step_s / world
-    df["global_batch"], df["world_size"] = global_batch, world
+    df["tokens_per_s_per_gpu"] = per_gpu_batch * cfg.seq_len / step_s
+    df["per_gpu_batch"], df["global_batch"], df["world_size"] = per_gpu_batch, global_batch, world
+    df["model"], df["host_threads_on_core"] = f"{cfg.n_layer}x{cfg.d_model} V={cfg.vocab}", core
     return df
+
+
+def ddp_loss_reference(device, worlds=DDP_WORLDS, per_gpu_batch: int = DDP_PER_GPU_BATCH,
+                       steps: int = DDP_LOSS_STEPS, dog: Watchdog = QUIET, cfg=None) -> pd.DataFrame:
+    """One GPU at each W-GPU run's global batch (``W * per_gpu_batch`` sequences, the same batches): the
+    losses that the data-parallel runs must reproduce (chapter 12's ``course`` under DDP on a world of one)."""
+    runs = [ddp_run(1, 0, device, steps=steps, cfg=cfg, per_gpu_batch=w * per_gpu_batch, dog=dog, pin=False)
+            for w in worlds]
+    return pd.concat(runs, ignore_index=True)
 
 
 def ddp_table(by_hand: bool = False, compiled: bool = False) -> str:
@@ -468,6 +494,8 @@ def ddp_table(by_hand: bool = False, compiled: bool = False) -> str:
 
 #: every data-parallel variant's table, each judged against its own one-GPU run
 DDP_TABLES = tuple(ddp_table(h, c) for h in (False, True) for c in (False, True))
+#: the one-GPU losses at the multi-GPU runs' global batches (:func:`ddp_loss_reference`)
+DDP_LOSS_REF = "multigpu_ddp_loss_ref"
 
 
 def average_gradients(params, world: int) -> None:
@@ -545,6 +573,8 @@ def run_distributed(args) -> None:
             for compiled in (True,) if args.compiled_only else (False, True) if args.ddp_compiled else (False,):
                 tables.append((ddp_table(by_hand, compiled), ddp_run(world, rank, device, steps=steps, dog=dog,
                                                                      by_hand=by_hand, compiled=compiled)))
+        if world == 1 and not args.quick:
+            tables.append((DDP_LOSS_REF, ddp_loss_reference(device, dog=dog)))
     dog.step("results")
     if rank == 0:
         if args.only_impls:   # a probe of a few impls: printed, never written over the recorded CSVs
@@ -628,16 +658,15 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
             print("the host, not the GPU, set the pace (host_ms > ms) somewhere for: " + ", ".join(host))
     for name in (n for n in DDP_TABLES if n in tables):
         d = tables[name]
-        line = f"\n{DDP_NAMES[name]}, {world} GPU(s): {d['tokens_per_s_per_gpu'].iloc[0]:.0f} tokens/s per GPU, " \
-               f"median step {d['ms'].median():.1f} ms, last loss {d['loss'].iloc[-1]:.4f}"
-        one = out / f"{name}_w1.csv"
-        if world > 1 and one.exists():
-            d1 = pd.read_csv(one)
-            eff = d["tokens_per_s_per_gpu"].iloc[0] / d1["tokens_per_s_per_gpu"].iloc[0]
-            n = min(len(d), len(d1))
-            rel = abs((d["loss"].values[:n] - d1["loss"].values[:n]) / d1["loss"].values[:n]).max()
-            line += f"; scaling efficiency {eff:.1%} of 1 GPU (target 90%), losses within {rel:.2%} (target 2%)"
-        print(line)
+        print(f"\n{DDP_NAMES[name]}, {world} GPU(s), {_per_gpu(d)} sequences a GPU: "
+              f"{d['tokens_per_s_per_gpu'].iloc[0]:.0f} tokens/s per GPU, median step {d['ms'].median():.1f} ms, "
+              f"last loss {d['loss'].iloc[-1]:.4f}")
+    if world > 1:
+        recorded = {(n, w): pd.read_csv(out / f"{n}_w{w}.csv") for n in (*DDP_TABLES, DDP_LOSS_REF) for w in (1, world)
+                    if (out / f"{n}_w{w}.csv").exists()}
+        recorded.update({(n, world): tables[n] for n in DDP_TABLES if n in tables})
+        for t in ddp_targets(recorded, world):
+            print(f"  {t.claim}: {t.measured:.3f} (target {t.required})")
 
 
 # ------------------------------------------------------------------------------------------ targets
@@ -668,17 +697,37 @@ def targets(tables: dict) -> list:
                 found.append(Target(ISSUE, f"TP MLP block, fused epilogue vs NCCL + separate kernels, {where}",
                                     r["tp mlp, nccl + separate kernels"] / r["tp mlp, fused epilogue"], 1.2))
                 found += fast_path_targets(r, where, mib)
-        for name in DDP_TABLES:   # each variant against its own one-GPU run
-            one, d = tables.get((name, 1)), tables.get((name, world))
-            if one is None or d is None:
-                continue
-            what = DDP_NAMES[name]
-            n = min(len(one), len(d))
-            rel = abs((d["loss"].values[:n] - one["loss"].values[:n]) / one["loss"].values[:n]).max()
-            found.append(Target(ISSUE, f"{what} per-GPU tokens/s vs 1 GPU, {world} GPUs",
-                                d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
-            found.append(Target(ISSUE, f"{what} losses within 2% of 1 GPU (1 - largest relative difference), "
-                                       f"{world} GPUs", 1 - rel, 0.98))
+        found += ddp_targets(tables, world)
+    return found
+
+
+def _per_gpu(d: pd.DataFrame):
+    """The sequences per GPU of a data-parallel run, or None for a run recorded before the column (at a fixed
+    global batch: a per-GPU throughput that is not comparable across world sizes)."""
+    return int(d["per_gpu_batch"].iloc[0]) if "per_gpu_batch" in d else None
+
+
+def ddp_targets(tables: dict, world: int) -> list:
+    """Each data-parallel variant at ``world`` GPUs: its per-GPU tokens/s against its own one-GPU run at the
+    same sequences per GPU (weak scaling: only the communication and the hosts' interference can cost), and
+    its losses against one GPU's at the same global batch (:data:`DDP_LOSS_REF`)."""
+    from course_utils.bench import Target
+    found, ref = [], tables.get((DDP_LOSS_REF, 1))
+    for name in DDP_TABLES:
+        one, d = tables.get((name, 1)), tables.get((name, world))
+        if one is None or d is None or _per_gpu(d) is None or _per_gpu(d) != _per_gpu(one):
+            continue
+        what, per = DDP_NAMES[name], _per_gpu(d)
+        found.append(Target(ISSUE, f"{what} per-GPU tokens/s vs 1 GPU, {per} sequences a GPU, {world} GPUs",
+                            d["tokens_per_s_per_gpu"].iloc[0] / one["tokens_per_s_per_gpu"].iloc[0], 0.9))
+        gb = int(d["global_batch"].iloc[0])
+        want = None if ref is None else ref.loc[ref["global_batch"] == gb, "loss"].values
+        if want is None or not len(want):
+            continue
+        n = min(len(d), len(want))
+        rel = abs((d["loss"].values[:n] - want[:n]) / want[:n]).max()
+        found.append(Target(ISSUE, f"{what} losses within 2% of 1 GPU at the same global batch of {gb} "
+                                   f"(1 - largest relative difference over {n} steps), {world} GPUs", 1 - rel, 0.98))
     return found
 
 
@@ -710,7 +759,7 @@ def fast_path_targets(r, where: str, mib: int) -> list:
 def judge(out: Path) -> pd.DataFrame:
     """Read ``out/multigpu_*_w<W>.csv``, print issue 28's targets, write ``out/multigpu_targets.csv``."""
     tables = {}
-    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs", *DDP_TABLES):
+    for name in ("multigpu_allreduce", "multigpu_allreduce_graphs", *DDP_TABLES, DDP_LOSS_REF):
         for world in (1, 2, 4):
             path = out / f"{name}_w{world}.csv"
             if path.exists():
@@ -755,14 +804,14 @@ def run_simulated(args) -> None:
     print(f"PASS DDP step on one process: losses {[round(v, 3) for v in df['loss']]}")
 
 
-def ddp_one_process(device, steps: int = 3, global_batch: int = 4, by_hand: bool = False, compiled: bool = False):
+def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: bool = False, compiled: bool = False):
     """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
     same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
-            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, global_batch=global_batch, by_hand=by_hand,
+            return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, per_gpu_batch=per_gpu_batch, by_hand=by_hand,
                            compiled=compiled)
         finally:
             dist.destroy_process_group()

@@ -48,7 +48,7 @@ import pandas as pd
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 
-from course_utils import bench, gpt, hardware, profile
+from course_utils import affinity, bench, gpt, hardware, profile
 from course_utils.autograd import registry
 
 TITLE = "GPT training step: eager, torch.compile and the course's ops (chapter 12)"
@@ -375,9 +375,6 @@ def _time_config(key: str, quick: bool, t0: float):
     cfg, batch, judged = CONFIGS[key]
     torch.compiler.reset()   # each configuration compiles afresh: a second one would hit dynamo's recompile limit
     data = gpt.tokens()
-    flops = gpt.model_flops(cfg, batch)
-    spec = hardware.current()
-    peak_tflops = spec.peak_tflops("bfloat16") if spec is not None else float("nan")
     alone, resident = {}, {}
     for name in ("eager", "torch.compile", "course"):
         alone[name], resident[name] = peak_alone(name, cfg, data, batch)
@@ -397,13 +394,26 @@ def _time_config(key: str, quick: bool, t0: float):
             _log(f"{key}: FAILED {name}: {errors[name]}", t0)   # in the log at once: a CUDA fault ends the run
             continue
         _log(f"{key}: built {name}", t0)
+    with affinity.one_core() as core:   # every version timed with all its threads on one core (affinity.py)
+        _log(f"{key}: timing with every thread on core {core}", t0)
+        return _time_built(key, steps, errors, own_peak, alone, resident, quick, t0, core)
+
+
+def _time_built(key: str, steps: dict, errors: dict, own_peak: dict, alone: dict, resident: dict, quick: bool,
+                t0: float, core: int | None):
+    """:func:`_time_config`'s second half: the built versions timed in interleaved rounds and profiled."""
+    cfg, batch, judged = CONFIGS[key]
+    flops = gpt.model_flops(cfg, batch)
+    spec = hardware.current()
+    peak_tflops = spec.peak_tflops("bfloat16") if spec is not None else float("nan")
     times = bench.time_rounds(steps, rounds=3, errors=errors, warmup=2, rep=5 if quick else 10, flush_l2=False)
     rebuilds = {n: s.optimizer.rebuilds for n, s in steps.items() if hasattr(getattr(s, "optimizer", None), "rebuilds")}
     _log(f"{key}: timed (MasterAdamW gradient tables built, per version: {rebuilds})", t0)
     rows, categories, kernels = [], [], []
     for name in IMPLS:
         row = {"impl": name, "ops": IMPLS[name][0], "runs_as": IMPLS[name][1], "config": config_name(cfg, batch),
-               "config_key": key, "judged": judged, "course_kernel_ops": _registration(name)}
+               "config_key": key, "judged": judged, "course_kernel_ops": _registration(name),
+               "host_threads_on_core": core}
         if name not in times:
             rows.append({**row, "error": errors.get(name, "not timed")})
             continue

@@ -35,7 +35,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
         multigpu.average_gradients(list(twin.parameters()), world)
         worst = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
                     for a, b in zip(model.parameters(), twin.parameters()))
-        losses = {how: multigpu.ddp_run(world, rank, torch.device("cpu"), steps=2, cfg=gpt.TINY, global_batch=4,
+        losses = {how: multigpu.ddp_run(world, rank, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2,
                                         by_hand=how == "hand")["loss"].tolist() for how in ("ddp", "hand")}
     finally:
         dist.destroy_process_group()
@@ -74,17 +74,33 @@ def test_each_data_parallel_step_compiled_takes_the_same_steps(by_hand):
 
 
 def test_every_data_parallel_variant_is_judged_against_its_own_one_gpu_run():
+    """Per-GPU tokens/s against the variant's own 1-GPU run at the same sequences a GPU; losses against the
+    one-GPU reference at the same global batch; a run recorded at a fixed global batch (no per_gpu_batch
+    column) or at another per-GPU batch is not compared."""
     import pandas as pd
 
     from benchmarks import multigpu
 
-    def run(ms, loss=(3.0, 2.5)):
-        return pd.DataFrame({"loss": list(loss), "tokens_per_s_per_gpu": [1e3 / ms] * 2})
-    tables = {("multigpu_ddp", 1): run(10), ("multigpu_ddp", 2): run(20),
-              ("multigpu_ddp_hand_compiled", 1): run(4), ("multigpu_ddp_hand_compiled", 2): run(4.2, (3.0, 2.6))}
+    def run(ms, world, loss=(3.0, 2.5), per=8):
+        return pd.DataFrame({"loss": list(loss), "tokens_per_s_per_gpu": [1e3 / ms] * 2, "per_gpu_batch": per,
+                             "global_batch": per * world})
+    ref = pd.DataFrame({"loss": [3.0, 2.5, 3.0, 2.0], "global_batch": [16, 16, 32, 32]})
+    tables = {("multigpu_ddp", 1): run(10, 1), ("multigpu_ddp", 2): run(20, 2),
+              ("multigpu_ddp_hand_compiled", 1): run(4, 1), ("multigpu_ddp_hand_compiled", 2): run(4.2, 2, (3.0, 2.6)),
+              ("multigpu_ddp_hand_compiled", 4): run(4.4, 4, (3.0, 2.1)),
+              ("multigpu_ddp_hand", 1): run(5, 1), ("multigpu_ddp_hand", 2): run(5, 2, per=4),
+              ("multigpu_ddp_compiled", 1): run(5, 1).drop(columns="per_gpu_batch"),
+              ("multigpu_ddp_compiled", 2): run(5, 2).drop(columns="per_gpu_batch"),
+              (multigpu.DDP_LOSS_REF, 1): ref}
     got = {t.claim: t.measured for t in multigpu.targets(tables)}
-    assert got["DDP per-GPU tokens/s vs 1 GPU, 2 GPUs"] == pytest.approx(0.5)
+    assert got["DDP per-GPU tokens/s vs 1 GPU, 8 sequences a GPU, 2 GPUs"] == pytest.approx(0.5)
     hand = "step by hand + torch.compile, data-parallel"
-    assert got[f"{hand} per-GPU tokens/s vs 1 GPU, 2 GPUs"] == pytest.approx(4 / 4.2)
-    assert got[f"{hand} losses within 2% of 1 GPU (1 - largest relative difference), 2 GPUs"] == pytest.approx(0.96)
-    assert not any("DDP + torch.compile" in name for name in got)   # not recorded: not judged
+    assert got[f"{hand} per-GPU tokens/s vs 1 GPU, 8 sequences a GPU, 2 GPUs"] == pytest.approx(4 / 4.2)
+    assert got[f"{hand} per-GPU tokens/s vs 1 GPU, 8 sequences a GPU, 4 GPUs"] == pytest.approx(4 / 4.4)
+    loss2 = f"{hand} losses within 2% of 1 GPU at the same global batch of 16 (1 - largest relative difference " \
+            "over 2 steps), 2 GPUs"
+    assert got[loss2] == pytest.approx(1 - 0.1 / 2.5)
+    loss4 = loss2.replace("of 16", "of 32").replace("2 GPUs", "4 GPUs")
+    assert got[loss4] == pytest.approx(1 - 0.1 / 2.0)   # against the reference at 32 sequences, not at 16
+    assert not any("DDP + torch.compile" in name for name in got)   # recorded at a fixed global batch: not judged
+    assert not any(name.startswith("step by hand, data-parallel") for name in got)   # 4 a GPU against 8: not judged
