@@ -409,8 +409,9 @@ def _time_built(key: str, steps: dict, errors: dict, own_peak: dict, alone: dict
     times = bench.time_rounds(steps, rounds=3, errors=errors, warmup=2, rep=5 if quick else 10, flush_l2=False)
     rebuilds = {n: s.optimizer.rebuilds for n, s in steps.items() if hasattr(getattr(s, "optimizer", None), "rebuilds")}
     _log(f"{key}: timed (MasterAdamW gradient tables built, per version: {rebuilds})", t0)
-    # the host's time before any profiling: once torch.profiler has run in a process, later host times
-    # there read higher (a run of c710c7f: the course's step 49.2 ms from an idle GPU, 18.8 ms back to back)
+    # the host's times before any profiling, and (host_ms_after_profiler) again after each version's: in the
+    # run of c710c7f, taken between profiles, the course's step read 49.2 ms of host from an idle GPU while
+    # it ran 18.8 ms a step back to back; whether torch.profiler leaves the host slower, these two columns tell
     hosts = {name: host_ms(steps[name]) for name in times}
     rows, categories, kernels = [], [], []
     for name in IMPLS:
