@@ -286,7 +286,7 @@ def multigpu_section(out_dir: Path) -> str:
         return ""
     rows = pd.read_csv(path)
     counts = rows["status"].value_counts()
-    told = ", ".join(f"{counts[s]} {s}" for s in ("pass", bench.TIE, "short") if s in counts)
+    told = ", ".join(f"{counts[s]} {s}" for s in ("pass", bench.TIE, "short", bench.SUSPECT) if s in counts)
     table = "#" + to_markdown(rows.drop(columns=["issue"], errors="ignore"), MULTIGPU_TITLE)   # a second-level one
     return (f"\n{table}\n{told}. Measured by `torchrun` runs on one host of 2 and 4 GPUs (`results/README.md` "
             "names each run), judged from the `multigpu_*_w<W>.csv` files by `python -m benchmarks.multigpu "

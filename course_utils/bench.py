@@ -22,6 +22,7 @@ from __future__ import annotations
 from .ceilings import Ceilings, attainable_tflops, ridge_point, roofline_seconds
 from .results import (
     RESULTS,
+    SUSPECT,
     TIE,
     TIE_CEILING_FRACTION,
     Target,
@@ -57,5 +58,5 @@ __all__ = ["RESULTS", "L2_FLUSH_BYTES", "ROUNDS", "TIMING_COLUMNS", "BenchmarkEr
            "ridge_point", "roofline_seconds", "measure_ceilings", "ceilings_for", "with_ceilings",
            "attainable_tflops", "roofline_frame", "plot_roofline", "plot_sweep", "SimulatedGPU", "SimKernel",
            "SimEvent", "topic", "provenance", "provenance_line", "gpu_slug", "recorded_gpus", "recorded", "save",
-           "Target", "TIE", "TIE_CEILING_FRACTION", "ceiling_fraction", "ratio_noise",
+           "Target", "TIE", "SUSPECT", "TIE_CEILING_FRACTION", "ceiling_fraction", "ratio_noise",
            "tie_evidence"]

@@ -92,6 +92,8 @@ def save(df, name: str, gpu: str | None = None, root: Path | None = None) -> Pat
 TIE_CEILING_FRACTION = 0.9
 #: ``Target.status`` of a target short of its ratio only by a tie at the ceiling (see :class:`Target`).
 TIE = "tie at ceiling"
+#: ``Target.status`` of a ratio above the most its measurement can honestly give (see :class:`Target`).
+SUSPECT = "suspect"
 
 
 def ceiling_fraction(row) -> float:
@@ -138,6 +140,10 @@ class Target:
     :data:`TIE_CEILING_FRACTION` of a measured ceiling: two kernels that both run at the hardware's
     limit cannot beat each other by more than the noise, whatever the target asked. Else ``short``:
     a loss, or a ratio within noise of 1.0 while off the ceiling (there is room left to win).
+
+    ``most``: the largest ratio the measurement can honestly give (a per-GPU throughput against one GPU
+    at the same work per GPU cannot exceed 1.0 but by noise). Above it the status is :data:`SUSPECT`,
+    never a pass: the baseline ran slower than what it bounds, and the run must be repeated.
     """
 
     issue: int
@@ -146,6 +152,7 @@ class Target:
     required: float
     noise: tuple[float, float] | None = None
     ceiling: tuple[float, float] | None = None
+    most: float | None = None
 
     @classmethod
     def between(cls, issue: int, claim: str, ours, theirs, required: float) -> Target:
@@ -154,20 +161,25 @@ class Target:
         return cls(issue, claim, float(theirs["ms"]) / float(ours["ms"]), required, **tie_evidence(ours, theirs))
 
     @property
+    def suspect(self) -> bool:
+        """Above ``most``: a ratio the measurement cannot honestly give (see the class's docstring)."""
+        return self.most is not None and self.measured > self.most
+
+    @property
     def passed(self) -> bool:
-        return self.measured >= self.required
+        return self.measured >= self.required and not self.suspect
 
     @property
     def tied(self) -> bool:
         """Short of ``required``, but a tie at the ceiling (see the class's docstring)."""
-        if self.passed or self.noise is None or self.ceiling is None:
+        if self.passed or self.suspect or self.noise is None or self.ceiling is None:
             return False
         low, high = self.noise
         return low <= 1.0 <= high and all(c >= TIE_CEILING_FRACTION for c in self.ceiling)  # NaN: never
 
     @property
     def status(self) -> str:
-        return "pass" if self.passed else TIE if self.tied else "short"
+        return SUSPECT if self.suspect else "pass" if self.passed else TIE if self.tied else "short"
 
     def row(self) -> dict:
         noise = f"{self.noise[0]:.3f}-{self.noise[1]:.3f}" if self.noise and all(
@@ -179,5 +191,5 @@ class Target:
 
 
 __all__ = ["RESULTS", "topic", "provenance", "provenance_line", "gpu_slug", "recorded_gpus", "recorded", "save",
-           "Target", "TIE", "TIE_CEILING_FRACTION", "ceiling_fraction", "ratio_noise",
+           "Target", "TIE", "SUSPECT", "TIE_CEILING_FRACTION", "ceiling_fraction", "ratio_noise",
            "tie_evidence"]

@@ -104,3 +104,23 @@ def test_every_data_parallel_variant_is_judged_against_its_own_one_gpu_run():
     assert got[loss4] == pytest.approx(1 - 0.1 / 2.0)   # against the reference at 32 sequences, not at 16
     assert not any("DDP + torch.compile" in name for name in got)   # recorded at a fixed global batch: not judged
     assert not any(name.startswith("step by hand, data-parallel") for name in got)   # 4 a GPU against 8: not judged
+
+
+def test_a_scaling_ratio_above_one_is_suspect_not_a_pass():
+    """A per-GPU throughput above one GPU's at the same work per GPU means the one-GPU baseline ran slow:
+    judged "suspect", never a pass (the run must be repeated)."""
+    import pandas as pd
+
+    from benchmarks import multigpu
+    from course_utils import bench
+
+    def run(ms, world):
+        return pd.DataFrame({"loss": [3.0, 2.5], "tokens_per_s_per_gpu": [1e3 / ms] * 2, "per_gpu_batch": 8,
+                             "global_batch": 8 * world})
+    tables = {("multigpu_ddp_hand", 1): run(35.6, 1), ("multigpu_ddp_hand", 2): run(25.2, 2),
+              ("multigpu_ddp", 1): run(20.0, 1), ("multigpu_ddp", 2): run(20.5, 2)}
+    got = {t.claim: t for t in multigpu.targets(tables)}
+    hand = got["step by hand, data-parallel per-GPU tokens/s vs 1 GPU, 8 sequences a GPU, 2 GPUs"]
+    assert hand.measured == pytest.approx(35.6 / 25.2)
+    assert hand.status == bench.SUSPECT and not hand.passed
+    assert got["DDP per-GPU tokens/s vs 1 GPU, 8 sequences a GPU, 2 GPUs"].status == "pass"   # 0.976: within 1.05
