@@ -23,7 +23,7 @@ from benchmarks import training as T
 from course_utils import affinity, bench, gpt, ops, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_process import _host, _wall  # noqa: E402
+from step_process import _wall  # noqa: E402
 
 
 def main():
@@ -37,9 +37,9 @@ def main():
     with affinity.one_core() as core:
         print(f"(core {core})")
         for name, step in steps.items():
-            before = (_host(step, 10), _wall(step, 10))
+            before = (T.host_ms(step, 10), _wall(step, 10))
             profile.step_kernels(step, steps=2)
-            after = (_host(step, 10), _wall(step, 10))
+            after = (T.host_ms(step, 10), _wall(step, 10))
             print(f"{name:8s} before the profile: host {before[0]:6.2f} wall {before[1]:6.2f}; "
                   f"after: host {after[0]:6.2f} wall {after[1]:6.2f}")
     del steps

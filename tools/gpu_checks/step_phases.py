@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from benchmarks import training as T
 from course_utils import gpt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_process import _wall  # noqa: E402
 
 #: (label, ops, under torch.compile)
 VERSIONS = [("eager", "torch", False), ("torch.compile", "torch", True), ("course, a node an op", "course", False),
@@ -38,15 +43,6 @@ def _phases(model, opt, x, y):
     opt.zero_grad(set_to_none=True)
     t3 = time.perf_counter()
     return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
-
-
-def _wall(step, n):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e3
 
 
 def run(config: str, steps: int):

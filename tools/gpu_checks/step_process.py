@@ -81,17 +81,6 @@ def _host_busy(step, n: int) -> float:
     return statistics.median(times)
 
 
-def _host(step, n: int) -> float:
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
-
 def time_state(state: str, steps: dict, n: int, clock: GcClock) -> list[tuple]:
     rows = []
     for name in TIMED:
@@ -99,7 +88,7 @@ def time_state(state: str, steps: dict, n: int, clock: GcClock) -> list[tuple]:
         wall = _wall(steps[name], n)
         per = {g: clock.ms[g] / n for g in (0, 1, 2)}
         counts = {g: clock.count[g] for g in (0, 1, 2)}
-        host = _host(steps[name], n)
+        host = T.host_ms(steps[name], n)
         busy = _host_busy(steps[name], n)
         rows.append((state, name, wall, host, busy, per, counts))
     return rows
