@@ -62,6 +62,7 @@ EPS = 1e-6
 #: data parallelism: sequences per GPU (fixed: the work of each GPU does not shrink as GPUs are added), timed
 #: steps after warm-up; the one-GPU references at the W-GPU runs' global batches run DDP_LOSS_STEPS steps
 DDP_PER_GPU_BATCH, DDP_STEPS, DDP_WARMUP, DDP_LOSS_STEPS = 8, 30, 5, 10
+DDP_PROFILE_STEPS = 5   # --ddp-profile: steps under torch.profiler after the timed ones
 DDP_WORLDS = (2, 4)
 #: per-GPU throughput against one GPU at the same work per GPU cannot exceed 1.0 but by the run's drift;
 #: above this the one-GPU baseline ran slow and the ratio is judged "suspect", not a pass
@@ -422,7 +423,8 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 
 
 def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per_gpu_batch: int = DDP_PER_GPU_BATCH,
-            dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False, pin: bool = True):
+            dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False, pin: bool = True,
+            profile_steps: int = 0):
     """Chapter 12's GPT step (GPT-2 small on a GPU) data-parallel over ``world`` ranks, ``per_gpu_batch``
     sequences on each (a global batch of ``world * per_gpu_batch``): per step the mean loss over all ranks
     (= the loss of the whole global batch) and the step's wall time.
@@ -434,7 +436,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     graph at the gradient buckets, on the op-by-op course ops as chapter 12's ``course + torch.compile``;
     the step by hand's forward and backward compiled as one function). ``pin``: after the warm-up every
     thread of this process on a core of its own (:mod:`course_utils.affinity`, one core a rank), as
-    chapter 12's benchmark times its steps."""
+    chapter 12's benchmark times its steps. ``profile_steps``: that many more steps after the timed ones,
+    under torch.profiler; their summary (:func:`profile_summary`) in the result's ``attrs["profile"]``."""
     import contextlib
 
     from course_utils import affinity
@@ -456,11 +459,13 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
         train = lambda x, y: gpt.train_step(run, opt, x, y)  # noqa: E731
     global_batch = per_gpu_batch * world
     data = gpt.tokens()
-    rows, core = [], None
+    rows, core, prof, timed = [], None, None, steps + DDP_WARMUP
     with contextlib.ExitStack() as pinned:
-        for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, steps + DDP_WARMUP, seed=0)):
+        for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, timed + profile_steps, seed=0)):
             if step == DDP_WARMUP and pin and device.type == "cuda":   # built and compiled: now one core
                 core = pinned.enter_context(affinity.one_core(int(os.environ.get("LOCAL_RANK", rank))))
+            if step == timed:   # the timed steps are done: the profiled ones follow
+                prof = pinned.enter_context(_profiler(device))
             first = step < 2   # the first steps compile the course's kernels
             dog.step(f"DDP step {step + 1}/{steps + DDP_WARMUP}", sync=False, allow=5.0 if first else 1.0)
             x, y = (t[rank * per_gpu_batch:(rank + 1) * per_gpu_batch].to(device) for t in (x, y))
@@ -471,14 +476,44 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
             dist.all_reduce(loss)   # the mean over ranks: every rank's batch has the same size
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world,
-                         "ms": (time.perf_counter() - t0) * 1e3})
+            if step < timed:
+                rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world,
+                             "ms": (time.perf_counter() - t0) * 1e3})
     df = pd.DataFrame(rows[DDP_WARMUP:])
     step_s = df["ms"].median() / 1e3
     df["tokens_per_s_per_gpu"] = per_gpu_batch * cfg.seq_len / step_s
     df["per_gpu_batch"], df["global_batch"], df["world_size"] = per_gpu_batch, global_batch, world
     df["model"], df["host_threads_on_core"] = f"{cfg.n_layer}x{cfg.d_model} V={cfg.vocab}", core
+    if prof is not None:
+        df.attrs["profile"] = profile_summary(prof, profile_steps).assign(world_size=world)
     return df
+
+
+def _profiler(device):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=acts)
+
+
+#: rows of a profile's summary: the events with the most device time, then those with the most CPU time
+PROFILE_TOP = 25
+
+
+def profile_summary(prof, steps: int) -> pd.DataFrame:
+    """Per step of a profiled data-parallel run: each event's calls and its own CPU and GPU milliseconds (the
+    :data:`PROFILE_TOP` with the most GPU time and the most CPU time), and the totals over all events."""
+    rows = []
+    for e in prof.key_averages():
+        device_us = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
+        rows.append({"event": e.key, "calls_per_step": e.count / steps,
+                     "self_cpu_ms_per_step": e.self_cpu_time_total / steps / 1e3,
+                     "self_gpu_ms_per_step": device_us / steps / 1e3})
+    df = pd.DataFrame(rows, columns=["event", "calls_per_step", "self_cpu_ms_per_step", "self_gpu_ms_per_step"])
+    top = pd.concat([df.nlargest(PROFILE_TOP, col) for col in ("self_gpu_ms_per_step", "self_cpu_ms_per_step")])
+    total = {"event": "(all events)", "calls_per_step": df["calls_per_step"].sum(),
+             "self_cpu_ms_per_step": df["self_cpu_ms_per_step"].sum(),
+             "self_gpu_ms_per_step": df["self_gpu_ms_per_step"].sum()}
+    return pd.concat([pd.DataFrame([total]), top.drop_duplicates("event")], ignore_index=True)
 
 
 def ddp_loss_reference(device, worlds=DDP_WORLDS, per_gpu_batch: int = DDP_PER_GPU_BATCH,
@@ -574,8 +609,11 @@ def run_distributed(args) -> None:
         steps = 10 if args.quick else DDP_STEPS
         for by_hand in (False, True) if args.ddp_by_hand else (False,):
             for compiled in (True,) if args.compiled_only else (False, True) if args.ddp_compiled else (False,):
-                tables.append((ddp_table(by_hand, compiled), ddp_run(world, rank, device, steps=steps, dog=dog,
-                                                                     by_hand=by_hand, compiled=compiled)))
+                df = ddp_run(world, rank, device, steps=steps, dog=dog, by_hand=by_hand, compiled=compiled,
+                             profile_steps=DDP_PROFILE_STEPS if args.ddp_profile else 0)
+                tables.append((ddp_table(by_hand, compiled), df))
+                if "profile" in df.attrs:
+                    tables.append((ddp_table(by_hand, compiled) + "_profile", df.attrs["profile"]))
         if world == 1 and not args.quick:
             tables.append((DDP_LOSS_REF, ddp_loss_reference(device, dog=dog)))
     dog.step("results")
@@ -859,6 +897,9 @@ def main(argv=None) -> None:
                     help="also each data-parallel step under torch.compile (multigpu_ddp[_hand]_compiled)")
     ap.add_argument("--compiled-only", action="store_true",
                     help="with --ddp-compiled: only the compiled steps (the eager ones' CSVs are left as recorded)")
+    ap.add_argument("--ddp-profile", action="store_true",
+                    help=f"after each data-parallel run's timed steps, {DDP_PROFILE_STEPS} more under torch.profiler "
+                         "(multigpu_ddp*_profile_w<W>.csv: the events with the most GPU and CPU time a step)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step")
     ap.add_argument("--graphs", action="store_true", help="time CUDA graphs of 20 calls (names end in _graphs)")
     ap.add_argument("--judge", action="store_true", help="no run: judge issue 28's targets from the CSVs in --out")

@@ -124,3 +124,26 @@ def test_a_scaling_ratio_above_one_is_suspect_not_a_pass():
     assert hand.measured == pytest.approx(35.6 / 25.2)
     assert hand.status == bench.SUSPECT and not hand.passed
     assert got["DDP per-GPU tokens/s vs 1 GPU, 8 sequences a GPU, 2 GPUs"].status == "pass"   # 0.976: within 1.05
+
+
+def test_profiled_steps_come_after_the_timed_ones_and_are_summarized():
+    """``profile_steps``: the timed rows are the same as without it; the profile's summary has the totals first
+    and the events that cost the most CPU time (on the CPU no event has GPU time)."""
+    import os
+
+    from benchmarks import multigpu
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            from course_utils import gpt
+            plain = multigpu.ddp_run(1, 0, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2)
+            profiled = multigpu.ddp_run(1, 0, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2,
+                                        profile_steps=2)
+        finally:
+            dist.destroy_process_group()
+    assert "profile" not in plain.attrs
+    assert profiled["loss"].tolist() == pytest.approx(plain["loss"].tolist(), rel=1e-6)
+    summary = profiled.attrs["profile"]
+    assert summary["event"].iloc[0] == "(all events)"
+    assert summary["self_cpu_ms_per_step"].iloc[0] >= summary["self_cpu_ms_per_step"].iloc[1:].max() > 0
+    assert summary["event"].is_unique and len(summary) > 5
