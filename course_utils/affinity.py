@@ -2,10 +2,12 @@
 
 A training step from Python is host work on two threads at least: the one that calls the model, and the
 autograd engine's worker for the GPU, which runs the backward while the caller waits. On the course's
-lent H100 machines (16 virtual cores) the scheduler moved them between cores, and the same step's host
-time moved with it: chapter 12's autograd step at B=8 issued in 20.8-32.4 ms on two machines, 19.9 ms
-with every thread on one core (``results/h100-80gb-hbm3/step_process_pinning.log``). Two threads that
-never run at once lose nothing by sharing a core, and they keep its caches warm.
+lent H100 machines (16 virtual cores) the scheduler moved them between cores, and the same step's time
+moved with it: on one machine chapter 12's autograd step at B=8 ran 33.38 ms a step back to back
+unpinned, 26.38 on two cores and 22.63 with every thread on one core
+(``results/h100-80gb-hbm3/step_process_pinning.log``). Two threads that never run at once lose nothing
+by sharing a core. It is no cure for a slow host: on another machine the pinned step ran 39.72 ms
+(``host_after_profiler.log``).
 
 :func:`one_core` pins every thread that exists now (``/proc/self/task``) to one core and puts the old
 masks back on exit; a thread started inside inherits the pin. Pin after building and warming up:
