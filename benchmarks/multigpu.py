@@ -686,7 +686,7 @@ def print_summary(tables: dict, world: int, out: Path) -> None:
                                                                / t["tuned two-shot"])
             summary["tuned fused in buffer vs nccl+add_layer_norm"] = t[base] / t["tuned fused, x in buffer"]
             summary["tp tuned speedup"] = t["tp mlp, nccl + separate kernels"] / t["tp mlp, tuned epilogue"]
-            # by the message's bytes, as auto counts them (682 rows of 768 are 512 bytes short of 1 MiB)
+            # by the message's bytes, as auto counts them (682 rows of 768 are 1,024 bytes short of 1 MiB)
             rows = tables[name].groupby(["width", "mib_per_rank"])["rows"].first()
             summary["auto picks"] = [T.pick_algorithm(int(rows[(w, m)]) * w * 2, world) for w, m in t.index]
         how = "CUDA graphs of 20 calls" if name.endswith("graphs") else "20 calls back to back"

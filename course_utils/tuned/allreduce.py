@@ -51,7 +51,7 @@ ALGORITHMS = ("one-shot", "two-shot")
 TWO_SHOT_MIN_WORLD = 3          # at W = 2 both move the same bytes: the one-shot's single barrier wins
 # measured crossover at W = 4 on H100s (multigpu_allreduce_graphs_small_w4.csv): the one-shot is faster up to
 # 0.5 MiB per rank, the two-shot from 1 MiB (22.8 vs 23.0 us at width 768, 21.8 vs 23.9 at 4096); the threshold
-# sits between them, below a whole MiB so that 1 MiB of rows of 768 (682 rows, 512 bytes short) is a two-shot
+# sits between them, below a whole MiB so that 1 MiB of rows of 768 (682 rows, 1,024 bytes short) is a two-shot
 TWO_SHOT_MIN_BYTES = 3 * 2**18
 ELEMENTS_PER_THREAD = 32        # of the (W, BLOCK_N) tile: 4 ranks x one 16-byte load of bf16, in fp32 registers
 
