@@ -288,9 +288,12 @@ def multigpu_section(out_dir: Path) -> str:
     counts = rows["status"].value_counts()
     told = ", ".join(f"{counts[s]} {s}" for s in ("pass", bench.TIE, "short", bench.SUSPECT) if s in counts)
     table = "#" + to_markdown(rows.drop(columns=["issue"], errors="ignore"), MULTIGPU_TITLE)   # a second-level one
-    return (f"\n{table}\n{told}. Measured by `torchrun` runs on one host of 2 and 4 GPUs (`results/README.md` "
-            "names each run), judged from the `multigpu_*_w<W>.csv` files by `python -m benchmarks.multigpu "
-            "--judge`, which rewrites this section alone.\n")
+    suspect = (f" **{bench.SUSPECT}**: a ratio above the most its measurement can honestly give (per-GPU "
+               "throughput more than 5% above one GPU's at the same work per GPU: the one-GPU baseline ran slow), "
+               "never a pass; the run must be repeated." if bench.SUSPECT in counts else "")
+    return (f"\n{table}\n{told}.{suspect} Measured by `torchrun` runs on one host of 2 and 4 GPUs "
+            "(`results/README.md` names each run), judged from the `multigpu_*_w<W>.csv` files by `python -m "
+            "benchmarks.multigpu --judge`, which rewrites this section alone.\n")
 
 
 def replace_multigpu_section(out_dir: Path) -> None:

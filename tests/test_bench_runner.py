@@ -314,6 +314,12 @@ def test_targets_md_carries_the_multi_gpu_targets_and_their_judge_rewrites_that_
     text = (tmp_path / "targets.md").read_text()
     assert text.startswith("# Speed targets\n\n| a |") and text.count(runner.MULTIGPU_HEADING) == 1
     assert "| DDP vs 1 GPU, 4 GPUs | 0.9 | 0.22 | short |" in text and "1 pass, 1 short." in text
+    assert "suspect" not in text   # the word is explained only where a row has that status
+    rows.loc[1, ["measured", "status"]] = [1.41, "suspect"]
+    rows.to_csv(tmp_path / "multigpu_targets.csv", index=False)
+    runner.replace_multigpu_section(tmp_path)
+    text = (tmp_path / "targets.md").read_text()
+    assert "1 pass, 1 suspect. **suspect**: a ratio above the most its measurement can honestly give" in text
     (tmp_path / "multigpu_targets.csv").unlink()
     runner.replace_multigpu_section(tmp_path)   # nothing recorded: no section
     assert runner.MULTIGPU_HEADING not in (tmp_path / "targets.md").read_text()
