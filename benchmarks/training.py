@@ -13,7 +13,9 @@ autograd node a block (:mod:`course_utils.ops.block`), ``course, one autograd no
 engine's GPU worker thread, PyTorch's default; ``course, step by hand``
 calls the course's forward and backward functions without the autograd engine, llm.c's way:
 :mod:`course_utils.step`; ``course, step by hand + torch.compile`` compiles that forward and backward, a
-graph with no autograd in it), timed in interleaved rounds; for each one the host's time to issue a step,
+graph with no autograd in it), timed in interleaved rounds once all are built, with every thread of the
+process on one core (:mod:`course_utils.affinity`: on the lent virtual machines the cores a step's threads
+ran on changed its time); for each one the host's time to issue a step (before any profiling),
 the GPU-busy time (sum of its kernels' durations, torch.profiler), its kernels by category and its own
 peak memory; MFU. For the headline configuration also (``_quick`` appended to the names under
 ``--quick``, so a quick run never overwrites a full one's side files): ``training_categories.csv``
