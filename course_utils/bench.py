@@ -13,8 +13,8 @@ Each job lives in its own module; this one only gathers their names (import from
   :func:`plot_roofline`.
 - :mod:`course_utils.simulator`: :class:`SimulatedGPU` (the protocol on a CPU).
 - :mod:`course_utils.results`: :func:`recorded`, :func:`save`, :func:`provenance`, :func:`gpu_slug`,
-  :class:`Target` (pass, tie at the ceiling, or short; :meth:`Target.between` builds one from two
-  timed rows).
+  :class:`Target` (pass, tie at the ceiling, short, or suspect above its ``most``; :meth:`Target.between`
+  builds one from two timed rows).
 """
 
 from __future__ import annotations
