@@ -6,7 +6,11 @@ For each course op at a tiny shape (launch-bound), prints host microseconds per 
 - how many launches per forward + backward missed the compiled-launch cache (``plain_launch``);
 and, as floors, a Python ``autograd.Function`` that launches nothing against aten's ``neg`` (a C++ node).
 
-    python tools/gpu_checks/host_floor.py [--calls 300]
+    python tools/gpu_checks/host_floor.py [--calls 300] [--one-core]
+
+``--one-core``: every thread of the process on one core while timing (:mod:`course_utils.affinity`), as the
+training benchmark times; the direct rows then include aten's own forward and backward functions called
+directly, so that course and aten are compared without autograd on both sides.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import argparse
 
 import torch
 
-from course_utils import ops
+from course_utils import affinity, ops
 from course_utils.ops import norms
 from course_utils.ops import overhead as O
 from course_utils.tuned import launch as TL
@@ -56,8 +60,17 @@ def direct_norms(calls):
     y, mean, rstd = norms.layer_norm_fwd(x, w, b, 1e-5)
     dy = torch.randn_like(y)
     _, s, m2, r2 = norms.add_layer_norm_fwd(x, r, w, b, 1e-5)
+    _, am, ar = torch.ops.aten.native_layer_norm(x, (64,), w, b, 1e-5)
+    mask = [True, True, True]
     return [("layer_norm_fwd direct", _us(lambda: norms.layer_norm_fwd(x, w, b, 1e-5), calls)),
+            ("aten native_layer_norm direct", _us(lambda: torch.ops.aten.native_layer_norm(x, (64,), w, b, 1e-5),
+                                                  calls)),
+            ("three new_empty (the forward's outputs)", _us(lambda: (x.new_empty(x.shape),
+                                                                     x.new_empty(16, dtype=torch.float32),
+                                                                     x.new_empty(16, dtype=torch.float32)), calls)),
             ("layer_norm_bwd direct", _us(lambda: norms.layer_norm_bwd(dy, x, w, mean, rstd), calls)),
+            ("aten native_layer_norm_backward direct", _us(
+                lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (64,), am, ar, w, b, mask), calls)),
             ("add_layer_norm_fwd direct", _us(lambda: norms.add_layer_norm_fwd(x, r, w, b, 1e-5), calls)),
             ("add_layer_norm_bwd direct", _us(lambda: norms.add_layer_norm_bwd(dy, None, s, w, m2, r2), calls))]
 
@@ -94,12 +107,22 @@ def misses(calls):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--one-core", action="store_true", help="every thread on one core while timing")
     a = ap.parse_args()
     ops.warmup(1, 16, 64, 2, 64)
-    table = O.host_overhead_table(a.calls)
+    if a.one_core:
+        with affinity.one_core():
+            print("every thread of the process on one core while timing")
+            report(a.calls)
+    else:
+        report(a.calls)
+
+
+def report(calls):
+    table = O.host_overhead_table(calls)
     print(table.to_string(), flush=True)
     print("\n=== floors and direct calls, host us per call")
-    for what, us in floors(a.calls) + direct_norms(a.calls):
+    for what, us in floors(calls) + direct_norms(calls):
         print(f"{what:45s} {us:8.1f}")
     print("\n=== compiled-launch cache misses")
     for what, n, kinds in misses(50):
