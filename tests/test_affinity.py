@@ -52,3 +52,16 @@ def test_pick_core_counts_down_from_the_last_allowed_core():
 def test_pick_core_refuses_a_bad_index(bad):
     with pytest.raises(ValueError, match="index must be an integer >= 0"):
         affinity.pick_core(bad)
+
+
+def test_core_speeds_visits_each_allowed_core_and_restores_the_mask():
+    if not affinity.supported():
+        assert affinity.core_speeds() == {}
+        return
+    before = os.sched_getaffinity(0)
+    speeds = affinity.core_speeds(rounds=2, loop=100)
+    assert set(speeds) == before
+    assert all(v > 0 for v in speeds.values())
+    assert os.sched_getaffinity(0) == before
+    one = min(before)
+    assert set(affinity.core_speeds([one], rounds=1, loop=10)) == {one}
