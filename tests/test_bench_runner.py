@@ -284,8 +284,11 @@ def test_recorded_h100_targets_are_judged_by_the_tie_rule():
     # within noise of 1.0 but ours at 89% of copy: short
     off = ew["bias+gelu+scale fp32 64 MiB vs torch.compile (events)"]
     assert off.noise[0] <= 1.0 <= off.noise[1] and off.status == "short"
-    # the wide-row backward: a real loss
-    assert ln["LayerNorm fwd+bwd bfloat16 N=16384 vs Liger-Kernel"].status == "short"
+    # the wide-row backward: won since the split plan (1.19x Liger at N=16384, bf16); fp32 at N=8192 is a race
+    # within noise below the ceiling (74% / 80% of copy): short, never a tie
+    assert ln["LayerNorm fwd+bwd bfloat16 N=16384 vs Liger-Kernel"].status == "pass"
+    race = ln["LayerNorm fwd+bwd float32 N=8192 vs Liger-Kernel"]
+    assert race.status == "short" and race.noise[0] <= 1.0 <= race.noise[1]
     # every race against a peer timed by events carries its evidence; a CUDA graph's (data in L2, past
     # the copy ceiling) and the wall clock's (no percentiles) never make a tie
     launch_bound = ("(graph)", "(wall)")
