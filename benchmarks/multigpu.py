@@ -435,7 +435,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     masters on a GPU. ``compiled``: under ``torch.compile`` (DDP's model compiled, Dynamo splitting its
     graph at the gradient buckets, on the op-by-op course ops as chapter 12's ``course + torch.compile``;
     the step by hand's forward and backward compiled as one function). ``pin``: after the warm-up every
-    thread of this process on a core of its own (:mod:`course_utils.affinity`, one core a rank), as
+    thread of this process on a core of its own (:mod:`course_utils.affinity`: the fastest of the rank's share of
+    the host's cores), as
     chapter 12's benchmark times its steps. ``profile_steps``: that many more steps after the timed ones,
     under torch.profiler; their summary (:func:`profile_summary`) in the result's ``attrs["profile"]``."""
     import contextlib
@@ -463,7 +464,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     with contextlib.ExitStack() as pinned:
         for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, timed + profile_steps, seed=0)):
             if step == DDP_WARMUP and pin and device.type == "cuda":   # built and compiled: now one core
-                core = pinned.enter_context(affinity.one_core(int(os.environ.get("LOCAL_RANK", rank))))
+                core = pinned.enter_context(affinity.one_core(int(os.environ.get("LOCAL_RANK", rank)),
+                                                              int(os.environ.get("LOCAL_WORLD_SIZE", world))))
             if step == timed:   # the timed steps are done: the profiled ones follow
                 prof = pinned.enter_context(_profiler(device))
             first = step < 2   # the first steps compile the course's kernels
@@ -484,6 +486,9 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     df["tokens_per_s_per_gpu"] = per_gpu_batch * cfg.seq_len / step_s
     df["per_gpu_batch"], df["global_batch"], df["world_size"] = per_gpu_batch, global_batch, world
     df["model"], df["host_threads_on_core"] = f"{cfg.n_layer}x{cfg.d_model} V={cfg.vocab}", core
+    if core is not None:   # the chosen core's Python loop against the median of the cores this rank probed
+        df["host_core_loop_us"] = affinity.LAST_CHOICE.get("loop_us")
+        df["host_median_core_loop_us"] = affinity.LAST_CHOICE.get("median_us")
     if prof is not None:
         df.attrs["profile"] = profile_summary(prof, profile_steps).assign(world_size=world)
     return df

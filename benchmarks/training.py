@@ -397,7 +397,9 @@ def _time_config(key: str, quick: bool, t0: float):
             continue
         _log(f"{key}: built {name}", t0)
     with affinity.one_core() as core:   # every version timed with all its threads on one core (affinity.py)
-        _log(f"{key}: timing with every thread on core {core}", t0)
+        c = affinity.LAST_CHOICE
+        _log(f"{key}: timing with every thread on core {core} (the fastest of {c.get('cores_probed')} by a Python "
+             f"loop: {c.get('loop_us', float('nan')):.0f} us, median core {c.get('median_us', float('nan')):.0f})", t0)
         return _time_built(key, steps, errors, own_peak, alone, resident, quick, t0, core)
 
 
@@ -419,7 +421,8 @@ def _time_built(key: str, steps: dict, errors: dict, own_peak: dict, alone: dict
     for name in IMPLS:
         row = {"impl": name, "ops": IMPLS[name][0], "runs_as": IMPLS[name][1], "config": config_name(cfg, batch),
                "config_key": key, "judged": judged, "course_kernel_ops": _registration(name),
-               "host_threads_on_core": core}
+               "host_threads_on_core": core, "host_core_loop_us": affinity.LAST_CHOICE.get("loop_us"),
+               "host_median_core_loop_us": affinity.LAST_CHOICE.get("median_us")}
         if name not in times:
             rows.append({**row, "error": errors.get(name, "not timed")})
             continue

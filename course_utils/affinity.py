@@ -7,10 +7,12 @@ moved with it: on one machine chapter 12's autograd step at B=8 ran 33.38 ms a s
 unpinned, 26.38 on two cores and 22.63 with every thread on one core
 (``results/h100-80gb-hbm3/step_process_pinning.log``). Two threads that never run at once lose nothing
 by sharing a core. It is no cure for a slow host: on another machine the pinned step ran 39.72 ms
-(``host_after_profiler.log``).
+(``host_after_profiler.log``), and cores differ: a fixed Python loop took 255-546 us by core on one
+machine and minute, and 560-676 us on every core a few minutes later (``core_speeds_machineB.log``).
 
-:func:`one_core` pins every thread that exists now (``/proc/self/task``) to one core and puts the old
-masks back on exit; a thread started inside inherits the pin. Pin after building and warming up:
+:func:`one_core` times that loop on each candidate core (:func:`core_speeds`), pins every thread that exists
+now (``/proc/self/task``) to the fastest, and puts the old masks back on exit; a thread started inside
+inherits the pin. Pin after building and warming up:
 torch.compile's worker processes started inside would inherit it too and compile on one core.
 On a system without thread affinity (macOS, Windows) it does nothing and says so.
 """
@@ -45,14 +47,44 @@ def pick_core(index: int = 0) -> int:
     return allowed[-1 - int(index) % len(allowed)]
 
 
+#: the last core :func:`one_core` chose: ``core``, its loop time and the median over the cores it probed (us)
+LAST_CHOICE: dict = {}
+PROBE_ROUNDS = 7   # rounds of :func:`core_speeds` behind a choice: ~0.05 s on 16 cores
+
+
+def candidate_cores(index: int = 0, of: int = 1) -> list[int]:
+    """The allowed cores of process ``index`` of ``of`` on one host: every ``of``-th allowed core from the
+    ``index``-th, so that processes choosing at once never choose the same core, nor time each other's."""
+    allowed = sorted(os.sched_getaffinity(0))
+    mine = [c for i, c in enumerate(allowed) if i % of == index % of]
+    return mine or allowed
+
+
+def fastest(speeds: dict[int, float]) -> int:
+    """The core with the shortest loop time (a tie: the higher core, core 0 last)."""
+    return min(speeds, key=lambda c: (speeds[c], -c))
+
+
 @contextlib.contextmanager
-def one_core(index: int = 0):
-    """Pin every thread of this process to :func:`pick_core` ``(index)`` inside the block; yields the core,
-    or None where the system has no thread affinity."""
+def one_core(index: int = 0, of: int = 1, *, probe: bool = True):
+    """Pin every thread of this process to one core inside the block; yields the core, or None where the
+    system has no thread affinity.
+
+    ``probe`` (default): the fastest of :func:`candidate_cores` ``(index, of)`` by :func:`core_speeds` at the
+    moment of entry (on the lent virtual machines the same Python loop ran 2x slower on some cores than on
+    others: ``results/h100-80gb-hbm3/core_speeds_*.log``); its numbers go to :data:`LAST_CHOICE`. Otherwise
+    :func:`pick_core` ``(index)``."""
     if not supported():
         yield None
         return
-    core = pick_core(index)
+    if probe:
+        speeds = core_speeds(candidate_cores(index, of), rounds=PROBE_ROUNDS)
+        core = fastest(speeds)
+        LAST_CHOICE.clear()
+        LAST_CHOICE.update(core=core, loop_us=speeds[core] * 1e6,
+                           median_us=statistics.median(speeds.values()) * 1e6, cores_probed=len(speeds))
+    else:
+        core = pick_core(index)
     old = {}
     for tid in thread_ids():
         try:
@@ -91,4 +123,5 @@ def core_speeds(cores=None, rounds: int = 15, loop: int = 20_000) -> dict[int, f
     return {c: statistics.median(v) for c, v in times.items()}
 
 
-__all__ = ["supported", "thread_ids", "pick_core", "one_core", "core_speeds"]
+__all__ = ["supported", "thread_ids", "pick_core", "candidate_cores", "fastest", "one_core", "core_speeds",
+           "LAST_CHOICE"]

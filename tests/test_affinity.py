@@ -65,3 +65,28 @@ def test_core_speeds_visits_each_allowed_core_and_restores_the_mask():
     assert os.sched_getaffinity(0) == before
     one = min(before)
     assert set(affinity.core_speeds([one], rounds=1, loop=10)) == {one}
+
+
+def test_candidate_cores_split_the_allowed_cores_between_processes():
+    allowed = sorted(os.sched_getaffinity(0))
+    parts = [affinity.candidate_cores(i, 3) for i in range(3)]
+    if len(allowed) >= 3:
+        assert sorted(c for p in parts for c in p) == allowed   # every core once, no process shares one
+    assert affinity.candidate_cores(0, 1) == allowed
+    assert affinity.candidate_cores(5, len(allowed) + 7) == allowed   # more processes than cores: all of them
+
+
+def test_fastest_takes_the_shortest_loop_and_breaks_ties_towards_the_higher_core():
+    assert affinity.fastest({0: 2.0, 1: 1.0, 2: 3.0}) == 1
+    assert affinity.fastest({0: 1.0, 3: 1.0, 2: 1.0}) == 3
+
+
+def test_one_core_probes_and_pins_to_the_core_it_reports(monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    slowest_last = {c: 1.0 + i for i, c in enumerate(allowed)}   # the first allowed core is made the fastest
+    monkeypatch.setattr(affinity, "core_speeds", lambda cores, rounds: {c: slowest_last[c] for c in cores})
+    with affinity.one_core() as core:
+        assert core == allowed[0] and os.sched_getaffinity(0) == {core}
+        assert affinity.LAST_CHOICE["core"] == core and affinity.LAST_CHOICE["cores_probed"] == len(allowed)
+    with affinity.one_core(probe=False) as core:
+        assert core == affinity.pick_core(0)
