@@ -475,12 +475,13 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             loss = train(x, y)
+            issued = time.perf_counter()   # this rank's host has issued its step (the GPU may still run it)
             dist.all_reduce(loss)   # the mean over ranks: every rank's batch has the same size
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if step < timed:
                 rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world,
-                             "ms": (time.perf_counter() - t0) * 1e3})
+                             "ms": (time.perf_counter() - t0) * 1e3, "host_ms": (issued - t0) * 1e3})
     df = pd.DataFrame(rows[DDP_WARMUP:])
     step_s = df["ms"].median() / 1e3
     df["tokens_per_s_per_gpu"] = per_gpu_batch * cfg.seq_len / step_s
@@ -492,6 +493,21 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     if prof is not None:
         df.attrs["profile"] = profile_summary(prof, profile_steps).assign(world_size=world)
     return df
+
+
+RANK_COLUMNS = ("step", "ms", "host_ms", "host_threads_on_core", "host_core_loop_us", "host_median_core_loop_us")
+
+
+def rank_tables(df: pd.DataFrame, world: int, rank: int):
+    """(steps, profiles): every rank's own timed steps (its host's time to issue each, the core it ran on and
+    that core's loop time) and its profile summary (None without one), gathered from all ranks, each row
+    with its ``rank``: which rank paced a step, where one rank's profile cannot tell. Every rank calls it."""
+    mine = (df[[c for c in RANK_COLUMNS if c in df.columns]].assign(rank=rank), df.attrs.get("profile"))
+    got = [None] * world
+    dist.all_gather_object(got, mine)
+    steps = pd.concat([g[0] for g in got], ignore_index=True)
+    profiles = [g[1].assign(rank=r) for r, g in enumerate(got) if g[1] is not None]
+    return steps, pd.concat(profiles, ignore_index=True) if profiles else None
 
 
 def _profiler(device):
@@ -619,6 +635,10 @@ def run_distributed(args) -> None:
                 tables.append((ddp_table(by_hand, compiled), df))
                 if "profile" in df.attrs:
                     tables.append((ddp_table(by_hand, compiled) + "_profile", df.attrs["profile"]))
+                steps_by_rank, profiles_by_rank = rank_tables(df, world, rank)   # every rank takes part
+                tables.append((ddp_table(by_hand, compiled) + "_ranks", steps_by_rank))
+                if profiles_by_rank is not None:
+                    tables.append((ddp_table(by_hand, compiled) + "_profile_ranks", profiles_by_rank))
         if world == 1 and not args.quick:
             tables.append((DDP_LOSS_REF, ddp_loss_reference(device, dog=dog)))
     dog.step("results")

@@ -147,3 +147,25 @@ def test_profiled_steps_come_after_the_timed_ones_and_are_summarized():
     assert summary["event"].iloc[0] == "(all events)"
     assert summary["self_cpu_ms_per_step"].iloc[0] >= summary["self_cpu_ms_per_step"].iloc[1:].max() > 0
     assert summary["event"].is_unique and len(summary) > 5
+
+
+def test_rank_tables_gather_each_ranks_steps_and_profile():
+    """Every rank's timed steps (with the host's time to issue each) and profile come back with its rank."""
+    import os
+
+    from benchmarks import multigpu
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            from course_utils import gpt
+            df = multigpu.ddp_run(1, 0, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2, profile_steps=1)
+            steps, profiles = multigpu.rank_tables(df, 1, 0)
+            bare = df.copy()
+            bare.attrs = {}   # a run without profiled steps
+            plain_steps, none = multigpu.rank_tables(bare, 1, 0)
+        finally:
+            dist.destroy_process_group()
+    assert list(steps["rank"]) == [0, 0] and list(steps["step"]) == list(df["step"])
+    assert (steps["host_ms"] > 0).all() and (steps["host_ms"] <= steps["ms"]).all()
+    assert set(profiles["rank"]) == {0} and len(profiles) == len(df.attrs["profile"])
+    assert none is None and len(plain_steps) == 2
