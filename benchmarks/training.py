@@ -408,9 +408,21 @@ def _time_built(key: str, steps: dict, errors: dict, own_peak: dict, alone: dict
     """:func:`_time_config`'s second half: the built versions timed in interleaved rounds and profiled."""
     cfg, batch, judged = CONFIGS[key]
     flops = gpt.model_flops(cfg, batch)
+    first_choice = dict(affinity.LAST_CHOICE)   # the core the whole timing started on (profiles, host times)
     spec = hardware.current()
     peak_tflops = spec.peak_tflops("bfloat16") if spec is not None else float("nan")
-    times = bench.time_rounds(steps, rounds=3, errors=errors, warmup=2, rep=5 if quick else 10, flush_l2=False)
+    # before each round every thread moves to the fastest core of that moment (affinity.one_core again, nested:
+    # the exits put the masks back in turn); the cores and their loop times go in the rows
+    chosen, pins = [], contextlib.ExitStack()
+    with pins:
+        def repin(i):
+            if core is not None:
+                chosen.append((pins.enter_context(affinity.one_core()), affinity.LAST_CHOICE.get("loop_us"),
+                               affinity.LAST_CHOICE.get("median_us")))
+        times = bench.time_rounds(steps, rounds=3, errors=errors, before_round=repin, warmup=2,
+                                  rep=5 if quick else 10, flush_l2=False)
+    _log(f"{key}: rounds timed on cores {[c for c, _, _ in chosen]} (loop us {[round(u or 0) for _, u, _ in chosen]}, "
+         f"median core {[round(m or 0) for _, _, m in chosen]})", t0)
     rebuilds = {n: s.optimizer.rebuilds for n, s in steps.items() if hasattr(getattr(s, "optimizer", None), "rebuilds")}
     _log(f"{key}: timed (MasterAdamW gradient tables built, per version: {rebuilds})", t0)
     # the host's times before any profiling, and (host_ms_after_profiler) again after each version's: in the
@@ -421,8 +433,10 @@ def _time_built(key: str, steps: dict, errors: dict, own_peak: dict, alone: dict
     for name in IMPLS:
         row = {"impl": name, "ops": IMPLS[name][0], "runs_as": IMPLS[name][1], "config": config_name(cfg, batch),
                "config_key": key, "judged": judged, "course_kernel_ops": _registration(name),
-               "host_threads_on_core": core, "host_core_loop_us": affinity.LAST_CHOICE.get("loop_us"),
-               "host_median_core_loop_us": affinity.LAST_CHOICE.get("median_us")}
+               "host_threads_on_core": core, "host_core_loop_us": first_choice.get("loop_us"),
+               "host_median_core_loop_us": first_choice.get("median_us"),
+               "round_cores": " ".join(str(c) for c, _, _ in chosen),
+               "round_core_loop_us": " ".join(f"{u:.0f}" for _, u, _ in chosen if u is not None)}
         if name not in times:
             rows.append({**row, "error": errors.get(name, "not timed")})
             continue

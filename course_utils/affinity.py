@@ -47,6 +47,8 @@ def pick_core(index: int = 0) -> int:
     return allowed[-1 - int(index) % len(allowed)]
 
 
+#: the cores this process may use, as it started (before any :func:`one_core` block)
+ALLOWED = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 #: the last core :func:`one_core` chose: ``core``, its loop time and the median over the cores it probed (us)
 LAST_CHOICE: dict = {}
 PROBE_ROUNDS = 7   # rounds of :func:`core_speeds` behind a choice: ~0.05 s on 16 cores
@@ -54,8 +56,10 @@ PROBE_ROUNDS = 7   # rounds of :func:`core_speeds` behind a choice: ~0.05 s on 1
 
 def candidate_cores(index: int = 0, of: int = 1) -> list[int]:
     """The allowed cores of process ``index`` of ``of`` on one host: every ``of``-th allowed core from the
-    ``index``-th, so that processes choosing at once never choose the same core, nor time each other's."""
-    allowed = sorted(os.sched_getaffinity(0))
+    ``index``-th, so that processes choosing at once never choose the same core, nor time each other's.
+    Allowed: the cores this process could use when the module was imported (inside a :func:`one_core` block
+    the thread's own mask is one core, and a nested block must still choose among all of them)."""
+    allowed = sorted(ALLOWED) or sorted(os.sched_getaffinity(0))
     mine = [c for i, c in enumerate(allowed) if i % of == index % of]
     return mine or allowed
 

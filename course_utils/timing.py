@@ -182,7 +182,7 @@ def median_round(timings: Iterable[Timing]) -> Timing:
 
 
 def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None = None,
-                errors: dict | None = None, **time_kw) -> dict:
+                errors: dict | None = None, before_round: Callable | None = None, **time_kw) -> dict:
     """Time every implementation once per round for ``rounds`` rounds; keep each one's median round.
 
     ``impls`` maps a key (a name, or a tuple such as ``(impl, "graph")``) to the zero-argument
@@ -194,6 +194,8 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
 
     ``errors``: when a dict, an entry that raises is recorded there (key -> ``"Type: message"``)
     and left out of later rounds and of the result; when None, the exception propagates.
+    ``before_round(i)``: called before round ``i`` (chapter 12's benchmark moves its threads to the fastest
+    core of the moment there: a host's cores change speed over minutes).
     Returns ``{key: Timing}`` in the order of ``impls``.
     """
     if int(rounds) != rounds or rounds < 1:
@@ -208,7 +210,9 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
             raise TypeError(f"time_rounds: {key!r} must be a callable or (callable, timer), got {value!r}")
         plan[key] = (fn, own)
     runs: dict = {key: [] for key in plan}
-    for _ in range(int(rounds)):
+    for i in range(int(rounds)):
+        if before_round is not None:
+            before_round(i)
         for key, (fn, own) in plan.items():
             if key not in runs:
                 continue

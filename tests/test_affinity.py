@@ -90,3 +90,16 @@ def test_one_core_probes_and_pins_to_the_core_it_reports(monkeypatch):
         assert affinity.LAST_CHOICE["core"] == core and affinity.LAST_CHOICE["cores_probed"] == len(allowed)
     with affinity.one_core(probe=False) as core:
         assert core == affinity.pick_core(0)
+
+
+def test_a_nested_block_chooses_among_all_the_allowed_cores(monkeypatch):
+    seen = []
+
+    def speeds(cores, rounds):
+        seen.append(sorted(cores))
+        return {c: 1.0 for c in cores}
+    monkeypatch.setattr(affinity, "core_speeds", speeds)
+    with affinity.one_core():
+        with affinity.one_core() as inner:
+            assert os.sched_getaffinity(0) == {inner}
+    assert seen[0] == seen[1] == sorted(affinity.ALLOWED)

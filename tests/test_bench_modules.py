@@ -40,6 +40,14 @@ def test_time_rounds_interleaves_and_keeps_the_median_round():
     assert tuple(got["a"].columns()) == bench.TIMING_COLUMNS == ("ms", "ms_p20", "ms_p80")
 
 
+def test_time_rounds_calls_before_round_ahead_of_each_round():
+    order = []
+    got = bench.time_rounds({"a": lambda: None, "b": lambda: None}, rounds=2,
+                            timer=lambda fn, **kw: order.append("t") or _fixed(1.0),
+                            before_round=lambda i: order.append(f"round {i}"))
+    assert order == ["round 0", "t", "t", "round 1", "t", "t"] and list(got) == ["a", "b"]
+
+
 def test_time_rounds_even_rounds_take_the_lower_middle_and_entries_may_bring_their_timer():
     ms = iter([4.0, 1.0, 3.0, 2.0])
     got = bench.time_rounds({("k", "wall"): (lambda: None, lambda fn: _fixed(next(ms)))}, rounds=4)
