@@ -55,7 +55,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     """LayerNorm over the last dim (x of any leading dims; weight and bias of x.shape[-1])."""
     if _compiling():
         return torch.ops.course.layer_norm(x, weight, bias, eps)
-    return _norms.LayerNorm.run(x, weight, bias, float(eps))[0]
+    return _norms.LayerNorm.run(x, weight, bias, float(eps))
 
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -63,8 +63,7 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     """``(y, s)`` with ``s = x + residual`` (the new residual stream) and ``y = LayerNorm(s)``."""
     if _compiling():
         return torch.ops.course.add_layer_norm(x, residual, weight, bias, eps)
-    y, s, _, _ = _norms.AddLayerNorm.run(x, residual, weight, bias, float(eps))
-    return y, s
+    return _norms.AddLayerNorm.run(x, residual, weight, bias, float(eps))
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -72,7 +71,7 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     x, weight, bias = _lib.cast(_lib.autocast_dtype(x.device.type), x, weight, bias)
     if _compiling():
         return torch.ops.course.linear_gelu(x, weight, bias)
-    return _linear.LinearGelu.run(x, weight, bias)[0]
+    return _linear.LinearGelu.run(x, weight, bias)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -84,7 +83,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     q, k, v = _lib.cast(_lib.autocast_dtype(q.device.type), q, k, v)
     if _compiling():
         return torch.ops.course.attention(q, k, v, bool(causal), scale)
-    return _attention.Attention.run(q, k, v, bool(causal), scale)[0]
+    return _attention.Attention.run(q, k, v, bool(causal), scale)
 
 
 def attention_qkv(qkv: torch.Tensor, n_head: int, causal: bool = False, scale: float | None = None) -> torch.Tensor:
@@ -95,14 +94,14 @@ def attention_qkv(qkv: torch.Tensor, n_head: int, causal: bool = False, scale: f
     (qkv,) = _lib.cast(_lib.autocast_dtype(qkv.device.type), qkv)
     if _compiling():
         return torch.ops.course.attention_qkv(qkv, int(n_head), bool(causal), scale)
-    return _attention.AttentionQKV.run(qkv, int(n_head), bool(causal), scale)[0]
+    return _attention.AttentionQKV.run(qkv, int(n_head), bool(causal), scale)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The mean over rows of -log softmax(logits)[target] (float32 scalar); logits (rows, vocab)."""
     if _compiling():
         return torch.ops.course.cross_entropy(logits, targets)
-    return _loss.CrossEntropy.run(logits, targets)[0]
+    return _loss.CrossEntropy.run(logits, targets)
 
 
 def bias_gelu_dropout(x: torch.Tensor, bias: torch.Tensor, p: float, seed_tensor: torch.Tensor) -> torch.Tensor:

@@ -164,14 +164,23 @@ def autograd(op, setup: Callable, backward: Callable, bwd_op) -> None:
     torch.library.register_autograd(op, backward, setup_context=setup_context)
 
 
-def fast_function(name: str, impl: Callable, setup: Callable, backward: Callable, bwd_impl: Callable):
-    """An ``autograd.Function`` over the same functions as the registered op (the eager fast path)."""
+def fast_function(name: str, impl: Callable, setup: Callable, backward: Callable, bwd_impl: Callable,
+                  public: int | None = 1):
+    """An ``autograd.Function`` over the same functions as the registered op (the eager fast path).
+
+    ``public``: how many of ``impl``'s outputs the call returns (the op's documented result); the others
+    (statistics, log-sum-exps: what the backward reads) are saved for the backward, not returned, so
+    autograd wraps and tracks only what the caller gets (chapter 12: host time is speed). None: ``impl``
+    returns one tensor, returned as it is."""
+    def public_of(out):
+        return out if public is None else out[0] if public == 1 else out[:public]
+
     def forward(ctx, *args):
-        ctx.set_materialize_grads(False)   # an output nothing reads (statistics, lse) gets None, not a zeros kernel
+        ctx.set_materialize_grads(False)   # an output nothing reads gets None, not a zeros kernel
         out = impl(*args)
         setup(ctx, args, out)
         ctx.bwd = bwd_impl
-        return out
+        return public_of(out)
 
     cls = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward),
@@ -185,7 +194,7 @@ def fast_function(name: str, impl: Callable, setup: Callable, backward: Callable
             for a in args:
                 if isinstance(a, torch.Tensor) and a.requires_grad:
                     return cls.apply(*args)
-        return impl(*args)
+        return public_of(impl(*args))
 
     cls.run = staticmethod(run)
     return cls

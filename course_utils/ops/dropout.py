@@ -50,4 +50,4 @@ BWD = _lib.kernel_op("bias_gelu_dropout_bwd", "(Tensor dy, Tensor x, Tensor bias
 _lib.autograd(FWD, _setup, _backward, BWD)
 torch.library.register_autocast("course::bias_gelu_dropout", "cuda", torch.bfloat16)
 BiasGeluDropout = _lib.fast_function("BiasGeluDropout", bias_gelu_dropout_fwd, _setup, _backward,
-                                     bias_gelu_dropout_bwd)
+                                     bias_gelu_dropout_bwd, public=None)

@@ -85,4 +85,4 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     h, weight = _lib.cast(_lib.autocast_dtype(h.device.type), h, weight)   # traced too: a custom op has no autocast
     if torch.compiler.is_compiling():
         return torch.ops.course.linear_cross_entropy(h, weight, targets, ignore_index)
-    return LinearCrossEntropy.run(h, weight, targets, int(ignore_index))[0]
+    return LinearCrossEntropy.run(h, weight, targets, int(ignore_index))

@@ -203,8 +203,7 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
         dy, dys = A.rows_of(dy, n), n
     if ds is not None and dss is None:
         ds, dss = A.rows_of(ds, n), n
-    dw = s.new_empty((p["grid"], n), dtype=torch.float32)
-    db = s.new_empty((p["grid"], n), dtype=torch.float32)
+    dw, db = s.new_empty((2, p["grid"], n), dtype=torch.float32).unbind(0)   # the partial rows, one allocation
     _lib.launch(A.add_layer_norm_bwd_kernel, "aln_bwd", (p["grid"],),
                 (dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
                  dys if ds is None else dss, p["per_program"]),
@@ -243,4 +242,5 @@ _lib.autograd(ALN_FWD, _aln_setup, _aln_backward, ALN_BWD)
 _lib.public_op("add_layer_norm", "(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> "
                "(Tensor, Tensor)",
                lambda x, r, w, b, eps: tuple(torch.ops.course.add_layer_norm_fwd(x, r, w, b, eps)[:2]))
-AddLayerNorm = _lib.fast_function("AddLayerNorm", add_layer_norm_fwd, _aln_setup, _aln_backward, add_layer_norm_bwd)
+AddLayerNorm = _lib.fast_function("AddLayerNorm", add_layer_norm_fwd, _aln_setup, _aln_backward, add_layer_norm_bwd,
+                                  public=2)
