@@ -203,7 +203,8 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
         dy, dys = A.rows_of(dy, n), n
     if ds is not None and dss is None:
         ds, dss = A.rows_of(ds, n), n
-    dw, db = s.new_empty((2, p["grid"], n), dtype=torch.float32).unbind(0)   # the partial rows, one allocation
+    dw = s.new_empty((p["grid"], n), dtype=torch.float32)
+    db = s.new_empty((p["grid"], n), dtype=torch.float32)
     _lib.launch(A.add_layer_norm_bwd_kernel, "aln_bwd", (p["grid"],),
                 (dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
                  dys if ds is None else dss, p["per_program"]),

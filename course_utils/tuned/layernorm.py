@@ -146,11 +146,8 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
     if p.version in ("tiles", "row", "split"):
         slices = triton.cdiv(n_cols, p.BLOCK_N) if p.version == "split" else 1
         shape = (n_cols,) if atomic else (p.grid // slices, n_cols)
-        if atomic or rms:
-            dw = (torch.zeros if atomic else torch.empty)(shape, dtype=torch.float32, device=dev)
-            db = dw if rms else torch.zeros_like(dw)
-        else:   # the two partial buffers in one allocation (host time: one call fewer)
-            dw, db = torch.empty((2, *shape), dtype=torch.float32, device=dev).unbind(0)
+        dw = (torch.zeros if atomic else torch.empty)(shape, dtype=torch.float32, device=dev)
+        db = dw if rms else (torch.zeros_like(dw) if atomic else torch.empty_like(dw))
         args = (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols, *strides, p.rows_per_program)
         if p.version == "row":
             launch(norm_bwd_row_kernel, "norm_bwd_row", (p.grid,), args,
