@@ -469,7 +469,7 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
             if step == timed:   # the timed steps are done: the profiled ones follow
                 prof = pinned.enter_context(_profiler(device))
             first = step < 2   # the first steps compile the course's kernels
-            dog.step(f"DDP step {step + 1}/{steps + DDP_WARMUP}", sync=False, allow=5.0 if first else 1.0)
+            dog.step(f"DDP step {step + 1}/{timed + profile_steps}", sync=False, allow=5.0 if first else 1.0)
             x, y = (t[rank * per_gpu_batch:(rank + 1) * per_gpu_batch].to(device) for t in (x, y))
             if device.type == "cuda":
                 torch.cuda.synchronize()
