@@ -105,14 +105,15 @@ def one_core(index: int = 0, of: int = 1, *, probe: bool = True):
 
 
 def core_speeds(cores=None, rounds: int = 15, loop: int = 20_000) -> dict[int, float]:
-    """Median seconds that this thread takes for a fixed Python loop on each core (``cores``: the allowed ones),
+    """Median seconds that this thread takes for a fixed Python loop on each core (``cores``: the ones the process
+    started with, :data:`ALLOWED`, also inside a :func:`one_core` block),
     the cores visited in turn ``rounds`` times so that a burst of load elsewhere hits them alike: on a
     virtual machine a core shared with a busy neighbour shows here as a slow one. The thread's mask is
     put back after. Empty where the system has no thread affinity."""
     if not supported():
         return {}
     mask = os.sched_getaffinity(0)
-    cores = sorted(mask if cores is None else cores)
+    cores = sorted((ALLOWED or mask) if cores is None else cores)
     times: dict[int, list[float]] = {c: [] for c in cores}
     try:
         for _ in range(rounds):

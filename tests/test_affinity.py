@@ -104,3 +104,8 @@ def test_a_nested_block_chooses_among_all_the_allowed_cores(monkeypatch):
         with affinity.one_core() as inner:
             assert os.sched_getaffinity(0) == {inner}
     assert seen[0] == seen[1] == sorted(affinity.ALLOWED)
+
+
+def test_core_speeds_inside_a_pinned_block_still_times_every_core_the_process_started_with():
+    with affinity.one_core(probe=False):
+        assert set(affinity.core_speeds(rounds=1, loop=10)) == set(affinity.ALLOWED)
