@@ -107,25 +107,33 @@ class HandStep:
     @torch.no_grad()
     def backward(self, idx: torch.Tensor, dh: torch.Tensor, dwte: torch.Tensor, ctx: dict) -> None:
         """Every parameter's gradient into its ``.grad``, the layers in reverse order."""
+        for prm, g in self.gradients(idx, dh, dwte, ctx):
+            prm.grad = g
+
+    @torch.no_grad()
+    def gradients(self, idx: torch.Tensor, dh: torch.Tensor, dwte: torch.Tensor, ctx: dict) -> list:
+        """``[(parameter, gradient), ...]`` for every parameter, computed the layers in reverse order."""
         m = self.model
         Nm, A, L, C = self.kernels
+        out = []
         dres = None                                   # the residual stream's gradient (None: nothing yet)
         for i in reversed(range(len(m.blocks))):
             nxt = m.blocks[i + 1].ln1 if i + 1 < len(m.blocks) else m.ln_f
             params = params_of(m.blocks[i], nxt)
             dh, dres, grads = block_backward((Nm, A, L), dh, dres, ctx["blocks"][i], params, self.n_head,
                                              self.scale)
-            for prm, g in zip(params, grads):
-                prm.grad = g
+            out += zip(params, grads)
         first = m.blocks[0].ln1
-        dx, first.weight.grad, first.bias.grad = Nm.layer_norm_bwd(dh.to(self.residual), ctx["x0"], first.weight,
-                                                                   ctx["mean0"], ctx["rstd0"])
+        dx, dw, db = Nm.layer_norm_bwd(dh.to(self.residual), ctx["x0"], first.weight, ctx["mean0"], ctx["rstd0"])
+        out += [(first.weight, dw), (first.bias, db)]
         dx += dres                                    # x0 feeds the first LayerNorm and the residual stream
         dx = dx.to(self.compute)                      # the embeddings' sum was cast to the stream's dtype
         V, P = m.wte.weight.shape[0], m.wpe.weight.shape[0]
         dwte += torch.ops.aten.embedding_dense_backward(dx, idx, V, _NO_PADDING, False)
-        m.wte.weight.grad = dwte                      # the tied head's gradient plus the embedding's
-        m.wpe.weight.grad = torch.ops.aten.embedding_dense_backward(dx.sum(0), ctx["pos"], P, _NO_PADDING, False)
+        out.append((m.wte.weight, dwte))              # the tied head's gradient plus the embedding's
+        out.append((m.wpe.weight, torch.ops.aten.embedding_dense_backward(dx.sum(0), ctx["pos"], P, _NO_PADDING,
+                                                                          False)))
+        return out
 
     def _grads(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss; every parameter's gradient in its ``.grad`` (forward, then backward)."""
@@ -138,6 +146,48 @@ class HandStep:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return loss
+
+
+class ModelFunction(torch.autograd.Function):
+    """The whole GPT, embeddings to loss, as ONE autograd node: :class:`HandStep`'s forward and backward behind
+    autograd's interface. ``loss.backward()`` then walks one node (and one ``AccumulateGrad`` a parameter)
+    where the model of one node a block records a node a block and an op-by-op model hundreds."""
+
+    @staticmethod
+    def forward(ctx, hand: HandStep, idx, targets, *params):
+        loss, dh, dwte, saved = hand.forward(idx, targets)
+        ctx.hand, ctx.idx, ctx.saved = hand, idx, saved   # activations: kept on ctx, dropped after the backward
+        ctx.save_for_backward(dh, dwte)
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        from .tuned.linear_cross_entropy import linear_cross_entropy_backward
+        if ctx.saved is None:
+            raise RuntimeError("ModelFunction's backward ran twice: its activations are freed after the first "
+                               "(call loss.backward() once a forward)")
+        dh, dwte = linear_cross_entropy_backward(dloss, *ctx.saved_tensors)   # times the loss's own gradient
+        grads = dict((id(p), g) for p, g in ctx.hand.gradients(ctx.idx, dh, dwte, ctx.saved))
+        ctx.saved = None
+        return (None, None, None, *(grads[id(p)] for p in ctx.hand.params))
+
+
+class OneNode(torch.nn.Module):
+    """``model`` (a :class:`course_utils.gpt.GPT` that :class:`HandStep` supports) called as one autograd node
+    (:class:`ModelFunction`): ``_, loss = OneNode(model)(idx, targets)``, as the model itself is called to
+    train, so :func:`course_utils.gpt.train_step` takes it. The parameters are the model's."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.hand = HandStep(model, opt=None)
+        self.hand.params = tuple(model.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor):
+        if targets is None or not torch.is_grad_enabled():
+            raise ValueError("OneNode trains: call it with targets and gradients enabled (the model itself "
+                             "serves inference)")
+        return None, ModelFunction.apply(self.hand, idx, targets, *self.hand.params)
 
 
 def grads_match(model, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:

@@ -110,3 +110,67 @@ def test_the_compiled_step_by_hand_trains_as_the_eager_one():
         x, y = _batch(a.cfg, seed=seed)
         la, lb = eager(x, y), compiled(x, y)
         assert torch.allclose(la, lb, rtol=loss_tol, atol=0), (seed, la.item(), lb.item())
+
+
+# --------------------------------------------------------------------------- the whole model as one autograd node
+
+
+def _hand_grads(m, x, y):
+    hand = step.HandStep(m, opt=None)
+    loss, dh, dwte, ctx = hand.forward(x, y)
+    return loss, {id(p): g for p, g in hand.gradients(x, dh, dwte, ctx)}
+
+
+def test_one_node_the_model_gives_the_step_by_hands_loss_and_gradients_bit_for_bit():
+    m = _model()
+    x, y = _batch(m.cfg)
+    loss_h, grads_h = _hand_grads(m, x, y)
+    one = step.OneNode(m)
+    _, loss = one(x, y)
+    assert loss.grad_fn is not None and type(loss.grad_fn).__name__ == "ModelFunctionBackward"
+    loss.backward()
+    assert torch.equal(loss.detach(), loss_h)
+    for n, p in m.named_parameters():
+        assert p.grad is not None and torch.equal(p.grad, grads_h[id(p)]), n
+
+
+def test_one_node_scales_by_the_losss_own_gradient():
+    """(3 * loss).backward(): every gradient three times the plain loss's (the node reads its incoming
+    gradient; a node that assumed 1 would pass the test above and fail this one)."""
+    m = _model()
+    tol = TOL[next(m.parameters()).dtype]
+    x, y = _batch(m.cfg)
+    _, grads_h = _hand_grads(m, x, y)
+    _, loss = step.OneNode(m)(x, y)
+    (3 * loss).backward()
+    for n, p in m.named_parameters():
+        want = 3 * grads_h[id(p)].float()
+        err = (p.grad.float() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+        assert err <= tol, f"{n}: {err:.2e}"
+
+
+def test_one_node_trains_as_the_autograd_step_does():
+    """Three steps of gpt.train_step on OneNode and on the model of one node a block: the same losses."""
+    a = _model()
+    b = copy.deepcopy(a).use("course-blocks")
+    x, y = _batch(a.cfg)
+    one, oa, ob = step.OneNode(a), gpt.optimizer(a), gpt.optimizer(b)
+    for _ in range(3):
+        la = gpt.train_step(one, oa, x, y)
+        lb = gpt.train_step(b, ob, x, y)
+        torch.testing.assert_close(la, lb, rtol=TOL[next(a.parameters()).dtype], atol=0)
+    assert all(p.grad is None for p in a.parameters())   # train_step's zero_grad(set_to_none=True)
+
+
+def test_one_node_refuses_a_second_backward_and_inference_clearly():
+    m = _model()
+    x, y = _batch(m.cfg)
+    one = step.OneNode(m)
+    _, loss = one(x, y)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+    with pytest.raises(ValueError, match="OneNode trains"):
+        one(x, None)
+    with torch.no_grad(), pytest.raises(ValueError, match="OneNode trains"):
+        one(x, y)
