@@ -132,6 +132,19 @@ def _batch(cfg, data, seed: int = 7, batch: int = BATCH):
     return x.cuda(), y.cuda()
 
 
+def round_args(rounds: int):
+    """``(args, cfg, batch)`` of a GPU check that times chapter 12's steps in rounds (tools/gpu_checks):
+    ``--config`` (a key of :data:`CONFIGS`), ``--rounds`` (default ``rounds``) and ``--steps`` a round."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=HEADLINE, choices=sorted(CONFIGS))
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    cfg, batch, _ = CONFIGS[a.config]
+    return a, cfg, batch
+
+
 def build(name: str, cfg, data, warmup: int = 3, batch: int = BATCH):
     """The zero-argument step of version ``name``, warmed up (compiled, tiles chosen, graph captured)."""
     ops, how = IMPLS[name]

@@ -15,7 +15,6 @@ Prints ms a step per version (median, min, max over the rounds) and GPU-busy ms 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import time
@@ -53,12 +52,7 @@ def build(cfg, data, batch: int) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="gpt2-b8")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=10)
-    a = ap.parse_args()
-    cfg, batch, _ = T.CONFIGS[a.config]
+    a, cfg, batch = T.round_args(rounds=7)
     steps = build(cfg, gpt.tokens(), batch)
     times = {n: [] for n in steps}
     for r in range(a.rounds):

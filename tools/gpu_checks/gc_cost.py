@@ -19,7 +19,6 @@ generation and the milliseconds they took (``gc.callbacks``), and the objects th
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time
@@ -69,12 +68,7 @@ def timed(step, steps: int, setting: str, clock: GcClock) -> tuple[float, float,
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="gpt2-b8")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=10)
-    a = ap.parse_args()
-    cfg, batch, _ = T.CONFIGS[a.config]
+    a, cfg, batch = T.round_args(rounds=5)
     data = gpt.tokens()
     steps = {}
     for name in VERSIONS:
