@@ -188,7 +188,7 @@ def test_untouched_exercise_raises_not_implemented():
 # on the store, 4 x_hat without the mean subtracted, 5 a tile's rows masked with rows < n_rows instead of the
 # run's end (the last tile of a run counts rows of the next run again), 6 program 0 sums every row and the
 # others store 0 (the sum of the partial rows is right), 7 mean and rstd loaded without the row mask, 8 the
-# accumulators in the input's dtype, 9 dy's rows found with x_row_stride.
+# accumulators in the input's dtype, 9 dy's rows found with x_row_stride, 10 x's rows found with dy_row_stride.
 
 
 @triton.jit
@@ -208,7 +208,8 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < (n_rows if MODE == 5 else end)
         mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x_stride = dy_row_stride if MODE == 10 else x_row_stride
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy_stride = x_row_stride if MODE == 9 else dy_row_stride
         dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if MODE == 7:
@@ -259,14 +260,27 @@ def test_dw_db_check_refuses_the_answer_key(kernel):
     (1, "wrong axis"),
     (2, "every partial row holds the dw sum of ALL rows"),
     (3, "outside its buffer"),
-    (4, "differ"),
+    (4, "subtracts the row's mean first"),
     (5, "rows < end"),
     (6, "partial row 0 \\(the others 0\\) holds the dw sum of ALL rows"),
-    (7, "outside its inputs|differ" if cu.on_gpu() else "outside its inputs"),  # GPU: the guard NaN reaches dw
+    (7, "loaded them past n_rows" if cu.on_gpu() else "outside its inputs"),  # GPU: the NaN after mean reaches dw
     (8, "accumulated \\(or rounded\\) in the input's dtype"),
-    (9, "differ" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
+    (9, "dy read with x's row stride" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
+    (10, "x read with dy's row stride" if cu.on_gpu() else "rows of x \\d+ elements apart, the value of dy_row_stride"),
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_dw_db_kernel(_dw_mode(mode))
+
+
+@pytest.mark.parametrize("mode, words", [(9, "dy read with x's row stride"), (10, "x read with dy's row stride"),
+                                         (4, "subtracts the row's mean first"), (7, "loaded them past n_rows")])
+def test_dw_db_faults_are_named_from_the_output_alone(mode, words, monkeypatch):
+    """With the load records switched off (as on a GPU), the partial rows themselves name the fault."""
+    import contextlib
+
+    from course_utils.checkers import loads
+    monkeypatch.setattr(check, "track_loads", lambda: contextlib.nullcontext(loads.Loads()))
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_dw_db_kernel(_dw_mode(mode))
 

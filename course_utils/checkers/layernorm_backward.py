@@ -69,6 +69,45 @@ def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype=torch.fl
     return ""
 
 
+def _dw_stride_hint(got, what, x, dy, mean, rstd, bounds) -> str:
+    """The partial rows one tensor's rows read with the other's row stride give, compared on the runs that stay
+    inside that tensor's memory: a stride mix-up named from the output alone (a GPU check records no loads)."""
+    if x.stride(0) == dy.stride(0):
+        return ""
+    x64, dy64 = x.to("cpu", torch.float64), dy.to("cpu", torch.float64)
+    mean64, rstd64 = mean.to("cpu", torch.float64)[:, None], rstd.to("cpu", torch.float64)[:, None]
+    for name, other, stride in (("dy", "x", x.stride(0)), ("x", "dy", dy.stride(0)))[:2 if what == "dw" else 1]:
+        read = _read_with_stride(dy if name == "dy" else x, stride)   # db reads no x
+        k = read.shape[0]
+        xs, dys = (x64[:k], read) if name == "dy" else (read, dy64[:k])
+        v = dys * (xs - mean64[:k]) * rstd64[:k] if what == "dw" else dys
+        inside = [p for p, (_, end) in enumerate(bounds) if end <= k and end - bounds[p][0] > 1]
+        if not inside or not bool(torch.isfinite(got[inside]).all()):
+            continue
+        want = _run_sums(v, [bounds[p] for p in inside])
+        if torch.allclose(got[inside], want, rtol=1e-3, atol=1e-3 * float(want.abs().max().clamp_min(1.0))):
+            return (f"the partial {what} rows are what {name} read with {other}'s row stride gives ({stride} elements "
+                    f"between rows, not {name}_row_stride): each tensor has its own row stride.")
+    return ""
+
+
+NAN_STATS_HINT = ("a NaN reached your sums. The check puts NaN right after mean and rstd in memory, so the likely "
+                  "cause is a tile that loaded them past n_rows: load the statistics with the tile's row mask "
+                  "(mask=rows < end, other=0.0), as x and dy.")
+
+
+def _dw_input_hint(got, what, x64, dy64, rstd64, bounds) -> str:
+    """x_hat without the mean, or NaN from the statistics read past their end (the check puts NaN there)."""
+    if not bool(torch.isfinite(got).all()):
+        return NAN_STATS_HINT if bool(torch.isnan(got).any()) else ""
+    if what != "dw":
+        return ""
+    want = _run_sums(dy64 * x64 * rstd64[:, None], bounds)
+    if torch.allclose(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max().clamp_min(1.0))):
+        return "dw matches sum(dy * x * rstd): x_hat = (x - mean) * rstd subtracts the row's mean first."
+    return ""
+
+
 def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
     case = (f"dw/db reduction ({str(dtype).removeprefix('torch.')}, {n_rows} rows x {n_cols} cols, BLOCK_M={block_m}, "
             f"BLOCK_N={block_n}, rows_per_program={rows_per_program})")
@@ -94,7 +133,9 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
     bounds = [(s, min(s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]
     for got, v, what in ((dw.tensor, dy64 * x_hat, "dw"), (db.tensor, dy64, "db")):
         got, want = got.to("cpu", torch.float64), _run_sums(v, bounds)
-        hint = _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype) or DW_HINT
+        hint = (_dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype)
+                or _dw_stride_hint(got, what, x, dy, mean, rstd, bounds)
+                or _dw_input_hint(got, what, x64, dy64, rstd.cpu().double(), bounds) or DW_HINT)
         if _in_dtype(got, dtype):   # a 16-bit accumulator can stay inside the tolerance: refused as such
             raise check.CheckFailure(f"{case}: {hint}")
         atol = 1e-4 * rows_per_program ** 0.5 * float(want.abs().max().clamp_min(1.0))

@@ -32,6 +32,17 @@ def sampler(path: str) -> subprocess.Popen:
                              "--format=csv,noheader,nounits", f"-lms={SAMPLE_MS}", f"--filename={path}"])
 
 
+def card_limits() -> str:
+    """The card's power limit and SM clock ceiling as nvidia-smi reports them (what "at the limit" is held to)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=power.limit,clocks.max.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()[0]
+        limit_w, max_mhz = (float(v) for v in out.split(","))
+    except (OSError, IndexError, subprocess.SubprocessError, ValueError):
+        return "power limit not read"
+    return f"power limit {limit_w:.0f} W, SM clock at most {max_mhz:.0f} MHz"
+
+
 def run(pattern: str, seconds: float, x, w, b):
     """(GEMM ms per call, GELU ms per call or None, wall start, wall end) of ``pattern`` for ``seconds``."""
     gemm = []
@@ -101,7 +112,7 @@ def main():
         time.sleep(0.3)
         smi.terminate()
         smi.wait()
-    print(f"{torch.cuda.get_device_name()}, {M} x {K} x {N} bf16; nvidia-smi every {SAMPLE_MS} ms")
+    print(f"{torch.cuda.get_device_name()}, {M} x {K} x {N} bf16; nvidia-smi every {SAMPLE_MS} ms; {card_limits()}")
     print(f"{'pattern':30s} {'GEMM ms':>8s} {'GELU ms':>8s} {'SM MHz':>7s} {'power W':>8s} {'samples':>7s}")
     for name, gm, gl, t0, t1 in rows:
         mhz, watts, n = clocks(path, t0, t1)
