@@ -1,6 +1,7 @@
 import course_utils  # noqa: F401, I001  (chooses the mode, and sets TRITON_INTERPRET before any kernel exists)
 
 import itertools  # noqa: E402
+import os  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -76,3 +77,16 @@ def pytest_collection_modifyitems(config, items):
     workers = getattr(config, "workerinput", {}).get("workercount")  # set in pytest-xdist's workers only
     if workers and course_utils.env.on_gpu():
         items[:] = heavy_first(items, int(workers))
+
+
+# COURSE_TEST_TIMES=<file>: the seconds of each phase of each test (setup, call, teardown) appended to <file>
+# as it ends, one "seconds<TAB>phase<TAB>node id" line, by every xdist worker: a run stopped by a time limit
+# still leaves what it timed (pytest's --durations prints only at the end). tools/test_times.py sums it.
+_TIMES = os.environ.get("COURSE_TEST_TIMES")
+
+
+def pytest_runtest_logreport(report):
+    # under xdist the controller gets every worker's report again (with .node set): the worker wrote it
+    if _TIMES and getattr(report, "node", None) is None:
+        with open(_TIMES, "a") as f:   # one short line a write: workers' lines do not interleave
+            f.write(f"{report.duration:.3f}\t{report.when}\t{report.nodeid}\n")
