@@ -218,6 +218,21 @@ def test_host_overhead_table_has_every_op():
     assert (table[["course_us", "aten_us"]] > 0).all().all() and (table["torch_ops_us"][:-1] > 0).all()
 
 
+def test_the_host_table_times_its_calls_in_turn_and_keeps_medians(monkeypatch):
+    """A host slow for the first three timings (the first round): interleaved, every function keeps the fast
+    median; timed one after another, the first would have taken the whole slow spell."""
+    from course_utils.ops import overhead as O
+    order = []
+
+    def fake(fn, n_calls, sync):
+        order.append(fn)
+        return 100.0 if len(order) <= 3 else 10.0
+    monkeypatch.setattr(O, "_per_call_us", fake)
+    a, b, c = (lambda: None), (lambda: None), (lambda: None)
+    assert O._interleaved_us([a, b, c], 50, None, rounds=5) == [10.0, 10.0, 10.0]
+    assert order == [a, b, c] * 5
+
+
 @pytest.mark.parametrize("call,err,match", [
     (lambda: ops.layer_norm(torch.randn(3, 4), torch.ones(5), torch.ones(5)), ValueError, "weight must be"),
     (lambda: ops.add_layer_norm(torch.randn(3, 4), torch.randn(3, 5), torch.ones(4), torch.ones(4)), ValueError,

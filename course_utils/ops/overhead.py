@@ -14,6 +14,7 @@ Its last row is the floor: one launch of a one-element Triton kernel against one
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -157,6 +158,23 @@ def _per_call_us(fn, n_calls: int, sync) -> float:
     return host / n_calls * 1e6
 
 
+#: interleaved rounds a row of :func:`host_overhead_table`: a lent host's cores slow down and speed up over
+#: seconds (chapter 12, section 9), so the course's call, the registered op and aten's are timed in turn,
+#: round after round, and each keeps its median: a slow spell falls on all three, not on whichever ran then
+ROUNDS = 5
+
+
+def _interleaved_us(fns, n_calls: int, sync, rounds: int = ROUNDS) -> list[float]:
+    """Per function, the median over ``rounds`` of its host us per call (``n_calls // rounds`` calls a round),
+    the functions timed one after another within each round."""
+    per = max(1, n_calls // rounds)
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(_per_call_us(fn, per, sync))
+    return [statistics.median(t) for t in times]
+
+
 def _with_backward(fn):
     """``fn`` then the backward of its outputs (gradients of ones, made once): a training step's call."""
     grads = {}
@@ -175,8 +193,9 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
     """A ``pandas.DataFrame``, one row per op: host microseconds per call from Python of the course's
     wrapper, of ``torch.ops.course.<op>`` and of the aten counterpart (the same outputs), forward alone
     (``*_us``) and forward + backward through autograd (``*_fwd_bwd_us``), on tiny shapes (launch-bound:
-    the loop's time is the host's). ``course_over_aten`` is the larger of the two ratios. On the
-    interpreter the numbers are the interpreter's run time, not launch overhead: run it on a GPU."""
+    the loop's time is the host's), the three timed in turn over :data:`ROUNDS` rounds, medians kept.
+    ``course_over_aten`` is the larger of the two ratios. On the interpreter the numbers are the
+    interpreter's run time, not launch overhead: run it on a GPU."""
     import pandas as pd
 
     import course_utils.ops as ops
@@ -189,9 +208,9 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
         seed = torch.zeros(1, dtype=torch.int64, device=device)
         calls = [dict(_block_calls(t, ops, seed)), dict(_block_calls(t, _Dispatcher, seed)), _aten_calls(t)]
         for i, name in enumerate(calls[0]):
-            fns = [c[name] for c in calls]
+            fns = [_with_backward(c[name]) if grad else c[name] for c in calls]
             with torch.set_grad_enabled(grad):
-                us = [_per_call_us(_with_backward(f) if grad else f, n_calls, sync) for f in fns]
+                us = _interleaved_us(fns, n_calls, sync)
             cols = ("course_fwd_bwd_us", "torch_ops_fwd_bwd_us", "aten_fwd_bwd_us") if grad else \
                 ("course_us", "torch_ops_us", "aten_us")
             if not grad:
@@ -201,8 +220,7 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
         r["course_over_aten"] = max(r["course_us"] / r["aten_us"], r["course_fwd_bwd_us"] / r["aten_fwd_bwd_us"])
     with torch.no_grad():
         one = torch.zeros(1, device=device)
-        c = _per_call_us(lambda: touch_kernel[(1,)](one), n_calls, sync)
-        a = _per_call_us(lambda: one.add_(1.0), n_calls, sync)
+        c, a = _interleaved_us([lambda: touch_kernel[(1,)](one), lambda: one.add_(1.0)], n_calls, sync)
     rows.append({"op": "(one launch: touch_kernel / add_)", "course_us": c, "torch_ops_us": float("nan"),
                  "aten_us": a, "course_over_aten": c / a})
     return pd.DataFrame(rows)
