@@ -7,8 +7,9 @@ at batch 8, kept for continuity and not judged; ``COURSE_TRAINING_CONFIGS`` (key
 comma-separated) runs a subset, whose rows replace that subset's rows in the recorded ``training.csv``
 (each row keeps its own date). The torch versions follow nanoGPT: float32 weights under bf16 autocast,
 torch's fused AdamW. The course's version follows llm.c: bf16 weights, float32 masters and moments in
-the course's one-launch AdamW. Thirteen ways to run the same step (:data:`IMPLS`; ``course`` records one
-autograd node a block (:mod:`course_utils.ops.block`), ``course, one autograd node an op`` one a kernel op;
+the course's one-launch AdamW. Fourteen ways to run the same step (:data:`IMPLS`; ``course`` records one
+autograd node a block (:mod:`course_utils.ops.block`), ``course, one autograd node an op`` one a kernel op,
+``course, one autograd node the model`` one for the whole model (:class:`course_utils.step.OneNode`);
 ``..., backward on the calling thread`` runs the backward on the thread that calls it instead of the autograd
 engine's GPU worker thread, PyTorch's default; ``course, step by hand``
 calls the course's forward and backward functions without the autograd engine, llm.c's way:
@@ -71,6 +72,7 @@ IMPLS = {
     "course": ("course-blocks", "python"),
     "course, backward on the calling thread": ("course-blocks", "python-1thread"),
     "course, one autograd node an op": ("course", "python"),
+    "course, one autograd node the model": ("course", "python-model"),
     "course, step by hand": ("course", "hand"),
     "course, step by hand + torch.compile": ("course", "hand-compile"),
     "course + torch.compile": ("course", "compile"),
@@ -166,6 +168,9 @@ def build(name: str, cfg, data, warmup: int = 3, batch: int = BATCH):
         return hand_step
     mode = {"compile": "default", "reduce-overhead": "reduce-overhead"}.get(how)
     run = model if mode is None else torch.compile(model, fullgraph=True, mode=mode)
+    if how == "python-model":   # the step by hand behind autograd's interface (course_utils.step.OneNode)
+        from course_utils.step import OneNode
+        run = OneNode(model)
     # "python-1thread": the backward on this thread, not on the autograd engine's GPU worker (chapter 12)
     engine_threads = how != "python-1thread"
 

@@ -26,14 +26,15 @@ from course_utils import affinity, gpt, profile
 from course_utils.step import OneNode
 
 
-def _one_node(cfg, data, batch: int, threads: bool):
+def _one_node_calling_thread(cfg, data, batch: int):
+    """The benchmark's ``course, one autograd node the model`` with the backward on the calling thread."""
     model = T._model(cfg, "course")
     opt = gpt.optimizer(model)
     one = OneNode(model)
     x, y = T._batch(cfg, data, batch=batch)
 
     def step():
-        with torch.autograd.set_multithreading_enabled(threads):
+        with torch.autograd.set_multithreading_enabled(False):
             return gpt.train_step(one, opt, x, y)
     for _ in range(3):
         step()
@@ -45,8 +46,8 @@ def build(cfg, data, batch: int) -> dict:
              "one node a block": T.build("course", cfg, data, batch=batch),
              "one node a block, calling thread": T.build("course, backward on the calling thread", cfg, data,
                                                          batch=batch),
-             "one node the model": _one_node(cfg, data, batch, threads=True),
-             "one node the model, calling thread": _one_node(cfg, data, batch, threads=False),
+             "one node the model": T.build("course, one autograd node the model", cfg, data, batch=batch),
+             "one node the model, calling thread": _one_node_calling_thread(cfg, data, batch),
              "torch.compile": T.build("torch.compile", cfg, data, batch=batch)}
     return steps
 
