@@ -32,6 +32,7 @@ than :data:`LOSS_TOLERANCE`: that batch replayed through both versions, each lay
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import datetime
@@ -137,7 +138,6 @@ def _batch(cfg, data, seed: int = 7, batch: int = BATCH):
 def round_args(rounds: int):
     """``(args, cfg, batch)`` of a GPU check that times chapter 12's steps in rounds (tools/gpu_checks):
     ``--config`` (a key of :data:`CONFIGS`), ``--rounds`` (default ``rounds``) and ``--steps`` a round."""
-    import argparse
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=HEADLINE, choices=sorted(CONFIGS))
     ap.add_argument("--rounds", type=int, default=rounds)

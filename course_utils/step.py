@@ -167,7 +167,7 @@ class ModelFunction(torch.autograd.Function):
             raise RuntimeError("ModelFunction's backward ran twice: its activations are freed after the first "
                                "(call loss.backward() once a forward)")
         dh, dwte = linear_cross_entropy_backward(dloss, *ctx.saved_tensors)   # times the loss's own gradient
-        grads = dict((id(p), g) for p, g in ctx.hand.gradients(ctx.idx, dh, dwte, ctx.saved))
+        grads = {id(p): g for p, g in ctx.hand.gradients(ctx.idx, dh, dwte, ctx.saved)}
         ctx.saved = None
         return (None, None, None, *(grads[id(p)] for p in ctx.hand.params))
 
