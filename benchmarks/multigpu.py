@@ -502,9 +502,15 @@ def rank_tables(df: pd.DataFrame, world: int, rank: int):
     """(steps, profiles): every rank's own timed steps (its host's time to issue each, the core it ran on and
     that core's loop time) and its profile summary (None without one), gathered from all ranks, each row
     with its ``rank``: which rank paced a step, where one rank's profile cannot tell. Every rank calls it."""
-    mine = (df[[c for c in RANK_COLUMNS if c in df.columns]].assign(rank=rank), df.attrs.get("profile"))
+    steps = df[[c for c in RANK_COLUMNS if c in df.columns]].assign(rank=rank)
+    steps.attrs = {}   # a column selection keeps df's attrs (its profile): concat would compare them, frame to frame
     got = [None] * world
-    dist.all_gather_object(got, mine)
+    dist.all_gather_object(got, (steps, df.attrs.get("profile")))
+    return gathered_tables(got)
+
+
+def gathered_tables(got: list):
+    """(steps, profiles) from every rank's (steps, profile or None), in rank order."""
     steps = pd.concat([g[0] for g in got], ignore_index=True)
     profiles = [g[1].assign(rank=r) for r, g in enumerate(got) if g[1] is not None]
     return steps, pd.concat(profiles, ignore_index=True) if profiles else None

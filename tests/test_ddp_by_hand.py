@@ -169,3 +169,31 @@ def test_rank_tables_gather_each_ranks_steps_and_profile():
     assert (steps["host_ms"] > 0).all() and (steps["host_ms"] <= steps["ms"]).all()
     assert set(profiles["rank"]) == {0} and len(profiles) == len(df.attrs["profile"])
     assert none is None and len(plain_steps) == 2
+
+
+def test_rank_tables_strip_the_profile_from_each_ranks_steps_before_gathering():
+    """On 2 GPUs the gathered steps were concatenated with the profile still in their attrs, and pandas
+    compares attrs (pandas 2.x: a DataFrame's truth value is ambiguous): every rank's steps go without it."""
+    import pandas as pd
+
+    from benchmarks import multigpu
+    captured = {}
+    df = pd.DataFrame({"step": [0, 1], "ms": [2.0, 3.0], "host_ms": [1.0, 1.5]})
+    df.attrs["profile"] = pd.DataFrame({"event": ["(all events)"], "self_cpu_ms_per_step": [1.0]})
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            real = dist.all_gather_object
+
+            def gather(out, obj):   # as two ranks would send it
+                real(out, obj)
+                captured["sent"] = obj
+                out.append(obj)
+            dist.all_gather_object = gather
+            multigpu.rank_tables(df, 1, 0)
+        finally:
+            dist.all_gather_object = real
+            dist.destroy_process_group()
+    assert captured["sent"][0].attrs == {}
+    steps, profiles = multigpu.gathered_tables([captured["sent"], captured["sent"]])
+    assert len(steps) == 4 and len(profiles) == 2 and list(profiles["rank"]) == [0, 1]
