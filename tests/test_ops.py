@@ -214,8 +214,23 @@ def test_plans_are_chosen_once_and_hot_calls_write_no_globals():
 
 def test_host_overhead_table_has_every_op():
     table = ops.host_overhead_table(n_calls=1, seq=4, d_model=8, vocab=8)
-    assert list(table["op"])[:-1] == list(ops.OPS) and table["op"].iloc[-1].startswith("(one launch")
-    assert (table[["course_us", "aten_us"]] > 0).all().all() and (table["torch_ops_us"][:-1] > 0).all()
+    from course_utils.ops import overhead as O
+    assert list(table["op"])[:-2] == list(ops.OPS) and table["op"].iloc[-1].startswith("(one launch")
+    assert table["op"].iloc[-2] == O.FLOOR_ROW   # the Python autograd.Function floor, forward and backward
+    assert (table[["course_us", "aten_us"]] > 0).all().all() and (table["torch_ops_us"][:-2] > 0).all()
+    assert (table[["course_fwd_bwd_us", "aten_fwd_bwd_us"]][:-1] > 0).all().all()
+
+
+def test_the_autograd_floor_launches_once_each_way(monkeypatch):
+    """The floor row's Function: one launch in its forward, one in its backward, each on a fresh tensor."""
+    from course_utils.ops import overhead as O
+    seen = []
+    monkeypatch.setattr(O, "launch", lambda kernel, key, grid, args, meta: seen.append((kernel, args[0])))
+    x = torch.zeros(3, requires_grad=True)
+    y = O._OneLaunchEachWay.apply(x)
+    y.backward(torch.ones(3))
+    assert [k for k, _ in seen] == [O.touch_kernel] * 2
+    assert seen[0][1].data_ptr() == y.data_ptr() and seen[1][1].shape == x.shape and x.grad is not None
 
 
 def test_the_host_table_times_its_calls_in_turn_and_keeps_medians(monkeypatch):

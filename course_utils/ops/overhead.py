@@ -9,7 +9,9 @@ every first call of a (shape, dtype, device) chooses and caches its plan.
 wrapper (its ``autograd.Function`` fast path), the registered ``torch.ops.course`` op (the
 dispatcher's Python path, what ``torch.compile`` graphs call) and the aten counterpart, on tiny
 shapes whose GPU time is far below the host's, so the wall time of a loop of calls is host time.
-Its last row is the floor: one launch of a one-element Triton kernel against one aten ``add_``.
+Its last two rows are floors: a Python ``autograd.Function`` around one launch each way against aten's ``neg``
+(:data:`FLOOR_ROW`: what any op built this way pays, before its own Python), then one launch of a one-element
+Triton kernel against one aten ``add_``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,35 @@ import triton
 import triton.language as tl
 
 from .. import env
+from ..tuned.launch import launch
 
 
 @triton.jit
 def touch_kernel(x_ptr):
     """The smallest useful launch (one program adds 1 to one element): the floor of a Triton call."""
     tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+class _OneLaunchEachWay(torch.autograd.Function):
+    """The floor of a course op called through a Python ``autograd.Function``: a forward of one allocation and
+    one launch (the course's launch path), a backward of the same. Its values are not used: only its host cost."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.new_empty(x.shape)
+        launch(touch_kernel, "floor", (1,), (y,), {})
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = dy.new_empty(dy.shape)
+        launch(touch_kernel, "floor", (1,), (dx,), {})
+        return dx
+
+
+#: the last row of :func:`host_overhead_table` but one: what a Python autograd.Function around one launch each
+#: way costs against aten's one-kernel op each way (``neg``: one kernel forward, one backward)
+FLOOR_ROW = "(autograd floor: one launch each way / aten neg)"
 
 
 def _device(device):
@@ -188,6 +213,19 @@ def _with_backward(fn):
     return call
 
 
+def _floor_row(n_calls: int, device, sync) -> dict:
+    """:data:`FLOOR_ROW`: ``_OneLaunchEachWay`` against ``torch.neg``, forward alone and forward + backward."""
+    row = {"op": FLOOR_ROW, "torch_ops_us": float("nan"), "torch_ops_fwd_bwd_us": float("nan")}
+    for grad in (False, True):
+        x = torch.zeros(4, device=device, requires_grad=grad)
+        fns = [lambda: _OneLaunchEachWay.apply(x), lambda: torch.neg(x)]
+        with torch.set_grad_enabled(grad):
+            c, a = _interleaved_us([_with_backward(f) for f in fns] if grad else fns, n_calls, sync)
+        row.update({"course_fwd_bwd_us": c, "aten_fwd_bwd_us": a} if grad else {"course_us": c, "aten_us": a})
+    row["course_over_aten"] = max(row["course_us"] / row["aten_us"], row["course_fwd_bwd_us"] / row["aten_fwd_bwd_us"])
+    return row
+
+
 def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_model: int = 64, n_head: int = 2,
                         vocab: int = 64, dtype: torch.dtype | None = None, device=None):
     """A ``pandas.DataFrame``, one row per op: host microseconds per call from Python of the course's
@@ -218,6 +256,7 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
             rows[i].update(dict(zip(cols, us)))
     for r in rows:
         r["course_over_aten"] = max(r["course_us"] / r["aten_us"], r["course_fwd_bwd_us"] / r["aten_fwd_bwd_us"])
+    rows.append(_floor_row(n_calls, device, sync))
     with torch.no_grad():
         one = torch.zeros(1, device=device)
         c, a = _interleaved_us([lambda: touch_kernel[(1,)](one), lambda: one.add_(1.0)], n_calls, sync)
