@@ -16,6 +16,7 @@ or a wrong stride changes the answer), outputs poisoned with NaN inside guard zo
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 
@@ -93,6 +94,17 @@ def _loads_inside(loads, t: torch.Tensor) -> int:
     return int(((addr >= lo) & (addr < hi)).sum())
 
 
+def _loads_off_rows(loads, x: torch.Tensor) -> int:
+    """How many masked-in lanes read no element of the 2-D row-strided ``x``: the gap after a row's last column,
+    before its first row or past its last (the loads of another tensor are counted too)."""
+    addr = loads.flat().astype(np.int64) - x.data_ptr()
+    size = x.element_size()
+    idx = addr // size
+    rows, cols = idx // x.stride(0), idx % x.stride(0)
+    inside = (addr >= 0) & (addr % size == 0) & (rows < x.shape[0]) & (cols < x.shape[1])
+    return int((~inside).sum())
+
+
 def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, passes=None):
     for dtype in dtypes:
         for n_rows, n_cols in shapes:
@@ -130,6 +142,14 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                         "more pass over memory (with a max loop before it, three): keep the running max and sum "
                         "in one loop over x (rescale s by exp(m - m_new) when the max grows), then write "
                         "exp(x - m) / s." if passes is not None else ""))
+            off_rows = _loads_off_rows(loads, x) if loads.active else 0
+            if off_rows:
+                raise check.CheckFailure(
+                    f"{case}: your kernel loaded {off_rows} element(s) outside the rows of x (past a row's last "
+                    "column, into the gap before the next row, or past the buffer): pass mask=cols < n_cols to "
+                    "every tl.load, the one of a loop that only writes too (a masked tl.store does not make an "
+                    "unmasked load safe: past the end of a buffer there may be no memory at all), and find row "
+                    "pid at x_ptr + pid * x_row_stride (x's rows are not n_cols apart here).")
             if loads.widths and max(loads.widths) > block:
                 raise check.CheckFailure(f"{case}: your kernel loads {max(loads.widths)} lanes at once but was "
                                          f"launched with BLOCK_SIZE={block}: tile the row with "
