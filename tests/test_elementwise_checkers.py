@@ -126,6 +126,8 @@ def _gelu_variant(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.c
         w = tl.exp(-2.0 * tl.abs(a))  # the stable tanh a student writes: exp of a non-positive number
         t = tl.where(a < 0, -1.0, 1.0) * (1.0 - w) / (1.0 + w)
     y = 0.5 * x * (1.0 + t)
+    if MODE == 4:    # the factors cast back to the input dtype before the product: a second rounding
+        y = x.to(x_ptr.dtype.element_ty) * (0.5 * (1.0 + t)).to(x_ptr.dtype.element_ty)
     if MODE == 3:    # no mask on the store
         tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty))
     else:
@@ -193,7 +195,8 @@ def test_gelu_checker_fails_the_answer_key(answer, words):
 
 @pytest.mark.parametrize("mode, extra_op, words", [(1, False, "NaN"), (2, False, "differ"),
                                                     (3, False, "outside its buffer"),
-                                                    (0, True, "ran in torch")])
+                                                    (0, True, "ran in torch"),
+                                                    (4, False, "rounded once")])
 def test_gelu_checker_fails_wrong_kernels(mode, extra_op, words):
     with pytest.raises(CheckFailure, match=words):
         chk.check_gelu(_gelu_launcher(mode, extra_op))
@@ -216,14 +219,20 @@ def _chain_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: t
         cols = (offsets // n_cols) % n_cols
     else:
         cols = offsets % n_cols
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=mask).to(tl.float32)
-    if MODE == 1:    # bias after the GELU
-        y = (_gelu_tanh(x) + b) * scale
-    elif MODE == 2:  # forgot the scale
-        y = _gelu_tanh(x + b)
+    x = tl.load(x_ptr + offsets, mask=mask)
+    b = tl.load(b_ptr + cols, mask=mask)
+    if MODE == 4:    # x + bias added in the input dtype, then float32: rounded twice in fp16
+        z = (x + b).to(tl.float32)
     else:
-        y = _gelu_tanh(x + b) * scale
+        z = x.to(tl.float32) + b.to(tl.float32)
+    if MODE == 1:    # bias after the GELU
+        y = (_gelu_tanh(x.to(tl.float32)) + b.to(tl.float32)) * scale
+    elif MODE == 2:  # forgot the scale
+        y = _gelu_tanh(z)
+    elif MODE == 5:  # the GELU stored in the input dtype before the scale
+        y = _gelu_tanh(z).to(y_ptr.dtype.element_ty) * scale
+    else:
+        y = _gelu_tanh(z) * scale
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -241,9 +250,10 @@ def test_chain_checker_passes_the_right_kernel(capsys):
     assert "PASS bias + GELU + scale" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
-def test_chain_checker_fails_wrong_kernels(mode):
-    with pytest.raises(CheckFailure, match="differ"):
+@pytest.mark.parametrize("mode, words", [(1, "differ"), (2, "differ"), (3, "differ"),
+                                         (4, "rounded once"), (5, "rounded once")])
+def test_chain_checker_fails_wrong_kernels(mode, words):
+    with pytest.raises(CheckFailure, match=words):
         chk.check_bias_gelu_scale(_chain_launcher(mode))
 
 
@@ -262,9 +272,12 @@ def _dropout_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZ
     pid = tl.program_id(0)
     offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
-    y = _gelu_tanh(x + b)
+    x = tl.load(x_ptr + offsets, mask=mask)
+    b = tl.load(b_ptr + offsets % n_cols, mask=mask)
+    if MODE == 6:    # x + bias added in the input dtype: rounded twice in fp16
+        y = _gelu_tanh((x + b).to(tl.float32))
+    else:
+        y = _gelu_tanh(x.to(tl.float32) + b.to(tl.float32))
     if MODE == 3:    # one random number per program
         r = tl.rand(seed, pid + tl.zeros([BLOCK_SIZE], dtype=tl.int32))
     elif MODE == 4:  # ignores the seed
@@ -298,7 +311,7 @@ def test_dropout_checker_passes_the_right_kernel(capsys):
 
 
 @pytest.mark.parametrize("mode, words", [(1, "unscaled"), (2, "kept"), (3, "neighbouring"), (4, "seeds"),
-                                         (5, "repeats every 1024 elements")])
+                                         (5, "repeats every 1024 elements"), (6, "rounded once")])
 def test_dropout_checker_fails_wrong_kernels(mode, words):
     with pytest.raises(CheckFailure, match=words):
         chk.check_bias_gelu_dropout(_dropout_launcher(mode))

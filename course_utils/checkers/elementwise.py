@@ -3,13 +3,16 @@
 Each check draws fresh random inputs (signed, with large-magnitude outliers where the tanh could
 overflow), tries sizes that are not multiples of any block size, writes into NaN-poisoned outputs
 inside guard zones, compares with a float64 reference and, since the lesson is fusion, counts the
-kernels launched. A passing check prints one deterministic line; a failing one raises
+kernels launched; 16-bit results must be those of float32 math rounded once, at the store. A passing
+check prints one deterministic line; a failing one raises
 :class:`course_utils.check.CheckFailure` saying where to look.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import math
 import os
 import random
@@ -59,6 +62,29 @@ def _dname(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _rounded_once(dtype) -> tuple[float, float]:
+    """(atol, rtol) of a result computed in float32 and rounded once to the 16-bit ``dtype``: half a unit in
+    the last place, plus float32's own error (1e-5 relative; 1e-6 absolute, the tanh form's cancellation where
+    GELU is tiny). Rounding an intermediate (x + bias, or a factor of the product) to fp16 or bf16 before the
+    end adds a second half unit and fails."""
+    return 1e-6, (2.0**-11 if dtype == torch.float16 else 2.0**-8) + 1e-5
+
+
+ROUNDED_ONCE_HINT = ("a result computed in float32 and rounded once is within half a unit in the last place of "
+                     "its dtype: x.to(tl.float32) right after each tl.load (bias too), every step in float32, and "
+                     "one rounding at the store (y.to(y_ptr.dtype.element_ty)); an intermediate rounded to the "
+                     "input dtype first (x + bias added in float16, a factor cast back before the product) "
+                     "rounds twice")
+
+
+def _check_rounded_once(case: str, got, expected, dtype) -> None:
+    """For 16-bit outputs: within half a unit in the last place of the float64 reference (see _rounded_once)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        atol, rtol = _rounded_once(dtype)
+        check.compare(case + ", rounded once", got, expected, dtype=dtype, atol=atol, rtol=rtol,
+                      hint=ROUNDED_ONCE_HINT)
+
+
 # ------------------------------------------------------------------------------ chapter 3
 
 def check_vector_add(add: Callable) -> None:
@@ -102,14 +128,27 @@ def check_gelu(gelu: Callable) -> None:
     same function. The tolerance is absolute where GELU is tiny (x in [-9, -1]): there the tanh form
     in float32 cancels ``1 + tanh(a)`` and keeps almost no correct relative digit, but its error
     stays below ``atol`` (1e-5 in float32); the sigmoid form is accurate there too, and is what the
-    course's kernel uses.
+    course's kernel uses. In 16-bit dtypes the result must also be rounded once (:func:`_rounded_once`):
+    float16's own tolerance (2e-3) would let an intermediate rounded to float16 through.
     """
     _refuse_course("fused GELU", gelu)
-    check.check_elementwise(
-        "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0, launches=1,
-        hint="load with the mask, compute in float32 (x.to(tl.float32)), store with the mask; either "
-             "x / (1 + tl.exp(-2 * a)) (clamp a first, or exp overflows to inf and x / inf = 0 is still "
-             "right) or tanh built from tl.exp(-2 * |a|), whose argument is never positive.")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the verdict waits for the rounding check below
+        check.check_elementwise(
+            "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0, launches=1,
+            hint="load with the mask, compute in float32 (x.to(tl.float32)), store with the mask; either "
+                 "x / (1 + tl.exp(-2 * a)) (clamp a first, or exp overflows to inf and x / inf = 0 is still "
+                 "right) or tanh built from tl.exp(-2 * |a|), whose argument is never positive.")
+    # 16-bit outputs rounded once: the per-dtype tolerance above (2e-3 in fp16) lets a kernel that rounds an
+    # intermediate to the input dtype through; x spread over [-9, 9], where GELU bends
+    for dtype in env.supported_dtypes():
+        if dtype == torch.float32:
+            continue
+        n = check.odd_sizes()[-1]
+        x = check.randn((n,), dtype, scale=3.0, outliers=0.02, outlier_scale=120.0)
+        got = _call(f"fused GELU ({_dname(dtype)}, n={n})", gelu, x)
+        _check_rounded_once(f"fused GELU ({_dname(dtype)}, n={n})", got, ew.gelu_ref(x.double(), "tanh"), dtype)
+    print(printed.getvalue(), end="")
 
 
 def _chain_shapes():
@@ -146,6 +185,7 @@ def check_bias_gelu_scale(fn: Callable) -> None:
             check.compare(case, got, expected,
                           hint="bias is indexed by column: cols = offsets % n_cols; add it before the GELU, "
                                "multiply by scale after it, all in float32.")
+            _check_rounded_once(case, got, expected, dtype)
             _check_no_input_change(case, [x, b], before)
     x = check.randn((9, 31))
     b = check.randn((31,))
@@ -233,6 +273,8 @@ def check_bias_gelu_dropout(fn: Callable) -> None:
                     hint = " You kept it unscaled: kept elements must be divided by (1 - p)."
                 raise CheckFailure(f"{case}: element {i} is {gv:.6g}; it must be 0 (dropped) or "
                                    f"gelu(x + bias) / (1 - p) = {kvv:.6g} (kept).{hint}")
+            if dtype != torch.float32:  # the kept elements rounded once (the dropped ones are 0 exactly)
+                _check_rounded_once(case + ", the kept elements", torch.where(zero, kv, g), kv, dtype)
             decisive = ref_c.abs() > 1e-2          # where 0 and the kept value cannot be confused
             flat = (~zero).flatten()[decisive.flatten()]
             same = float((flat[1:] == flat[:-1]).double().mean())

@@ -7,23 +7,26 @@
   BLOCK_SIZE much shorter than the row, so the row takes many tiles.
 
 Every call draws fresh inputs: signed values around a large offset on even rows (an ``exp`` without
-the max subtracted overflows) and around -5 on odd rows (a padding of 0 would win the max), magnitude
-outliers, row lengths that are not powers of two, rows read
+the max subtracted overflows) and around -5 on odd rows (a padding of 0 would win the max), a last row
+around -300 (``exp(x - 0)`` underflows to 0 in every element: a running max started at 0 divides 0 by 0),
+magnitude outliers, row lengths that are not powers of two, rows read
 through a row stride wider than the row (the gap holds huge values, so a read past the row's end
 or a wrong stride changes the answer), outputs poisoned with NaN inside guard zones.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 
 from .. import check, env
 from . import answer_keys
-from .loads import reads_per_element
+from .loads import reads_per_element, span
 
 OFFSET = 100.0      # exp(100) overflows fp16 and exp(100 + outliers) overflows fp32
 OUTLIER = 1000.0
+DEEP = -300.0       # exp(-300 + a few) underflows to 0 in float32: only x - max keeps the row's sum positive
 
 
 def _dtypes():
@@ -84,6 +87,24 @@ def _rounded_once(dtype) -> tuple[float, float]:
     return check.tolerance(dtype)
 
 
+def _loads_inside(loads, t: torch.Tensor) -> int:
+    """How many masked-in lanes of the recorded loads read the bytes of ``t``."""
+    addr = loads.flat()
+    lo, hi = span(t)
+    return int(((addr >= lo) & (addr < hi)).sum())
+
+
+def _loads_off_rows(loads, x: torch.Tensor) -> int:
+    """How many masked-in lanes read no element of the 2-D row-strided ``x``: the gap after a row's last column,
+    before its first row or past its last (the loads of another tensor are counted too)."""
+    addr = loads.flat().astype(np.int64) - x.data_ptr()
+    size = x.element_size()
+    idx = addr // size
+    rows, cols = idx // x.stride(0), idx % x.stride(0)
+    inside = (addr >= 0) & (addr % size == 0) & (rows < x.shape[0]) & (cols < x.shape[1])
+    return int((~inside).sum())
+
+
 def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, passes=None):
     for dtype in dtypes:
         for n_rows, n_cols in shapes:
@@ -92,6 +113,9 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                                    outlier_scale=OUTLIER)
             # Odd rows sit around -5 instead: there a padding of 0 instead of -inf would win the max.
             x[1::2] -= OFFSET + 5.0
+            deep = n_rows - 1 if n_rows >= 2 else None
+            if deep is not None:  # all far below 0, no outliers: log-probabilities, scores after a mask
+                x[deep] = check.randn((n_cols,), torch.float32, scale=3.0, offset=DEEP).to(dtype)
             if extra_rows is not None:
                 extra_rows(x)
             before = x.clone()
@@ -109,6 +133,23 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                                          "them: mask tl.store with offsets < n_cols, and find row pid at y_ptr + "
                                          "pid * y_row_stride (y's rows are not n_cols apart here).")
             yg.check(case, hint)
+            read_back = _loads_inside(loads, yg.buffer) if loads.active else 0
+            if read_back:
+                raise check.CheckFailure(
+                    f"{case}: your kernel loaded {read_back} element(s) of y, its output: y is written once, "
+                    "from x and the row's max and sum, and never read back." + (
+                        " Writing exp(x - m) into y in one loop and dividing it by s in another loop over y is one "
+                        "more pass over memory (with a max loop before it, three): keep the running max and sum "
+                        "in one loop over x (rescale s by exp(m - m_new) when the max grows), then write "
+                        "exp(x - m) / s." if passes is not None else ""))
+            off_rows = _loads_off_rows(loads, x) if loads.active else 0
+            if off_rows:
+                raise check.CheckFailure(
+                    f"{case}: your kernel loaded {off_rows} element(s) outside the rows of x (past a row's last "
+                    "column, into the gap before the next row, or past the buffer): pass mask=cols < n_cols to "
+                    "every tl.load, the one of a loop that only writes too (a masked tl.store does not make an "
+                    "unmasked load safe: past the end of a buffer there may be no memory at all), and find row "
+                    "pid at x_ptr + pid * x_row_stride (x's rows are not n_cols apart here).")
             if loads.widths and max(loads.widths) > block:
                 raise check.CheckFailure(f"{case}: your kernel loads {max(loads.widths)} lanes at once but was "
                                          f"launched with BLOCK_SIZE={block}: tile the row with "
@@ -121,6 +162,13 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                         f"reads it {passes} times: one loop keeps the running max and sum together "
                         "(rescaling the sum when the max grows), a second one writes. Separate max and sum "
                         "loops are the three-pass softmax this chapter replaces.")
+            if deep is not None:
+                deep_hint = (f"every value of row {deep} is near {DEEP:g}, so exp(x) underflows to 0 there: only the "
+                             "row's own max, subtracted before tl.exp, keeps the sum positive. A max that starts at 0 "
+                             "instead of -inf (m = 0.0 before the loop), a padding of 0 that wins the max, or no max "
+                             "at all, gives exp(x - 0) = 0 everywhere and 0 / 0 = NaN.")
+                check.compare(f"{case}, row {deep} (values around {DEEP:g})", y[deep], _ref(before)[deep],
+                              dtype=dtype, hint=deep_hint)
             check.compare(case, y, _ref(before), dtype=dtype, hint=hint)
             atol, rtol = _rounded_once(dtype)
             if dtype != torch.float32:
