@@ -17,7 +17,8 @@ from course_utils.tuned import attention as TA
 
 # tl.constexpr, so the compiled (GPU) kernel may read them as globals
 (OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE, NO_Q_MASK,
- NO_KV_LOAD_MASK, NO_SCALE, SCALE_1_D, CAUSAL_NEXT_KEY, CAUSAL_LOOP_ONLY) = (tl.constexpr(i) for i in range(14))
+ NO_KV_LOAD_MASK, NO_SCALE, SCALE_1_D, CAUSAL_NEXT_KEY, CAUSAL_LOOP_ONLY, NO_L_RESCALE, NORMALIZE_EACH_TILE,
+ NORMALIZE_EACH_TILE_STOP) = (tl.constexpr(i) for i in range(17))
 
 
 @triton.jit
@@ -37,8 +38,8 @@ def _buggy_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_h, stride_n, stride_kn, n, sm
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = n
-    if CAUSAL and BUG == CAUSAL_LOOP_ONLY:   # the key loop stops after the tile's last query, no mask inside it
-        hi = tl.minimum(n, (pid_m + 1) * BLOCK_M)
+    if CAUSAL and (BUG == CAUSAL_LOOP_ONLY or BUG == NORMALIZE_EACH_TILE_STOP):
+        hi = tl.minimum(n, (pid_m + 1) * BLOCK_M)   # the key loop stops after the tile's last query
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         kv_mask = cols[:, None] < n
@@ -71,11 +72,16 @@ def _buggy_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_h, stride_n, stride_kn, n, sm
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            if BUG == NO_L_RESCALE:
+                l_i = l_i + tl.sum(p, 1)
+            else:
+                l_i = l_i * alpha + tl.sum(p, 1)
             if BUG == NO_RESCALE:
                 acc += tl.dot(p.to(v.dtype), v)
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            if BUG == NORMALIZE_EACH_TILE or BUG == NORMALIZE_EACH_TILE_STOP:
+                acc = acc / l_i[:, None]
             m_i = m_new
     if BUG != NO_NORMALIZE:
         acc = acc / l_i[:, None]
@@ -115,7 +121,11 @@ def test_the_answer_key_is_not_an_answer(answer, says):
 @pytest.mark.parametrize("bug,causal,pattern", [
     (NO_KEY_MASK, False, "differ"),
     (UNSTABLE_EXP, False, "large-magnitude|offset"),
-    (NO_RESCALE, False, "differ"),
+    (NO_RESCALE, False, "accumulator is not rescaled"),
+    (NO_RESCALE, True, "accumulator is not rescaled"),
+    (NO_L_RESCALE, False, "row sum l is not rescaled"),
+    (NORMALIZE_EACH_TILE, False, "divided by l inside the key loop"),
+    (NORMALIZE_EACH_TILE_STOP, True, "divided by l inside the key loop"),
     (STRICT_CAUSAL, True, "causal mask drops the diagonal"),
     (NO_CAUSAL, True, "causal mask is missing"),
     (CAUSAL_NEXT_KEY, True, "see the next key"),
@@ -124,7 +134,7 @@ def test_the_answer_key_is_not_an_answer(answer, says):
     (NO_SCALE, True, "scores are not scaled"),
     (SCALE_1_D, False, "scaled by 1/head_dim"),
     (WRONG_STRIDE, False, "differ"),
-    (NO_NORMALIZE, False, "differ"),
+    (NO_NORMALIZE, False, "never divided by the row sum"),
 ])
 def test_wrong_kernels_fail(bug, causal, pattern):
     with pytest.raises(check.CheckFailure, match=pattern):

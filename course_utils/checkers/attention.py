@@ -8,7 +8,9 @@ one has a large common offset on the scores; the output is NaN-poisoned inside g
 ``fn`` takes ``out``; under the interpreter every load is recorded, and one from the guard zones past
 q, k or v (a tile's padded rows or keys loaded without their mask) fails, named by input, though the
 numbers may be right; the work must be one launch of the student's own Triton kernel (SDPA, or the
-course's kernel, is the answer key, not an answer).
+course's kernel, is the answer key, not an answer). When a case fails, the usual faults (the scale, the
+causal mask, the online update's rescaling and division, tried at every usual key tile) are recomputed in
+float64 and the one that fits the output is named.
 """
 
 from __future__ import annotations
@@ -83,6 +85,47 @@ def _attention64(q, k, v, scale: float, keep, fill: float = float("-inf")) -> to
     return torch.softmax(s, dim=-1) @ v
 
 
+ONLINE_FAULTS = {
+    "acc": ("the accumulator is not rescaled when the running max grows: acc = acc * alpha[:, None] + "
+            "tl.dot(p, v), with alpha = exp(m_old - m_new), as l is"),
+    "l": ("the row sum l is not rescaled when the running max grows: l = l * alpha + tl.sum(p, 1), with alpha = "
+          "exp(m_old - m_new), as the accumulator is"),
+    "norm": ("the accumulator is divided by l inside the key loop: keep acc unnormalized there and divide once, "
+             "after the last key tile (out = acc / l[:, None])"),
+    "nodiv": "the accumulator is never divided by the row sum: after the key loop, out = acc / l[:, None]",
+}
+
+
+def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, block_m: int | None = None):
+    """The online softmax over key tiles of ``block_n`` in float64, with one of :data:`ONLINE_FAULTS`; with
+    ``block_m`` (causal), a row's key loop stops after its query tile's last row, as the exercise's does."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    rows = torch.arange(n)[:, None]
+    stop = (rows // block_m + 1) * block_m if block_m else torch.full_like(rows, n)
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(q.shape[:-1], dtype=torch.float64)  # noqa: E741
+    acc = torch.zeros_like(q)
+    for start in range(0, n, block_n):
+        cols = torch.arange(start, min(start + block_n, n))[None, :]
+        s = q @ k[..., start:start + block_n, :].transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(cols > rows, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new).nan_to_num(0.0)   # exp(-inf - -inf): a row with no key yet has nothing
+        p = torch.exp(s - m_new[..., None]).nan_to_num(0.0)
+        pv = p @ v[..., start:start + block_n, :]
+        new_l = (l if fault == "l" else l * alpha) + p.sum(-1)
+        new_acc = (acc if fault == "acc" else acc * alpha[..., None]) + pv
+        if fault == "norm":
+            new_acc = new_acc / new_l[..., None]
+        visited = (start < stop)[:, 0]   # the rows whose key loop reaches this tile
+        l = torch.where(visited, new_l, l)  # noqa: E741
+        acc = torch.where(visited[:, None], new_acc, acc)
+        m = torch.where(visited, m_new, m)
+    return acc if fault == "nodiv" else acc / l[..., None]
+
+
 def _every(i, j):
     return (i >= 0) & (j >= 0)
 
@@ -124,6 +167,18 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
         candidate = _attention64(q, k, v, sc, keep_fn, fill)
         if bool(torch.isclose(g[finite], candidate[finite], atol=atol, rtol=rtol, equal_nan=True).all()):
             return hint
+    if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size
+        tiles = (16, 32, 64, 128)
+        for fault, hint in ONLINE_FAULTS.items():
+            for block_n in tiles:
+                if block_n >= q.shape[-2] and fault != "nodiv":
+                    break
+                for block_m in (None, *(t for t in tiles if causal and fault == "norm" and t >= block_n)):
+                    candidate = _online64(q, k, v, scale, causal, block_n, fault, block_m)
+                    if bool(torch.isclose(g[finite], candidate[finite], atol=atol, rtol=rtol, equal_nan=True).all()):
+                        return hint if fault == "nodiv" else f"{hint} (it fits key tiles of BLOCK_N = {block_n})"
+                if fault == "nodiv":
+                    break   # the same for every tile size
     return ""
 
 
