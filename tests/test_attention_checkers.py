@@ -173,6 +173,14 @@ def test_out_of_bounds_write_is_caught():
         ca.check_attention(writes_past_end, "oob")
 
 
+def test_an_out_buffer_left_unwritten_fails():
+    """The result returned in a new tensor, the out= buffer the caller gave left as it was (NaN-poisoned)."""
+    def ignores_out(q, k, v, causal=False, out=None):
+        return buggy(q, k, v, causal=causal)
+    with pytest.raises(check.CheckFailure, match="left the out= buffer"):
+        ca.check_attention(ignores_out, "ignores out")
+
+
 def test_changed_input_and_crash_and_unfinished():
     def mutates(q, k, v, causal=False):
         o = _eager(q, k, v, causal=causal)

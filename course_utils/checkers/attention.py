@@ -249,6 +249,11 @@ def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = 
                     torch.isclose(got.detach().to("cpu", torch.float64), expected.cpu(), atol=atol, rtol=rtol).all()):
                 extra = _diagnose(got, q, k, v, causal, atol, rtol) or extra
             check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=extra)
+            if with_out and got.data_ptr() != out.tensor.data_ptr():   # a new tensor returned: out= holds it too
+                check.compare(f"{case}, the out= buffer", out.tensor, expected, dtype=dtype, atol=atol, rtol=rtol,
+                              hint="your function returned a new tensor and left the out= buffer it was given "
+                                   "without the result: when out is given, the kernel writes into it (and the "
+                                   "function returns it)")
     q, k, v = _inputs(1, 2, 33, 16, dtypes[0], 1.0, 0.0)
     kwargs = {"causal": causal, **({"out": torch.empty_like(q)} if with_out else {})}
     check.check_kernel_launches(name, fn, q, k, v, expected=1, **kwargs)
