@@ -87,6 +87,14 @@ def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, ex
              "gelu_math(acc + bias, True)", gelu_no_cubic(acc + bias) + r),
         ]
         n = acc.shape[1]
+        rows = torch.arange(m)[:, None]
+        cols_n = torch.arange(n)[None, :]
+        for tile in (16, 32, 64, 128, 256):   # square tiles: lane i of the row axis gets bias[offs_n[i]]
+            idx = cols_n // tile * tile + rows % tile
+            spread = torch.where(idx < n, bias[idx.clamp(max=n - 1)], torch.zeros((), dtype=bias.dtype))
+            faults.append((f"the bias is broadcast along the wrong axis: bias[:, None] gives row i of a tile the bias "
+                           f"of column offs_n[i] (it fits {tile} x {tile} tiles); it has one value per column, "
+                           "bias[None, :]", gelu_tanh(acc + spread) + r))
         if m < n:   # columns >= M lose their bias (or their residual) to a mask that compares with M
             cols = torch.arange(n, dtype=torch.float64)[None, :] < m
             faults.append(("the bias load is masked with offs_n < M: the bias has N entries, one per column, so "
