@@ -75,13 +75,13 @@ def _guard_loads(case: str, loads, inputs) -> None:
             "there may be no memory at all.")
 
 
-def _attention64(q, k, v, scale: float, keep, fill: float = float("-inf")) -> torch.Tensor:
-    """softmax(q k^T * scale) v in float64, where row i sees key j only if ``keep(i, j)`` (the other scores
-    set to ``fill``; a row that sees no key is NaN, as 0/0 in a kernel)."""
+def _attention64(q, k, v, scale: float, keep) -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64, where row i sees key j only if ``keep(i, j)`` (a row that sees
+    no key is NaN, as 0/0 in a kernel)."""
     q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
     n = q.shape[-2]
     s = q @ k.transpose(-1, -2) * scale
-    s = s.masked_fill(~keep(torch.arange(n)[:, None], torch.arange(n)[None, :]), fill)
+    s = s.masked_fill(~keep(torch.arange(n)[:, None], torch.arange(n)[None, :]), float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
@@ -137,8 +137,8 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
     right = (lambda i, j: j <= i) if causal else _every
     faults = [
         ("the scores are not scaled: multiply q k^T by sm_scale = 1/sqrt(head_dim) before the softmax "
-         "(a factor on p after the exp cancels in acc / l)", 1.0, right, float("-inf")),
-        ("the scores are scaled by 1/head_dim: the scale is 1/sqrt(head_dim)", 1.0 / d, right, float("-inf")),
+         "(a factor on p after the exp cancels in acc / l)", 1.0, right),
+        ("the scores are scaled by 1/head_dim: the scale is 1/sqrt(head_dim)", 1.0 / d, right),
     ]
     keep = "s = tl.where(offs_m[:, None] >= cols[None, :], s, float('-inf'))"
     if causal:
@@ -156,15 +156,15 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
             for hint, mask in masks:
                 seen = mask if block_m is None else (
                     lambda i, j, mask=mask, bm=block_m: mask(i, j) & (j < (i // bm + 1) * bm))
-                faults.append((hint, scale, seen, float("-inf")))
+                faults.append((hint, scale, seen))
     g = got.detach().to("cpu", torch.float64)
     # NaN where a key tile left a row without any key (a kernel's exp(-inf - -inf)) does not hide the fault:
     # a candidate fits where the output is finite, if that is at least a quarter of it
     finite = torch.isfinite(g)
     if float(finite.double().mean()) < 0.25:
         return ""
-    for hint, sc, keep_fn, fill in faults:
-        candidate = _attention64(q, k, v, sc, keep_fn, fill)
+    for hint, sc, keep_fn in faults:
+        candidate = _attention64(q, k, v, sc, keep_fn)
         if bool(torch.isclose(g[finite], candidate[finite], atol=atol, rtol=rtol, equal_nan=True).all()):
             return hint
     if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size
