@@ -16,8 +16,9 @@ from course_utils.kernels import attention as A
 from course_utils.tuned import attention as TA
 
 # tl.constexpr, so the compiled (GPU) kernel may read them as globals
-OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE = (
-    tl.constexpr(i) for i in range(8))
+(OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE, NO_Q_MASK,
+ NO_KV_LOAD_MASK, NO_SCALE, SCALE_1_D, CAUSAL_NEXT_KEY, CAUSAL_LOOP_ONLY, NO_L_RESCALE, NORMALIZE_EACH_TILE,
+ NORMALIZE_EACH_TILE_STOP) = (tl.constexpr(i) for i in range(17))
 
 
 @triton.jit
@@ -29,24 +30,38 @@ def _buggy_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_h, stride_n, stride_kn, n, sm
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + bh * stride_h + offs_m[:, None] * stride_n + offs_d[None, :],
-                mask=offs_m[:, None] < n, other=0.0)
+    q_mask = offs_m[:, None] < n
+    if BUG == NO_Q_MASK:   # the padded query rows of the last tile loaded too (never stored: right numbers)
+        q_mask = offs_m[:, None] >= 0
+    q = tl.load(q_ptr + bh * stride_h + offs_m[:, None] * stride_n + offs_d[None, :], mask=q_mask, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for start_n in range(0, n, BLOCK_N):
+    hi = n
+    if CAUSAL and (BUG == CAUSAL_LOOP_ONLY or BUG == NORMALIZE_EACH_TILE_STOP):
+        hi = tl.minimum(n, (pid_m + 1) * BLOCK_M)   # the key loop stops after the tile's last query
+    for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         kv_mask = cols[:, None] < n
+        if BUG == NO_KV_LOAD_MASK:   # the padded keys loaded, then dropped from the softmax by `keep` below
+            kv_mask = cols[:, None] >= 0
         k = tl.load(k_ptr + bh * stride_h + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + bh * stride_h + cols[:, None] * stride_n + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * sm_scale
+        if BUG == NO_SCALE:
+            s = tl.dot(q, tl.trans(k))
+        elif BUG == SCALE_1_D:
+            s = tl.dot(q, tl.trans(k)) * (sm_scale * sm_scale)
+        else:
+            s = tl.dot(q, tl.trans(k)) * sm_scale
         keep = cols[None, :] < n
         if BUG == NO_KEY_MASK:
             keep = cols[None, :] >= 0
         if CAUSAL:
             if BUG == STRICT_CAUSAL:
                 keep = keep & (offs_m[:, None] > cols[None, :])
-            elif BUG != NO_CAUSAL:
+            elif BUG == CAUSAL_NEXT_KEY:
+                keep = keep & (offs_m[:, None] + 1 >= cols[None, :])
+            elif BUG != NO_CAUSAL and BUG != CAUSAL_LOOP_ONLY:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
         s = tl.where(keep, s, float("-inf"))
         if BUG == UNSTABLE_EXP:
@@ -57,11 +72,16 @@ def _buggy_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_h, stride_n, stride_kn, n, sm
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            if BUG == NO_L_RESCALE:
+                l_i = l_i + tl.sum(p, 1)
+            else:
+                l_i = l_i * alpha + tl.sum(p, 1)
             if BUG == NO_RESCALE:
                 acc += tl.dot(p.to(v.dtype), v)
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            if BUG == NORMALIZE_EACH_TILE or BUG == NORMALIZE_EACH_TILE_STOP:
+                acc = acc / l_i[:, None]
             m_i = m_new
     if BUG != NO_NORMALIZE:
         acc = acc / l_i[:, None]
@@ -101,15 +121,39 @@ def test_the_answer_key_is_not_an_answer(answer, says):
 @pytest.mark.parametrize("bug,causal,pattern", [
     (NO_KEY_MASK, False, "differ"),
     (UNSTABLE_EXP, False, "large-magnitude|offset"),
-    (NO_RESCALE, False, "differ"),
-    (STRICT_CAUSAL, True, "differ"),
-    (NO_CAUSAL, True, "differ"),
+    (NO_RESCALE, False, "accumulator is not rescaled"),
+    (NO_RESCALE, True, "accumulator is not rescaled"),
+    (NO_L_RESCALE, False, "row sum l is not rescaled"),
+    (NORMALIZE_EACH_TILE, False, "divided by l inside the key loop"),
+    (NORMALIZE_EACH_TILE_STOP, True, "divided by l inside the key loop"),
+    (STRICT_CAUSAL, True, "causal mask drops the diagonal"),
+    (NO_CAUSAL, True, "causal mask is missing"),
+    (CAUSAL_NEXT_KEY, True, "see the next key"),
+    (CAUSAL_LOOP_ONLY, True, "causal mask is missing"),
+    (NO_SCALE, False, "scores are not scaled"),
+    (NO_SCALE, True, "scores are not scaled"),
+    (SCALE_1_D, False, "scaled by 1/head_dim"),
     (WRONG_STRIDE, False, "differ"),
-    (NO_NORMALIZE, False, "differ"),
+    (NO_NORMALIZE, False, "never divided by the row sum"),
 ])
 def test_wrong_kernels_fail(bug, causal, pattern):
     with pytest.raises(check.CheckFailure, match=pattern):
         ca.check_attention(functools.partial(buggy, bug=bug), "buggy", causal=causal)
+
+
+@pytest.mark.skipif(cu.on_gpu(), reason="loads are recorded under the interpreter only")
+@pytest.mark.parametrize("bug, causal, words", [
+    (NO_Q_MASK, False, ["outside input q", "offs_m[:, None] < n"]),
+    (NO_Q_MASK, True, ["outside input q"]),
+    (NO_KV_LOAD_MASK, False, ["outside input k", "cols[:, None] < n"]),
+])
+def test_loads_past_the_inputs_fail_naming_the_input(bug, causal, words):
+    """Right numbers (the padded rows are never stored, the padded keys weigh 0), wrong loads: the recorded
+    loads that fall in the guard zones past q, k or v tell."""
+    with pytest.raises(check.CheckFailure) as e:
+        ca.check_attention(functools.partial(buggy, bug=bug), "buggy", causal=causal)
+    for w in words:
+        assert w in str(e.value), str(e.value)
 
 
 def _eager(q, k, v, causal=False):
@@ -127,6 +171,14 @@ def test_out_of_bounds_write_is_caught():
         return out
     with pytest.raises(check.CheckFailure, match="outside its buffer"):
         ca.check_attention(writes_past_end, "oob")
+
+
+def test_an_out_buffer_left_unwritten_fails():
+    """The result returned in a new tensor, the out= buffer the caller gave left as it was (NaN-poisoned)."""
+    def ignores_out(q, k, v, causal=False, out=None):
+        return buggy(q, k, v, causal=causal)
+    with pytest.raises(check.CheckFailure, match="left the out= buffer"):
+        ca.check_attention(ignores_out, "ignores out")
 
 
 def test_changed_input_and_crash_and_unfinished():

@@ -18,8 +18,8 @@ from course_utils.tuned import gemm as tuned_gemm
 
 # tl.constexpr, so the compiled (GPU) kernel may read them as globals
 (OK, NO_K_MASK, FP16_ACC, BIAS_ROWS, GELU_FIRST, NO_STRIDES, K_MASK_A_ONLY, K_MASK_B_ONLY, NO_ROW_MASK,
- NO_COL_MASK, BIAS_NO_MASK, ERF_GELU, RES_NO_STRIDE, RES_BEFORE_GELU, RES_NO_MASK) = (
-    tl.constexpr(i) for i in range(15))
+ NO_COL_MASK, BIAS_NO_MASK, ERF_GELU, RES_NO_STRIDE, RES_BEFORE_GELU, RES_NO_MASK, SIGMOID_GELU, NO_CUBIC_GELU,
+ BIAS_MASK_M, RES_MASK_SWAP, BIAS_BROADCAST_ROWS) = (tl.constexpr(i) for i in range(20))
 # 32 on the CPU too (the interpreter's cost grows with the programs and K steps it runs): the checker's
 # cases still span several tiles with ragged edges in M, N and K, and each wrong kernel fails for its own reason
 BLOCK = 32
@@ -82,6 +82,18 @@ def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, stride_am, stri
         elif BUG == ERF_GELU:
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc = gelu_math(acc + bias[None, :], False)
+        elif BUG == SIGMOID_GELU:
+            x = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            acc = x * tl.sigmoid(1.702 * x)
+        elif BUG == NO_CUBIC_GELU:   # 0.5 x (1 + tanh(sqrt(2/pi) x)) = x / (1 + exp(-2 sqrt(2/pi) x))
+            x = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            acc = x / (1.0 + tl.exp(-2.0 * 0.7978845608028654 * x))
+        elif BUG == BIAS_BROADCAST_ROWS:   # the column offsets' bias, broadcast down the rows
+            bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            acc = gelu_math(acc + bias[:, None], True)
+        elif BUG == BIAS_MASK_M:
+            bias = tl.load(bias_ptr + offs_n, mask=offs_n < M, other=0.0).to(tl.float32)
+            acc = gelu_math(acc + bias[None, :], True)
         else:
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
             acc = acc + bias[None, :]
@@ -95,6 +107,8 @@ def _buggy_linear(a_ptr, b_ptr, c_ptr, bias_ptr, r_ptr, M, N, K, stride_am, stri
             stride_rm = N
         if BUG == RES_NO_MASK:
             mask_r = (rows >= 0) & (cols >= 0)
+        if BUG == RES_MASK_SWAP:
+            mask_r = (rows < N) & (cols < M)
         r = tl.load(r_ptr + rows * stride_rm + cols, mask=mask_r, other=0.0).to(tl.float32)
         acc = acc + r
         if BUG == RES_BEFORE_GELU:
@@ -174,6 +188,11 @@ def test_every_exercise_check_refuses_the_course_answers():
     (RES_NO_STRIDE, "res", FP, ["row stride"]),
     (RES_BEFORE_GELU, "res", FP, ["residual is added before GELU"]),
     (ERF_GELU, "res", FP, ["erf"]),
+    (SIGMOID_GELU, True, FP, ["sigmoid approximation"]),
+    (NO_CUBIC_GELU, "res", FP, ["cubic term"]),
+    (BIAS_MASK_M, True, FP, ["offs_n < M", "offs_n < N"]),
+    (RES_MASK_SWAP, "res", FP, ["swaps M and N"]),
+    (BIAS_BROADCAST_ROWS, True, FP, ["bias[:, None]", "fits 32 x 32 tiles"]),
 ])
 def test_wrong_kernels_fail_naming_the_fault(bug, epilogue, dtypes, words):
     fn = _launcher(bug, bool(epilogue), residual=epilogue == "res")

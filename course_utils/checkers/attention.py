@@ -5,8 +5,12 @@
 (rounded) inputs. Every call draws fresh inputs; sequence lengths are not multiples of any tile;
 one case has scores of large magnitude (an ``exp`` without the running max overflows there) and
 one has a large common offset on the scores; the output is NaN-poisoned inside guard zones when
-``fn`` takes ``out``; the work must be one launch of the student's own Triton kernel (SDPA, or the
-course's kernel, is the answer key, not an answer).
+``fn`` takes ``out``; under the interpreter every load is recorded, and one from the guard zones past
+q, k or v (a tile's padded rows or keys loaded without their mask) fails, named by input, though the
+numbers may be right; the work must be one launch of the student's own Triton kernel (SDPA, or the
+course's kernel, is the answer key, not an answer). When a case fails, the usual faults (the scale, the
+causal mask, the online update's rescaling and division, tried at every usual key tile) are recomputed in
+float64 and the one that fits the output is named.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from .. import check, env
 from ..kernels.attention import attention_ref
 from . import answer_keys
+from .loads import in_guards
 
 
 def _refuse_course(what: str, fn) -> None:
@@ -49,6 +54,132 @@ def cases(causal: bool):
     return [(2, 3, 70, 32, "random scores", 1.0, 0.0), (1, 2, 1, 16, "one token", 1.0, 0.0),
             (1, 2, 37, 16, "random scores", 1.0, 0.0), (1, 2, 45, 16, "large-magnitude scores", 60.0, 0.0),
             (1, 1, 23, 32, "scores with a large offset", 1.0, 100.0)]
+
+
+def _guard_loads(case: str, loads, inputs) -> None:
+    """Fail a load from the guard zone around q, k or v (interpreter only): a padded lane read unmasked."""
+    for g, which in zip(inputs, ("q", "k", "v")):
+        n = in_guards(loads, g)
+        if not n:
+            continue
+        if which == "q":
+            fix = ("the query rows of the last tile run past seq: load q with mask=offs_m[:, None] < n "
+                   "(other=0.0)")
+        else:
+            fix = (f"the keys of the last key tile run past seq: load {which} with mask=cols[:, None] < n "
+                   "(other=0.0), and keep those keys out of the softmax with s = tl.where(cols[None, :] < n, s, "
+                   "float('-inf'))")
+        raise check.CheckFailure(
+            f"{case}: your kernel loaded {n} element(s) outside input {which}, past its last row: {fix}. The "
+            "numbers may still be right (those rows are never stored, or weigh 0), but past the end of a buffer "
+            "there may be no memory at all.")
+
+
+def _attention64(q, k, v, scale: float, keep) -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64, where row i sees key j only if ``keep(i, j)`` (a row that sees
+    no key is NaN, as 0/0 in a kernel)."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    s = q @ k.transpose(-1, -2) * scale
+    s = s.masked_fill(~keep(torch.arange(n)[:, None], torch.arange(n)[None, :]), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+ONLINE_FAULTS = {
+    "acc": ("the accumulator is not rescaled when the running max grows: acc = acc * alpha[:, None] + "
+            "tl.dot(p, v), with alpha = exp(m_old - m_new), as l is"),
+    "l": ("the row sum l is not rescaled when the running max grows: l = l * alpha + tl.sum(p, 1), with alpha = "
+          "exp(m_old - m_new), as the accumulator is"),
+    "norm": ("the accumulator is divided by l inside the key loop: keep acc unnormalized there and divide once, "
+             "after the last key tile (out = acc / l[:, None])"),
+    "nodiv": "the accumulator is never divided by the row sum: after the key loop, out = acc / l[:, None]",
+}
+
+
+def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, block_m: int | None = None):
+    """The online softmax over key tiles of ``block_n`` in float64, with one of :data:`ONLINE_FAULTS`; with
+    ``block_m`` (causal), a row's key loop stops after its query tile's last row, as the exercise's does."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    rows = torch.arange(n)[:, None]
+    stop = (rows // block_m + 1) * block_m if block_m else torch.full_like(rows, n)
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(q.shape[:-1], dtype=torch.float64)  # noqa: E741
+    acc = torch.zeros_like(q)
+    for start in range(0, n, block_n):
+        cols = torch.arange(start, min(start + block_n, n))[None, :]
+        s = q @ k[..., start:start + block_n, :].transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(cols > rows, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new).nan_to_num(0.0)   # exp(-inf - -inf): a row with no key yet has nothing
+        p = torch.exp(s - m_new[..., None]).nan_to_num(0.0)
+        pv = p @ v[..., start:start + block_n, :]
+        new_l = (l if fault == "l" else l * alpha) + p.sum(-1)
+        new_acc = (acc if fault == "acc" else acc * alpha[..., None]) + pv
+        if fault == "norm":
+            new_acc = new_acc / new_l[..., None]
+        visited = (start < stop)[:, 0]   # the rows whose key loop reaches this tile
+        l = torch.where(visited, new_l, l)  # noqa: E741
+        acc = torch.where(visited[:, None], new_acc, acc)
+        m = torch.where(visited, m_new, m)
+    return acc if fault == "nodiv" else acc / l[..., None]
+
+
+def _every(i, j):
+    return (i >= 0) & (j >= 0)
+
+
+def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
+    """The usual fault that explains ``got``, as a hint ('' when none fits)."""
+    d = q.shape[-1]
+    scale = d ** -0.5
+    right = (lambda i, j: j <= i) if causal else _every
+    faults = [
+        ("the scores are not scaled: multiply q k^T by sm_scale = 1/sqrt(head_dim) before the softmax "
+         "(a factor on p after the exp cancels in acc / l)", 1.0, right),
+        ("the scores are scaled by 1/head_dim: the scale is 1/sqrt(head_dim)", 1.0 / d, right),
+    ]
+    keep = "s = tl.where(offs_m[:, None] >= cols[None, :], s, float('-inf'))"
+    if causal:
+        masks = [
+            (f"the causal mask is missing: row i sees the keys j <= i only, {keep}", _every),
+            (f"the causal mask drops the diagonal (j < i): a query sees its own key too, {keep}; with j < i row 0 "
+             "sees no key at all and its 0/0 is NaN", lambda i, j: j < i),
+            (f"the causal mask is reversed (j >= i): row i sees the keys j <= i, the past, {keep}",
+             lambda i, j: j >= i),
+            (f"the causal mask lets a query see the next key (j <= i + 1): {keep}", lambda i, j: j <= i + 1),
+        ]
+        # a causal key loop that stops after the query tile's last row sees only the keys j < (i // BLOCK_M + 1)
+        # * BLOCK_M: a wrong mask then shows inside that bound only
+        for block_m in (None, 16, 32, 64, 128, 256):
+            for hint, mask in masks:
+                seen = mask if block_m is None else (
+                    lambda i, j, mask=mask, bm=block_m: mask(i, j) & (j < (i // bm + 1) * bm))
+                faults.append((hint, scale, seen))
+    g = got.detach().to("cpu", torch.float64)
+    # NaN where a key tile left a row without any key (a kernel's exp(-inf - -inf)) does not hide the fault:
+    # a candidate fits where the output is finite, if that is at least a quarter of it
+    finite = torch.isfinite(g)
+    if float(finite.double().mean()) < 0.25:
+        return ""
+    for hint, sc, keep_fn in faults:
+        candidate = _attention64(q, k, v, sc, keep_fn)
+        if bool(torch.isclose(g[finite], candidate[finite], atol=atol, rtol=rtol, equal_nan=True).all()):
+            return hint
+    if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size
+        tiles = (16, 32, 64, 128)
+        for fault, hint in ONLINE_FAULTS.items():
+            for block_n in tiles:
+                if block_n >= q.shape[-2] and fault != "nodiv":
+                    break
+                for block_m in (None, *(t for t in tiles if causal and fault == "norm" and t >= block_n)):
+                    candidate = _online64(q, k, v, scale, causal, block_n, fault, block_m)
+                    if bool(torch.isclose(g[finite], candidate[finite], atol=atol, rtol=rtol, equal_nan=True).all()):
+                        return hint if fault == "nodiv" else f"{hint} (it fits key tiles of BLOCK_N = {block_n})"
+                if fault == "nodiv":
+                    break   # the same for every tile size
+    return ""
 
 
 def _accepts(fn, name: str) -> bool:
@@ -91,7 +222,8 @@ def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = 
                 kwargs = {"causal": causal}
                 if with_out:
                     kwargs["out"] = out.tensor
-                got = fn(qg.tensor, kg.tensor, vg.tensor, **kwargs)
+                with check.track_loads() as loads:
+                    got = fn(qg.tensor, kg.tensor, vg.tensor, **kwargs)
             except NotImplementedError:
                 raise
             except check.CheckFailure:
@@ -107,12 +239,21 @@ def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = 
             for g, t, which in ((qg, q, "q"), (kg, k, "k"), (vg, v, "v")):
                 g.check(f"{case}, input {which}")
                 check.require(torch.equal(g.tensor, t), f"{case}: your function changed its input {which}")
+            _guard_loads(case, loads, (qg, kg, vg))
             expected = attention_ref(q.double(), k.double(), v.double(), causal=causal)
             extra = hint
             if what != "random scores" and not extra:
                 extra = ("the random case passes but this one does not: subtract the running max before "
                          "exp, and rescale l and the accumulator by exp(m_old - m_new) when the max grows.")
+            if isinstance(got, torch.Tensor) and got.shape == expected.shape and not bool(
+                    torch.isclose(got.detach().to("cpu", torch.float64), expected.cpu(), atol=atol, rtol=rtol).all()):
+                extra = _diagnose(got, q, k, v, causal, atol, rtol) or extra
             check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=extra)
+            if with_out and got.data_ptr() != out.tensor.data_ptr():   # a new tensor returned: out= holds it too
+                check.compare(f"{case}, the out= buffer", out.tensor, expected, dtype=dtype, atol=atol, rtol=rtol,
+                              hint="your function returned a new tensor and left the out= buffer it was given "
+                                   "without the result: when out is given, the kernel writes into it (and the "
+                                   "function returns it)")
     q, k, v = _inputs(1, 2, 33, 16, dtypes[0], 1.0, 0.0)
     kwargs = {"causal": causal, **({"out": torch.empty_like(q)} if with_out else {})}
     check.check_kernel_launches(name, fn, q, k, v, expected=1, **kwargs)

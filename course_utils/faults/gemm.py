@@ -1,6 +1,7 @@
 """The usual faults of chapter 9's kernel exercises, recomputed in float64 and named (used by
-:mod:`course_utils.checkers.gemm`): the bias on the wrong axis, GELU before the bias, the erf form, the
-residual's row stride ignored, an accumulator in float16, a missing K mask and, for the K loop (exercise
+:mod:`course_utils.checkers.gemm`): the bias on the wrong axis or masked by M, GELU before the bias, the erf,
+sigmoid or cubic-less forms, the residual's row stride ignored or its mask's M and N swapped, an accumulator
+in float16, a missing K mask and, for the K loop (exercise
 9.1's split-K slice), a slice summed from 0 or past its end and a last partial K tile never summed.
 
 Not a checker itself: nothing here takes a student's function. Every check that uses it first refuses
@@ -51,6 +52,16 @@ def gelu_tanh(x):
     return F.gelu(x, approximate="tanh")
 
 
+def gelu_sigmoid(x):
+    """The sigmoid approximation x * sigmoid(1.702 x): up to about 0.02 from the tanh form."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+def gelu_no_cubic(x):
+    """The tanh form without its cubic term: 0.5 x (1 + tanh(sqrt(2/pi) x))."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * x))
+
+
 def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, extra=()) -> str:
     """The usual fault that explains ``got``, as a hint ('' when none fits)."""
     g = got.detach().to("cpu", torch.float64)
@@ -70,7 +81,27 @@ def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, ex
             ("GELU is missing: apply gelu_math(acc + bias, True) before the store", acc + bias + r),
             ("this is the exact (erf) GELU: the course's epilogue uses the tanh form, gelu_math(..., True). "
              "They differ by up to 4.7e-4 near |x| = 2.7", F.gelu(acc + bias) + r),
+            ("this is the sigmoid approximation of GELU, x * sigmoid(1.702 x), up to about 0.02 from the tanh form "
+             "the course's epilogue uses: gelu_math(acc + bias, True)", gelu_sigmoid(acc + bias) + r),
+            ("the GELU misses its cubic term: the tanh form is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), "
+             "gelu_math(acc + bias, True)", gelu_no_cubic(acc + bias) + r),
         ]
+        n = acc.shape[1]
+        rows = torch.arange(m)[:, None]
+        cols_n = torch.arange(n)[None, :]
+        for tile in (16, 32, 64, 128, 256):   # square tiles: lane i of the row axis gets bias[offs_n[i]]
+            idx = cols_n // tile * tile + rows % tile
+            spread = torch.where(idx < n, bias[idx.clamp(max=n - 1)], torch.zeros((), dtype=bias.dtype))
+            faults.append((f"the bias is broadcast along the wrong axis: bias[:, None] gives row i of a tile the bias "
+                           f"of column offs_n[i] (it fits {tile} x {tile} tiles); it has one value per column, "
+                           "bias[None, :]", gelu_tanh(acc + spread) + r))
+        if m < n:   # columns >= M lose their bias (or their residual) to a mask that compares with M
+            cols = torch.arange(n, dtype=torch.float64)[None, :] < m
+            faults.append(("the bias load is masked with offs_n < M: the bias has N entries, one per column, so "
+                           "mask it with offs_n < N", gelu_tanh(acc + bias * cols[0]) + r))
+            if res is not None:
+                faults.append(("the residual's mask swaps M and N: mask its load with (offs_m[:, None] < M) & "
+                               "(offs_n[None, :] < N)", gelu_tanh(acc + bias) + res * cols))
         if res is not None:
             faults += [
                 ("the residual is added before GELU: it is added to GELU's output, gelu(acc + bias) + r",
@@ -94,6 +125,10 @@ def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, ex
     scale = float(ref.abs().max()) or 1.0
     rel = float((g - ref).abs().nan_to_num(float("inf")).max()) / scale
     if rel < 0.05 and EXACT not in what:
+        if bias is not None:   # a slightly different epilogue formula is as close as a sum that lost precision
+            return ("close but not within tolerance: either the epilogue's formula is slightly off (it is "
+                    "gelu_math(acc + bias, True), the tanh form, with the bias of column n, plus r) or the sum lost "
+                    "precision (accumulate in float32 and round to the output dtype once, at the store)")
         return ("close but not within tolerance: the sum lost precision. Accumulate in float32 "
                 "(tl.zeros(..., dtype=tl.float32), tl.dot(a, b, acc)) and round to the output dtype once, at the store")
     if "ragged K" in what and earlier_passed:
