@@ -516,6 +516,34 @@ def gathered_tables(got: list):
     return steps, pd.concat(profiles, ignore_index=True) if profiles else None
 
 
+def slowest_host(steps: pd.DataFrame) -> pd.Series:
+    """Per timed step (``steps``: a ``*_ranks_w<W>`` table), the rank whose host took the longest to issue it.
+    Every rank waits in the all-reduces for the last to join, so where the hosts set the pace this rank did."""
+    return steps.loc[steps.groupby("step")["host_ms"].idxmax()].set_index("step")["rank"]
+
+
+def rank_summary(steps: pd.DataFrame, profiles: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank of one data-parallel run (``steps``: its ``*_ranks_w<W>`` table): the core its threads ran on and
+    that core's loop time when chosen (us), its median step and median host time to issue a step (ms), and on
+    how many steps its host was the slowest (:func:`slowest_host`); with ``profiles`` (the run's
+    ``*_profile_ranks_w<W>`` table), from each rank's profile summary in ms a step: the host's time in events
+    less its wait at the end, and that wait (``cudaDeviceSynchronize``: the host, with its step issued, waiting
+    for its GPU; NaN where the summary left it out, below every listed event)."""
+    by = steps.groupby("rank")
+    out = pd.DataFrame(index=by.size().index)
+    for column, name in (("host_threads_on_core", "core"), ("host_core_loop_us", "core_loop_us")):
+        if column in steps.columns:
+            out[name] = by[column].first()
+    out["median_ms"], out["median_host_ms"] = by["ms"].median(), by["host_ms"].median()
+    out["slowest_host_steps"] = slowest_host(steps).value_counts().reindex(out.index, fill_value=0)
+    if profiles is not None:
+        cpu = profiles.pivot_table(index="rank", columns="event", values="self_cpu_ms_per_step").reindex(out.index)
+        wait = cpu["cudaDeviceSynchronize"] if "cudaDeviceSynchronize" in cpu else pd.Series(float("nan"), out.index)
+        out["host_in_events_ms"] = cpu["(all events)"] - wait.fillna(0.0)
+        out["sync_wait_ms"] = wait
+    return out
+
+
 def _profiler(device):
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -197,3 +197,29 @@ def test_rank_tables_strip_the_profile_from_each_ranks_steps_before_gathering():
     assert captured["sent"][0].attrs == {}
     steps, profiles = multigpu.gathered_tables([captured["sent"], captured["sent"]])
     assert len(steps) == 4 and len(profiles) == 2 and list(profiles["rank"]) == [0, 1]
+
+
+def test_rank_summary_names_the_rank_whose_host_paced_the_steps():
+    """Per rank: its core, median step and host time, the steps on which its host was the slowest, and from its
+    profile its host's time in events less the wait at the end, and that wait (NaN where its summary left the
+    wait out); without profiles, the steps' columns alone."""
+    import math
+
+    import pandas as pd
+
+    from benchmarks import multigpu
+    steps = pd.DataFrame({"step": [0, 1, 2] * 2, "ms": [20.0, 30.0, 31.0, 21.0, 30.5, 31.0],
+                          "host_ms": [15.0, 16.0, 15.5, 14.0, 28.0, 29.0], "host_threads_on_core": [4] * 3 + [7] * 3,
+                          "host_core_loop_us": [250.0] * 3 + [260.0] * 3, "rank": [0] * 3 + [1] * 3})
+    profiles = pd.DataFrame({"event": ["(all events)", "cudaDeviceSynchronize", "aten::mm", "(all events)", "aten::mm"],
+                             "self_cpu_ms_per_step": [30.0, 12.0, 1.5, 33.0, 3.0], "rank": [0, 0, 0, 1, 1]})
+    assert multigpu.slowest_host(steps).tolist() == [0, 1, 1]
+    got = multigpu.rank_summary(steps, profiles)
+    assert list(got.index) == [0, 1]
+    assert got["core"].tolist() == [4, 7] and got["core_loop_us"].tolist() == [250.0, 260.0]
+    assert got["median_ms"].tolist() == [30.0, 30.5] and got["median_host_ms"].tolist() == [15.5, 28.0]
+    assert got["slowest_host_steps"].tolist() == [1, 2]
+    assert got.loc[0, "sync_wait_ms"] == 12.0 and got.loc[0, "host_in_events_ms"] == 18.0
+    assert math.isnan(got.loc[1, "sync_wait_ms"]) and got.loc[1, "host_in_events_ms"] == 33.0
+    bare = multigpu.rank_summary(steps.drop(columns=["host_threads_on_core", "host_core_loop_us"]))
+    assert list(bare.columns) == ["median_ms", "median_host_ms", "slowest_host_steps"]
