@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # COURSE_TEST_TIMES=<file>: the seconds of each phase of each test (setup, call, teardown) appended to <file>
-# as it ends, one "seconds<TAB>phase<TAB>node id" line, by every xdist worker: a run stopped by a time limit
+# as it ends, one "seconds<TAB>phase<TAB>node id<TAB>outcome" line, by every xdist worker: a run stopped by a time limit
 # still leaves what it timed (pytest's --durations prints only at the end). tools/test_times.py sums it.
 _TIMES = os.environ.get("COURSE_TEST_TIMES")
 
@@ -89,4 +89,4 @@ def pytest_runtest_logreport(report):
     # under xdist the controller gets every worker's report again (with .node set): the worker wrote it
     if _TIMES and getattr(report, "node", None) is None:
         with open(_TIMES, "a") as f:   # one short line a write: workers' lines do not interleave
-            f.write(f"{report.duration:.3f}\t{report.when}\t{report.nodeid}\n")
+            f.write(f"{report.duration:.3f}\t{report.when}\t{report.nodeid}\t{report.outcome}\n")

@@ -22,6 +22,16 @@ def test_phases_sum_per_test_and_tests_per_file(tmp_path):
     assert tests == {"tests/a.py::t1": 2.5, "tests/b.py::t2[x]": 3.0, "tests/a.py::t3": 1.0}
     assert tt.by_file(tests) == {"tests/a.py": (3.5, 2), "tests/b.py": (3.0, 1)}
     assert tt.balanced_wall(tests, 2) == 3.25 and tt.balanced_wall(tests, 4) == 3.0   # the longest test bounds it
+    assert tt.failed(str(log)) == []   # lines without an outcome (older files) fail nothing
+
+
+def test_failed_tests_are_named_once_in_order(tmp_path):
+    log = tmp_path / "times.tsv"
+    log.write_text("0.1\tsetup\ttests/a.py::t1\tpassed\n1.0\tcall\ttests/a.py::t1\tfailed\n"
+                   "0.1\tteardown\ttests/a.py::t1\tfailed\n0.2\tcall\ttests/b.py::t2\tpassed\n"
+                   "0.3\tsetup\ttests/c.py::t3\tfailed\n")
+    assert tt.failed(str(log)) == ["tests/a.py::t1", "tests/c.py::t3"]
+    assert tt.read(str(log))["tests/a.py::t1"] == pytest.approx(1.2)
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
@@ -34,5 +44,6 @@ def test_the_suite_writes_a_line_a_phase_when_asked(tmp_path, workers):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, one],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    phases = [line.split("\t")[1] for line in log.read_text().splitlines()]
-    assert phases == ["setup", "call", "teardown"]
+    lines = [line.split("\t") for line in log.read_text().splitlines()]
+    assert [p[1] for p in lines] == ["setup", "call", "teardown"]
+    assert [p[3] for p in lines] == ["passed"] * 3

@@ -11,19 +11,32 @@ import argparse
 from collections import defaultdict
 
 
-def read(path: str) -> dict[str, float]:
-    """node id -> seconds (its phases summed); a line that is not ``seconds<TAB>phase<TAB>node id`` is skipped."""
-    tests: dict[str, float] = defaultdict(float)
+def _lines(path: str):
+    """(seconds, phase, node id, outcome) of each line ``seconds<TAB>phase<TAB>node id[<TAB>outcome]``
+    (older files have no outcome: "?"); any other line is skipped."""
     with open(path) as f:
         for line in f:
             parts = line.rstrip("\n").split("\t")
-            if len(parts) != 3:
+            if len(parts) not in (3, 4):
                 continue
             try:
-                tests[parts[2]] += float(parts[0])
+                seconds = float(parts[0])
             except ValueError:
                 continue
+            yield seconds, parts[1], parts[2], parts[3] if len(parts) == 4 else "?"
+
+
+def read(path: str) -> dict[str, float]:
+    """node id -> seconds (its phases summed)."""
+    tests: dict[str, float] = defaultdict(float)
+    for seconds, _, node, _ in _lines(path):
+        tests[node] += seconds
     return dict(tests)
+
+
+def failed(path: str) -> list[str]:
+    """The node ids with a phase whose outcome is "failed" (an error in setup or teardown counts), in order."""
+    return list(dict.fromkeys(node for _, _, node, outcome in _lines(path) if outcome == "failed"))
 
 
 def by_file(tests: dict[str, float]) -> dict[str, tuple[float, int]]:
@@ -57,6 +70,10 @@ def main():
     print(f"\n{'seconds':>8}  test")
     for node, s in sorted(tests.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"{s:8.1f}  {node}")
+    bad = failed(a.file)
+    if bad:
+        print(f"\nfailed ({len(bad)}):")
+        print("\n".join(f"  {node}" for node in bad))
 
 
 if __name__ == "__main__":
