@@ -152,3 +152,54 @@ def test_guards_detect_writes_before_the_start():
     g.buffer[check.GUARD - 1] = 0.0
     with pytest.raises(check.CheckFailure, match="before the start"):
         g.check("x")
+
+
+def test_fault_fits_names_the_closest_of_two_candidates_inside_the_tolerance():
+    """Two GELU forms 0.02 apart both sit inside a float32 GEMM's tolerance (0.045 at K=512): the fault is
+    the closer one, whatever the order of the candidates (a TF32 GEMM on an H100 named the farther one)."""
+    from course_utils.faults import gemm as FG
+    x = torch.linspace(-4, 4, 4001, dtype=torch.float64)
+    noise = 0.004 * torch.sin(x * 37.0)   # rounding-sized, far below the two forms' distance
+    got = FG.gelu_no_cubic(x) + noise
+    fits = check.FaultFits(got, atol=0.045, rtol=0.005, right=FG.gelu_tanh(x))
+    assert fits.add("sigmoid", FG.gelu_sigmoid(x)) and fits.add("no cubic", FG.gelu_no_cubic(x))
+    assert fits.best() == "no cubic"
+
+
+def test_fault_fits_takes_a_near_fit_only_far_closer_than_the_right_answer():
+    g = torch.zeros(10_000, dtype=torch.float64)
+    right = torch.ones_like(g)                    # the right answer misses everywhere
+    near = g.clone()
+    near[:50] = 1.0                               # 0.5% of the elements off: a near fit
+    fits = check.FaultFits(g, atol=1e-3, rtol=0.0, right=right)
+    assert not fits.add("near", near) and fits.best() == "near"
+    # a candidate that misses as much as the right answer does, or 2% of the elements, names nothing
+    far = g.clone()
+    far[:200] = 1.0
+    fits = check.FaultFits(g, atol=1e-3, rtol=0.0, right=right)
+    assert not fits.add("far", far) and fits.best() == ""
+    almost_right = right.clone()
+    almost_right[:9_990] = 0.0                    # the right answer itself misses 0.1%: no near fit is believable
+    fits = check.FaultFits(g, atol=1e-3, rtol=0.0, right=almost_right)
+    assert not fits.add("near", near) and fits.best() == ""
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32's 10 mantissa bits (round half up on the bits), as an H100's tl.dot reads it."""
+    bits = t.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_unscaled_scores_are_named_through_tf32_rounding():
+    """Chapter 7's fault "the scores are not scaled" on a GPU: float32 inputs, both dot products in TF32; the
+    unscaled softmax is sharp enough that the rounding leaves a few elements outside the tolerance of the
+    unscaled float64 candidate (seen on an H100): the near fit still names it."""
+    from course_utils.checkers import attention as ca
+    q, k, v = ca._inputs(2, 3, 1000, 64, torch.float32, 1.0, 0.0)
+    p = torch.softmax(_tf32(q) @ _tf32(k).transpose(-1, -2), dim=-1)
+    got = _tf32(p) @ _tf32(v)
+    atol, rtol = 5e-3, 5e-3   # ATTN_TOLERANCES' float32 on a GPU (the CPU's are tighter: no TF32 there)
+    unscaled = ca._attention64(q, k, v, 1.0, ca._every)
+    off = ~torch.isclose(got.double(), unscaled, atol=atol, rtol=rtol)
+    assert 0 < int(off.sum()) <= 0.01 * got.numel()   # the case this test is for: an exact fit fails
+    assert "scores are not scaled" in ca._diagnose(got, q, k, v, False, atol, rtol)

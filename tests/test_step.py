@@ -135,16 +135,18 @@ def test_one_node_the_model_gives_the_step_by_hands_loss_and_gradients_bit_for_b
 
 
 def test_one_node_scales_by_the_losss_own_gradient():
-    """(3 * loss).backward(): every gradient three times the plain loss's (the node reads its incoming
-    gradient; a node that assumed 1 would pass the test above and fail this one)."""
+    """(4 * loss).backward(): every gradient four times the plain loss's (the node reads its incoming
+    gradient; a node that assumed 1 would pass the test above and fail this one). Four, a power of two:
+    in bf16 every rounding of the scaled backward is the plain one's, scaled (3 rounds differently, and
+    the bf16 gradients then differ from 3 x the float32 ones by more than the tolerance: seen on an H100)."""
     m = _model()
     tol = TOL[next(m.parameters()).dtype]
     x, y = _batch(m.cfg)
     _, grads_h = _hand_grads(m, x, y)
     _, loss = step.OneNode(m)(x, y)
-    (3 * loss).backward()
+    (4 * loss).backward()
     for n, p in m.named_parameters():
-        want = 3 * grads_h[id(p)].float()
+        want = 4 * grads_h[id(p)].float()
         err = (p.grad.float() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
         assert err <= tol, f"{n}: {err:.2e}"
 

@@ -16,6 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import check
+
 EXACT = "an accumulator exact in every precision, acc + bias spread over [-4, 4]"
 
 
@@ -111,9 +113,11 @@ def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, ex
                  "not N; address it as r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]",
                  gelu_tanh(acc + bias) + res_flat),
             ]
+    fits = check.FaultFits(g, atol, rtol, right=ref)
     for hint, candidate in faults:
-        if candidate is not None and torch.isclose(g, candidate, atol=atol, rtol=rtol, equal_nan=True).all():
-            return hint
+        fits.add(hint, candidate)
+    if fits.best():
+        return fits.best()
     finite = torch.isfinite(g)
     if not bool(finite.all()) and bool(torch.isfinite(ref).all()):
         if "cancelling" in what:
