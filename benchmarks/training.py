@@ -661,16 +661,30 @@ def _loss_targets(df) -> list:
 
 
 def _host_targets() -> list:
+    """One target an op: course <= HOST_OVER_ATEN x aten. When the table has the autograd floor (a Python
+    autograd.Function around one launch each way; recorded since 2026-11-28), the bound is HOST_OVER_ATEN x (aten
+    + the floor's extra): on an H100 the floor alone costs 2.7x aten's neg forward and 2.0x forward + backward,
+    so no op built that way can meet 1.5x aten, however little Python of its own it runs (chapter 12 says so)."""
+    from course_utils.ops import overhead
+
     try:
         over = bench.recorded("training_overhead")
     except Exception:
         over = None
     if over is None or "course_over_aten" not in over:
         return []
+    over = overhead.over_aten_past_the_floor(over)
     ops_rows = over[~over["op"].str.startswith("(")]
-    return [bench.Target(ISSUE, f"host cost per call, {r['op']}: {HOST_OVER_ATEN}x aten / course's "
-                                f"(course <= {HOST_OVER_ATEN}x aten)", HOST_OVER_ATEN / float(r["course_over_aten"]),
-                         1.0) for _, r in ops_rows.iterrows()]
+    out = []
+    for _, r in ops_rows.iterrows():
+        if r["course_over_aten_floor"] == r["course_over_aten_floor"]:
+            claim = f"host cost per call, {r['op']}: {HOST_OVER_ATEN}x (aten + the autograd floor's extra) / course's"
+            out.append(bench.Target(ISSUE, claim, HOST_OVER_ATEN / float(r["course_over_aten_floor"]), 1.0))
+        else:
+            out.append(bench.Target(ISSUE, f"host cost per call, {r['op']}: {HOST_OVER_ATEN}x aten / course's "
+                                           f"(course <= {HOST_OVER_ATEN}x aten)",
+                                    HOST_OVER_ATEN / float(r["course_over_aten"]), 1.0))
+    return out
 
 
 def targets(df) -> list:

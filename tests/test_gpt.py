@@ -223,6 +223,24 @@ def test_targets_are_the_issues_ratios(training_bench, monkeypatch):
     assert all(t.measured != t.measured for t in training_bench.targets(old)[:10])
 
 
+def test_host_targets_add_the_autograd_floor_when_the_table_has_it(training_bench, monkeypatch):
+    """The per-op host targets: 1.5x (aten + the floor's extra) / course's when the recorded table has the floor
+    row, else 1.5x aten / course's (a table from before the floor); the floor rows are never targets."""
+    import pandas as pd
+
+    from course_utils.ops import overhead as O
+    rows = [dict(op="layer_norm", course_us=40.0, aten_us=10.0, course_fwd_bwd_us=300.0, aten_fwd_bwd_us=100.0),
+            dict(op=O.FLOOR_ROW, course_us=20.0, aten_us=8.0, course_fwd_bwd_us=200.0, aten_fwd_bwd_us=100.0)]
+    table = pd.DataFrame(rows)
+    table["course_over_aten"] = [4.0, 2.5]
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: table)
+    (t,) = training_bench._host_targets()
+    assert "floor's extra" in t.claim and t.measured == pytest.approx(1.5 / max(40 / 22, 300 / 200))
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: table.iloc[[0]])
+    (t,) = training_bench._host_targets()
+    assert "(course <= 1.5x aten)" in t.claim and t.measured == pytest.approx(1.5 / 4.0)
+
+
 def test_loss_agreement_compares_the_course_with_the_noise_floor(training_bench):
     import pandas as pd
     steps = pd.Series(range(10))

@@ -221,6 +221,27 @@ def test_host_overhead_table_has_every_op():
     assert (table[["course_fwd_bwd_us", "aten_fwd_bwd_us"]][:-1] > 0).all().all()
 
 
+def test_the_host_bound_past_the_floor_adds_the_floors_extra_to_aten():
+    """course / (aten + floor's extra), the larger of forward and forward + backward; the floor rows get none, and
+    a table recorded before the floor row gets NaN (judged against 1.5x aten alone)."""
+    import pandas as pd
+
+    from course_utils.ops import overhead as O
+    nan = float("nan")
+    table = pd.DataFrame([
+        dict(op="layer_norm", course_us=40.0, aten_us=10.0, course_fwd_bwd_us=300.0, aten_fwd_bwd_us=100.0),
+        dict(op=O.FLOOR_ROW, course_us=20.0, aten_us=8.0, course_fwd_bwd_us=200.0, aten_fwd_bwd_us=100.0),
+        dict(op="(one launch: touch_kernel / add_)", course_us=12.0, aten_us=7.0, course_fwd_bwd_us=nan,
+             aten_fwd_bwd_us=nan)])
+    got = O.over_aten_past_the_floor(table)["course_over_aten_floor"].tolist()
+    assert got[0] == pytest.approx(max(40 / (10 + 12), 300 / (100 + 100)))
+    assert got[1] != got[1] and got[2] != got[2]
+    no_floor = O.over_aten_past_the_floor(table.iloc[[0, 2]])
+    assert no_floor["course_over_aten_floor"].isna().all()
+    cheap = table.assign(course_us=[40.0, 5.0, 12.0])   # a floor cheaper than aten adds nothing
+    assert O.over_aten_past_the_floor(cheap)["course_over_aten_floor"].iloc[0] == pytest.approx(max(40 / 10, 1.5))
+
+
 def test_the_autograd_floor_launches_once_each_way(monkeypatch):
     """The floor row's Function: one launch in its forward, one in its backward, each on a fresh tensor."""
     from course_utils.ops import overhead as O

@@ -226,6 +226,27 @@ def _floor_row(n_calls: int, device, sync) -> dict:
     return row
 
 
+def over_aten_past_the_floor(table):
+    """``table`` (a :func:`host_overhead_table`) with ``course_over_aten_floor`` for each op row: the larger over
+    forward and forward + backward of course / (aten + the floor's extra), where the floor's extra is what
+    :data:`FLOOR_ROW`'s Python ``autograd.Function`` with one launch each way costs past aten's ``neg`` (clamped
+    at 0). It asks the course's ops for no more than aten's cost plus what any op made this way pays; NaN for
+    every row of a table without the floor row."""
+    out = table.copy()
+    floor = table[table["op"] == FLOOR_ROW]
+    out["course_over_aten_floor"] = float("nan")
+    if floor.empty:
+        return out
+    f = floor.iloc[0]
+    extra_fwd = max(float(f["course_us"] - f["aten_us"]), 0.0)
+    extra_both = max(float(f["course_fwd_bwd_us"] - f["aten_fwd_bwd_us"]), 0.0)
+    ops_rows = ~table["op"].str.startswith("(")
+    ratio = (table["course_us"] / (table["aten_us"] + extra_fwd)).combine(
+        table["course_fwd_bwd_us"] / (table["aten_fwd_bwd_us"] + extra_both), max)
+    out.loc[ops_rows, "course_over_aten_floor"] = ratio[ops_rows]
+    return out
+
+
 def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_model: int = 64, n_head: int = 2,
                         vocab: int = 64, dtype: torch.dtype | None = None, device=None):
     """A ``pandas.DataFrame``, one row per op: host microseconds per call from Python of the course's
