@@ -14,6 +14,8 @@ from course_utils.ops import block
 from course_utils.ops import linear as L
 from course_utils.ops import norms as Nm
 
+pytestmark = pytest.mark.machinery   # left out of the newest-Triton run (pyproject.toml says why)
+
 
 def student(fault: str = "none"):
     """A block backward written from step.py's forward, with one usual mistake (``fault``) baked in."""
