@@ -2,6 +2,7 @@
 averaged by one flat all-reduce) against DDP's autograd step, on the CPU with gloo: the same losses, on one
 process and on two (where a gradient summed and not averaged, or not copied back, would part them)."""
 
+import functools
 import os
 import tempfile
 
@@ -44,11 +45,17 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
         torch.save({"worst_grad": worst, **losses}, out)
 
 
-def test_the_step_by_hand_data_parallel_follows_ddp_on_one_process():
+@functools.cache
+def _one_process(by_hand: bool, compiled: bool = False):
+    """Two steps on one gloo process, eager or compiled; each eager run is made once per worker and shared by
+    the tests below (on 2 CPU cores each costs about half a minute under the interpreter)."""
     from benchmarks import multigpu
-    ddp = multigpu.ddp_one_process(torch.device("cpu"), steps=3)
-    hand = multigpu.ddp_one_process(torch.device("cpu"), steps=3, by_hand=True)
-    assert len(hand) == len(ddp) == 3
+    return multigpu.ddp_one_process(torch.device("cpu"), steps=2, by_hand=by_hand, compiled=compiled)
+
+
+def test_the_step_by_hand_data_parallel_follows_ddp_on_one_process():
+    ddp, hand = _one_process(False), _one_process(True)
+    assert len(hand) == len(ddp) == 2
     assert torch.allclose(torch.tensor(hand["loss"].values), torch.tensor(ddp["loss"].values), rtol=1e-5, atol=0)
 
 
@@ -67,9 +74,7 @@ def test_the_step_by_hand_data_parallel_follows_ddp_on_two_processes():
 def test_each_data_parallel_step_compiled_takes_the_same_steps(by_hand):
     """``--ddp-compiled``: DDP's model under torch.compile (its graph split at the buckets) and the step by
     hand compiled whole train like their eager selves (on the CPU the course's ops stay opaque custom ops)."""
-    from benchmarks import multigpu
-    eager = multigpu.ddp_one_process(torch.device("cpu"), steps=2, by_hand=by_hand)
-    compiled = multigpu.ddp_one_process(torch.device("cpu"), steps=2, by_hand=by_hand, compiled=True)
+    eager, compiled = _one_process(by_hand), _one_process(by_hand, compiled=True)
     assert len(compiled) == len(eager) == 2
     assert torch.allclose(torch.tensor(compiled["loss"].values), torch.tensor(eager["loss"].values), rtol=1e-4, atol=0)
 
