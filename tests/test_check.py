@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from course_utils import check
+from course_utils.faults.fits import FaultFits
 
 
 @triton.jit
@@ -161,7 +162,7 @@ def test_fault_fits_names_the_closest_of_two_candidates_inside_the_tolerance():
     x = torch.linspace(-4, 4, 4001, dtype=torch.float64)
     noise = 0.004 * torch.sin(x * 37.0)   # rounding-sized, far below the two forms' distance
     got = FG.gelu_no_cubic(x) + noise
-    fits = check.FaultFits(got, atol=0.045, rtol=0.005, right=FG.gelu_tanh(x))
+    fits = FaultFits(got, atol=0.045, rtol=0.005, right=FG.gelu_tanh(x))
     assert fits.add("sigmoid", FG.gelu_sigmoid(x)) and fits.add("no cubic", FG.gelu_no_cubic(x))
     assert fits.best() == "no cubic"
 
@@ -171,16 +172,16 @@ def test_fault_fits_takes_a_near_fit_only_far_closer_than_the_right_answer():
     right = torch.ones_like(g)                    # the right answer misses everywhere
     near = g.clone()
     near[:50] = 1.0                               # 0.5% of the elements off: a near fit
-    fits = check.FaultFits(g, atol=1e-3, rtol=0.0, right=right)
+    fits = FaultFits(g, atol=1e-3, rtol=0.0, right=right)
     assert not fits.add("near", near) and fits.best() == "near"
     # a candidate that misses as much as the right answer does, or 2% of the elements, names nothing
     far = g.clone()
     far[:200] = 1.0
-    fits = check.FaultFits(g, atol=1e-3, rtol=0.0, right=right)
+    fits = FaultFits(g, atol=1e-3, rtol=0.0, right=right)
     assert not fits.add("far", far) and fits.best() == ""
     almost_right = right.clone()
     almost_right[:9_990] = 0.0                    # the right answer itself misses 0.1%: no near fit is believable
-    fits = check.FaultFits(g, atol=1e-3, rtol=0.0, right=almost_right)
+    fits = FaultFits(g, atol=1e-3, rtol=0.0, right=almost_right)
     assert not fits.add("near", near) and fits.best() == ""
 
 

@@ -21,6 +21,7 @@ import re
 import torch
 
 from .. import check, env
+from ..faults.fits import FaultFits
 from ..kernels.attention import attention_ref
 from . import answer_keys
 from .loads import in_guards
@@ -164,7 +165,7 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
     if float(finite.double().mean()) < 0.25:
         return ""
     # the first candidate that fits everywhere names the fault; failing that, one that nearly fits (FaultFits)
-    fits = check.FaultFits(g, atol, rtol, where=finite, right=_attention64(q, k, v, scale, right))
+    fits = FaultFits(g, atol, rtol, where=finite, right=_attention64(q, k, v, scale, right))
     for hint, sc, keep_fn in faults:
         if fits.add(hint, _attention64(q, k, v, sc, keep_fn)):
             return hint

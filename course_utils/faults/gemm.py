@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import check
+from .fits import FaultFits
 
 EXACT = "an accumulator exact in every precision, acc + bias spread over [-4, 4]"
 
@@ -113,7 +113,7 @@ def diagnose(got, acc, bias, res, res_flat, atol, rtol, what, earlier_passed, ex
                  "not N; address it as r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]",
                  gelu_tanh(acc + bias) + res_flat),
             ]
-    fits = check.FaultFits(g, atol, rtol, right=ref)
+    fits = FaultFits(g, atol, rtol, right=ref)
     for hint, candidate in faults:
         fits.add(hint, candidate)
     if fits.best():
