@@ -491,15 +491,33 @@ def _registration(name: str) -> str:
     return f"triton_op ({', '.join(opaque)}: custom_op)" if opaque else "triton_op"
 
 
+def _folder(df: pd.DataFrame | None = None) -> str | None:
+    """The results folder of the GPU that rows come from: a recorded table's own folder (or its ``gpu``
+    column) when judging one, else the GPU in hand. A call on one GPU never reads another GPU's records:
+    an H200's first run merged with, or judged against, the H100's rows would be a table of two machines."""
+    if df is None:
+        return bench.gpu_slug()
+    if df.attrs.get("gpu_folder"):
+        return df.attrs["gpu_folder"]
+    if "gpu" in df and len(df) and isinstance(df["gpu"].iloc[0], str):
+        return bench.gpu_slug(df["gpu"].iloc[0])
+    return None   # a recording without provenance: the first folder that has the file, as before
+
+
+def _recorded_here(name: str, df: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """``results/<that GPU>/<name>.csv`` (see :func:`_folder`), or None when that GPU has none recorded."""
+    try:
+        return bench.recorded(name, gpu=_folder(df))
+    except FileNotFoundError:
+        return None
+
+
 def _merge_recorded(df: pd.DataFrame, name: str, keys: list[str]) -> pd.DataFrame:
     """``df`` (this run's configurations, with provenance) plus the recorded rows of the other configurations."""
     from course_utils.results import provenance
     for k, v in provenance().items():
         df[k] = v
-    try:
-        old = bench.recorded(name)
-    except Exception:
-        old = None
+    old = _recorded_here(name)
     if old is None or "config_key" not in old:
         return df
     return pd.concat([old[~old["config_key"].isin(keys)], df], ignore_index=True)
@@ -562,7 +580,7 @@ def sweep(quick: bool = False) -> pd.DataFrame:
             bench.save(df, f"training_{name}{suffix}")
     df = pd.DataFrame(rows)
     if df.empty:   # no versions timed in this call: the recorded table (its provenance kept), this call's losses
-        df = bench.recorded("training")
+        df = _recorded_here("training")
         if df is None or "config_key" not in df:
             raise RuntimeError("COURSE_TRAINING_PARTS without 'versions' needs a recorded training.csv")
         for k, v in loss_summary.items():
@@ -578,7 +596,7 @@ def sweep(quick: bool = False) -> pd.DataFrame:
 def _recorded_losses() -> dict:
     """The loss columns of the recorded headline rows (``loss_*``, with ``loss_date``: the day of that curve's
     run), or {} when none are recorded: a call that re-times the versions alone keeps the loss targets."""
-    old = bench.recorded("training")
+    old = _recorded_here("training")
     if old is None or "config_key" not in old:
         return {}
     head = old[old["config_key"] == HEADLINE]
@@ -660,17 +678,15 @@ def _loss_targets(df) -> list:
     return out
 
 
-def _host_targets() -> list:
+def _host_targets(judged: pd.DataFrame | None = None) -> list:
     """One target an op: course <= HOST_OVER_ATEN x aten. When the table has the autograd floor (a Python
     autograd.Function around one launch each way; recorded since 2026-11-28), the bound is HOST_OVER_ATEN x (aten
     + the floor's extra): on an H100 the floor alone costs 2.7x aten's neg forward and 2.0x forward + backward,
-    so no op built that way can meet 1.5x aten, however little Python of its own it runs (chapter 12 says so)."""
+    so no op built that way can meet 1.5x aten, however little Python of its own it runs (chapter 12 says so).
+    ``judged``: the training table being judged; the overhead table is read from its GPU's folder."""
     from course_utils.ops import overhead
 
-    try:
-        over = bench.recorded("training_overhead")
-    except Exception:
-        over = None
+    over = _recorded_here("training_overhead", judged)
     if over is None or "course_over_aten" not in over:
         return []
     over = overhead.over_aten_past_the_floor(over)
@@ -698,7 +714,7 @@ def targets(df) -> list:
         out += [bench.Target(ISSUE, f"{cfg_name}: {claim}", _col(g, num, col) / _col(g, den, col), req)
                 for claim, num, den, col, req in TARGETS]
     out += _loss_targets(df)
-    out += _host_targets()
+    out += _host_targets(df)
     return out
 
 

@@ -195,7 +195,7 @@ def test_losses_are_judged_step_by_step_and_a_divergent_step_replayed(training_b
 
 def test_targets_are_the_issues_ratios(training_bench, monkeypatch):
     import pandas as pd
-    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: None)   # no recorded overhead table
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name, gpu=None: None)   # no recorded overhead table
     rows = {"eager": (18.0, 10.0, 5.0), "torch.compile": (14.0, 9.0, 4.5), "course": (15.0, 7.5, 4.0),
             "course, one autograd node the model": (13.5, None, None),
             "course, step by hand": (12.0, None, None), "course, step by hand + torch.compile": (11.0, None, None),
@@ -233,10 +233,10 @@ def test_host_targets_add_the_autograd_floor_when_the_table_has_it(training_benc
             dict(op=O.FLOOR_ROW, course_us=20.0, aten_us=8.0, course_fwd_bwd_us=200.0, aten_fwd_bwd_us=100.0)]
     table = pd.DataFrame(rows)
     table["course_over_aten"] = [4.0, 2.5]
-    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: table)
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name, gpu=None: table)
     (t,) = training_bench._host_targets()
     assert "floor's extra" in t.claim and t.measured == pytest.approx(1.5 / max(40 / 22, 300 / 200))
-    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: table.iloc[[0]])
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name, gpu=None: table.iloc[[0]])
     (t,) = training_bench._host_targets()
     assert "(course <= 1.5x aten)" in t.claim and t.measured == pytest.approx(1.5 / 4.0)
 
@@ -320,11 +320,36 @@ def test_a_call_without_the_losses_keeps_the_recorded_loss_columns(training_benc
     head = training_bench.HEADLINE
     rec = pd.DataFrame([{"config_key": head, "impl": "eager", "date": "2026-11-25", "loss_steps": 200,
                          "loss_course_mean_abs": 0.004}, {"config_key": "toy-b8", "impl": "eager", "loss_steps": 9}])
-    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: rec)
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name, gpu=None: rec)
     assert training_bench._recorded_losses() == {"loss_steps": 200, "loss_course_mean_abs": 0.004,
                                                  "loss_date": "2026-11-25"}
-    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: rec.drop(columns=["loss_steps",
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name, gpu=None: rec.drop(columns=["loss_steps",
                                                                                         "loss_course_mean_abs"]))
     assert training_bench._recorded_losses() == {}
-    monkeypatch.setattr(training_bench.bench, "recorded", lambda name: None)
+    monkeypatch.setattr(training_bench.bench, "recorded", lambda name, gpu=None: None)
     assert training_bench._recorded_losses() == {}
+
+
+def test_a_run_on_one_gpu_never_reads_another_gpus_records(training_bench, monkeypatch, tmp_path):
+    """An H200's first training run, with only the H100's files recorded: its rows are not merged with the
+    H100's, its losses are not the H100's, and judging the H200's table reads the H200's overhead table."""
+    import pandas as pd
+
+    from course_utils import results
+    h100 = tmp_path / "h100-80gb-hbm3"
+    h100.mkdir()
+    pd.DataFrame([{"config_key": k, "impl": "eager", "gpu": "NVIDIA H100 80GB HBM3", "loss_steps": 200}
+                  for k in ("gpt2-b8", "gpt2-b16")]).to_csv(h100 / "training.csv", index=False)
+    pd.DataFrame([{"op": "layer_norm", "course_us": 40.0, "aten_us": 10.0, "course_over_aten": 4.0}]).to_csv(
+        h100 / "training_overhead.csv", index=False)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.setattr(training_bench.bench, "gpu_slug", lambda name=None: results.gpu_slug(name or "NVIDIA H200"))
+    mine = pd.DataFrame([{"config_key": "gpt2-b16", "impl": "eager"}])
+    merged = training_bench._merge_recorded(mine, "training", ["gpt2-b16"])
+    assert list(merged["config_key"]) == ["gpt2-b16"]          # the H100's gpt2-b8 row is not taken in
+    assert training_bench._recorded_losses() == {}
+    h200_table = pd.DataFrame([{"config_key": "gpt2-b8", "gpu": "NVIDIA H200"}])
+    assert training_bench._host_targets(h200_table) == []     # the H200 has no overhead table yet
+    h100_table = pd.DataFrame([{"config_key": "gpt2-b8", "gpu": "NVIDIA H100 80GB HBM3"}])
+    (t,) = training_bench._host_targets(h100_table)           # judging the H100's record reads the H100's
+    assert t.measured == pytest.approx(1.5 / 4.0)
