@@ -8,7 +8,7 @@
 # interpreter, the CPU unit tests ($TESTS_MARK) and the compile matrix (python -m course_utils.aot).
 # Cost on the 2-core development machine (2026-11-24, Triton 3.9.0, load about 1.5): first install
 # 29 s (1-3 s once the newest is there), compile matrix about 190 s per target; the unit tests below took
-# about 1380 CPU-seconds under the pinned Triton on 2026-11-28 (about 815 without "machinery", 2094 tests then 1991).
+# about 1380 CPU-seconds under the pinned Triton on 2026-11-28 (about 815 in the 1991 tests without "machinery").
 #   BASE_PY=.venv/bin/python  NEXT=build/venv-triton-next  TRITON_NEXT=triton  (a requirement, e.g. triton==3.9.0)
 set -euo pipefail
 VENV=${VENV:-.venv}
