@@ -424,7 +424,7 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 
 def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per_gpu_batch: int = DDP_PER_GPU_BATCH,
             dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False, pin: bool = True,
-            profile_steps: int = 0):
+            profile_steps: int = 0, warmup: int = DDP_WARMUP):
     """Chapter 12's GPT step (GPT-2 small on a GPU) data-parallel over ``world`` ranks, ``per_gpu_batch``
     sequences on each (a global batch of ``world * per_gpu_batch``): per step the mean loss over all ranks
     (= the loss of the whole global batch) and the step's wall time.
@@ -438,7 +438,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     thread of this process on a core of its own (:mod:`course_utils.affinity`: the fastest of the rank's share of
     the host's cores), as
     chapter 12's benchmark times its steps. ``profile_steps``: that many more steps after the timed ones,
-    under torch.profiler; their summary (:func:`profile_summary`) in the result's ``attrs["profile"]``."""
+    under torch.profiler; their summary (:func:`profile_summary`) in the result's ``attrs["profile"]``.
+    ``warmup``: the untimed steps before the timed ones (fewer in the CPU tests, where every step costs seconds)."""
     import contextlib
 
     from course_utils import affinity
@@ -460,10 +461,10 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
         train = lambda x, y: gpt.train_step(run, opt, x, y)  # noqa: E731
     global_batch = per_gpu_batch * world
     data = gpt.tokens()
-    rows, core, prof, timed = [], None, None, steps + DDP_WARMUP
+    rows, core, prof, timed = [], None, None, steps + warmup
     with contextlib.ExitStack() as pinned:
         for step, (x, y) in enumerate(gpt.batches(data, global_batch, cfg.seq_len, timed + profile_steps, seed=0)):
-            if step == DDP_WARMUP and pin and device.type == "cuda":   # built and compiled: now one core
+            if step == warmup and pin and device.type == "cuda":   # built and compiled: now one core
                 core = pinned.enter_context(affinity.one_core(int(os.environ.get("LOCAL_RANK", rank)),
                                                               int(os.environ.get("LOCAL_WORLD_SIZE", world))))
             if step == timed:   # the timed steps are done: the profiled ones follow
@@ -480,9 +481,9 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if step < timed:
-                rows.append({"step": step - DDP_WARMUP, "loss": float(loss) / world,
+                rows.append({"step": step - warmup, "loss": float(loss) / world,
                              "ms": (time.perf_counter() - t0) * 1e3, "host_ms": (issued - t0) * 1e3})
-    df = pd.DataFrame(rows[DDP_WARMUP:])
+    df = pd.DataFrame(rows[warmup:])
     step_s = df["ms"].median() / 1e3
     df["tokens_per_s_per_gpu"] = per_gpu_batch * cfg.seq_len / step_s
     df["per_gpu_batch"], df["global_batch"], df["world_size"] = per_gpu_batch, global_batch, world
@@ -905,7 +906,8 @@ def run_simulated(args) -> None:
     print(f"PASS DDP step on one process: losses {[round(v, 3) for v in df['loss']]}")
 
 
-def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: bool = False, compiled: bool = False):
+def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: bool = False, compiled: bool = False,
+                    warmup: int = DDP_WARMUP, profile_steps: int = 0):
     """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
     same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
     import tempfile
@@ -913,7 +915,7 @@ def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: boo
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
             return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, per_gpu_batch=per_gpu_batch, by_hand=by_hand,
-                           compiled=compiled)
+                           compiled=compiled, warmup=warmup, profile_steps=profile_steps)
         finally:
             dist.destroy_process_group()
 

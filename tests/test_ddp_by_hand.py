@@ -38,19 +38,26 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
         worst = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
                     for a, b in zip(model.parameters(), twin.parameters()))
         losses = {how: multigpu.ddp_run(world, rank, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2,
-                                        by_hand=how == "hand")["loss"].tolist() for how in ("ddp", "hand")}
+                                        by_hand=how == "hand", warmup=WARMUP)["loss"].tolist()
+                  for how in ("ddp", "hand")}
     finally:
         dist.destroy_process_group()
     if rank == 0:
         torch.save({"worst_grad": worst, **losses}, out)
 
 
+# One untimed step before the two compared ones, not the benchmark's five: the first step builds (and compiles)
+# everything, and each step under the interpreter costs seconds. Two sequences a step, as on each of two ranks.
+WARMUP, BATCH = 1, 2
+
+
 @functools.cache
-def _one_process(by_hand: bool, compiled: bool = False):
-    """Two steps on one gloo process, eager or compiled; each eager run is made once per worker and shared by
-    the tests below (on 2 CPU cores each costs about half a minute under the interpreter)."""
+def _one_process(by_hand: bool, compiled: bool = False, profile_steps: int = 0):
+    """Two steps on one gloo process, eager or compiled (then ``profile_steps`` profiled ones); each run is made
+    once per worker and shared by the tests below (the eager DDP run is also the profile's plain run)."""
     from benchmarks import multigpu
-    return multigpu.ddp_one_process(torch.device("cpu"), steps=2, by_hand=by_hand, compiled=compiled)
+    return multigpu.ddp_one_process(torch.device("cpu"), steps=2, per_gpu_batch=BATCH, by_hand=by_hand,
+                                    compiled=compiled, warmup=WARMUP, profile_steps=profile_steps)
 
 
 def test_the_step_by_hand_data_parallel_follows_ddp_on_one_process():
@@ -135,18 +142,7 @@ def test_a_scaling_ratio_above_one_is_suspect_not_a_pass():
 def test_profiled_steps_come_after_the_timed_ones_and_are_summarized():
     """``profile_steps``: the timed rows are the same as without it; the profile's summary has the totals first
     and the events that cost the most CPU time (on the CPU no event has GPU time)."""
-    import os
-
-    from benchmarks import multigpu
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
-        try:
-            from course_utils import gpt
-            plain = multigpu.ddp_run(1, 0, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2)
-            profiled = multigpu.ddp_run(1, 0, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2,
-                                        profile_steps=2)
-        finally:
-            dist.destroy_process_group()
+    plain, profiled = _one_process(False), _one_process(False, profile_steps=2)
     assert "profile" not in plain.attrs
     assert profiled["loss"].tolist() == pytest.approx(plain["loss"].tolist(), rel=1e-6)
     summary = profiled.attrs["profile"]
@@ -157,14 +153,11 @@ def test_profiled_steps_come_after_the_timed_ones_and_are_summarized():
 
 def test_rank_tables_gather_each_ranks_steps_and_profile():
     """Every rank's timed steps (with the host's time to issue each) and profile come back with its rank."""
-    import os
-
     from benchmarks import multigpu
+    df = _one_process(False, profile_steps=2)   # the run of the test above
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
-            from course_utils import gpt
-            df = multigpu.ddp_run(1, 0, torch.device("cpu"), steps=2, cfg=gpt.TINY, per_gpu_batch=2, profile_steps=1)
             steps, profiles = multigpu.rank_tables(df, 1, 0)
             bare = df.copy()
             bare.attrs = {}   # a run without profiled steps

@@ -14,6 +14,8 @@ import torch
 from course_utils import exercises, grade, integrity
 from course_utils.grade import guard
 
+pytestmark = pytest.mark.machinery   # left out of the newest-Triton run (pyproject.toml says why)
+
 CHEAT = '''import course_utils.checkers.softmax as S
 import course_utils.check as C
 def fake(kernel, name="fused softmax, one row per program"):

@@ -10,6 +10,8 @@ import pytest
 from course_utils import hardware
 from course_utils.widgets import partition as P
 
+pytestmark = pytest.mark.machinery   # left out of the newest-Triton run (pyproject.toml says why)
+
 
 def test_partition_covers_every_element_once_with_the_fewest_programs():
     rng = random.Random()

@@ -8,7 +8,7 @@
 # interpreter, the CPU unit tests ($TESTS_MARK) and the compile matrix (python -m course_utils.aot).
 # Cost on the 2-core development machine (2026-11-24, Triton 3.9.0, load about 1.5): first install
 # 29 s (1-3 s once the newest is there), compile matrix about 190 s per target; the unit tests below took
-# about 1380 CPU-seconds under the pinned Triton on 2026-11-28 (about 850 without "machinery": 7 minutes on 2 workers).
+# about 1380 CPU-seconds under the pinned Triton on 2026-11-28 (about 815 in the 1991 tests without "machinery").
 #   BASE_PY=.venv/bin/python  NEXT=build/venv-triton-next  TRITON_NEXT=triton  (a requirement, e.g. triton==3.9.0)
 set -euo pipefail
 VENV=${VENV:-.venv}
@@ -16,7 +16,10 @@ NEXT=${NEXT:-build/venv-triton-next}
 TRITON_NEXT=${TRITON_NEXT:-triton}
 WORKERS=${WORKERS:-2}
 # not "machinery": the training steps, data-parallel runs and tools around the kernels, whose kernels the kernels'
-# own tests already run (2026-11-28: about 500 of the 1380 CPU-seconds of the tests below)
+# own tests already run (2026-11-28: about 500 of the 1380 CPU-seconds of the tests below), and the tests that
+# run no Triton at all: the widgets (pure Python, and ipywidgets 7), make test-gpu's schedule, the benchmark
+# runner with fake topics, the integrity scan (40 CPU-seconds of the remaining 854 in the 2026-11-28 CPU run).
+# Every kernel test and every checker test stays.
 TESTS_MARK=${TESTS_MARK:-not slow and not browser and not gpu and not machinery}
 TESTS=${TESTS:-tests}          # a narrower selection for a quick check of this script
 AOT_ARGS=${AOT_ARGS:---smoke}  # per kernel its smallest and largest tile choice; --quick: every tile choice; "": all

@@ -72,6 +72,12 @@ def _caches() -> None:
             pass
 
 
+# pytest, without the module rfc3987_syntax: nbval loads nbformat, whose jsonschema imports it where it is installed
+# (jupyter-events' format-nongpl extra), and on import it builds an Earley parser of RFC 3987's grammar: 3 s of CPU
+# in every graded notebook's process, for jsonschema's "iri" formats, which no notebook schema uses.
+_PYTEST_MAIN = "import sys; sys.modules['rfc3987_syntax'] = None; import pytest; sys.exit(pytest.console_main())"
+
+
 def run_nbval(nb_path: Path, junit: Path, cell_timeout: int, total_timeout: int, sandbox_root: Path,
               checkout: Path) -> Run:
     """Run pytest --nbval-lax on one notebook, with every write into ``checkout`` forbidden."""
@@ -79,7 +85,7 @@ def run_nbval(nb_path: Path, junit: Path, cell_timeout: int, total_timeout: int,
     ini = work / "pytest.ini"
     ini.write_text("[pytest]\n")
     shutil.copy(Path(__file__).with_name("kernel_watch.py"), work / "conftest.py")
-    pytest = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+    pytest = [sys.executable, "-c", _PYTEST_MAIN, "--nbval-lax", "--nbval-current-env",
               f"--nbval-cell-timeout={cell_timeout}", "-p", "no:cacheprovider", "-c", str(ini),
               "--rootdir", str(work), "-q", f"--junitxml={junit}", str(nb_path)]
     spec = work.parent / "jail.json"
