@@ -1,6 +1,6 @@
+# Over 350 lines by design, not split by job: each internal's assumption, its check and its one use belong in this
+# one file, and tests/test_triton_internals.py holds the rule that no other file under course_utils touches them.
 """The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
-(Over 350 lines by design: each internal's assumption, its check and its one use belong in this one file, and
-tests/test_triton_internals.py holds the rule that no other file under course_utils touches Triton's internals.)
 
 A student's call never comes here: kernels launch through ``kernel[grid](...)`` only. What needs
 internals is tooling:
