@@ -96,14 +96,15 @@ def test_layer_norm_without_bias_and_names_from_both_shelves():
 
 
 @pytest.mark.parametrize("plan", [T.Plan("chunked", 32, 1, 4, 0), T.Plan("tiles", 128, 4, 4, 0),
-                                  T.Plan("row", 128, 1, 4, 0), T.Plan("row", 128, 1, 4, 0, stages=2)])
+                                  T.Plan("tiles", 128, 4, 4, 0, stages=3), T.Plan("row", 128, 1, 4, 0),
+                                  T.Plan("row", 128, 1, 4, 0, stages=2)])
 @pytest.mark.parametrize("atomic", [False, True])
 @pytest.mark.parametrize("rms", [False, True])
 def test_tuned_backward_every_plan(plan, atomic, rms):
     m, n = 23, 100
     x, w, b, dy = _inputs(m, n, torch.float32, offset=30.0)
     grid, per = T._grid(m, plan.ROWS, 4)
-    plan = T.Plan(plan.version, plan.BLOCK_N, plan.ROWS, plan.num_warps, grid, per)
+    plan = T.Plan(plan.version, plan.BLOCK_N, plan.ROWS, plan.num_warps, grid, per, plan.stages)
     _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
     ref = _ref(x, w, b, dy, rms=rms)
     if rms:
@@ -183,8 +184,32 @@ def test_wide_row_candidates_on_sm90():
         course = T.backward_candidates(rows, n, 2, info, interpreter=False, design="course")
         assert not any(c.version in ("row", "split") for c in course)
     for n in (768, 1024, 2048, 32768):
-        assert not any(c.version == "split" or c.stages for c in T.backward_candidates(8192, n, 2, info,
-                                                                                          interpreter=False))
+        assert not any(c.version == "split" or (c.version == "row" and c.stages)
+                       for c in T.backward_candidates(8192, n, 2, info, interpreter=False))
+
+
+@pytest.mark.parametrize("arch, n, itemsize, stages", [(90, 768, 2, 3), (90, 8192, 4, 3), (80, 4096, 4, 3),
+                                                      (75, 768, 2, 0), (90, 16384, 4, 0)])
+def test_pipelined_tile_candidates_fit_the_shared_memory(arch, n, itemsize, stages):
+    """The tile backward's pipelined twins: the (stages - 1) buffered tiles of x and dy fit one program's shared
+    memory, none before sm_80 (no asynchronous copies) or where no two stages fit (N=16384 in fp32 is chunked)."""
+    info = hardware.DeviceInfo.for_arch(arch)
+    piped = [c for c in T.backward_candidates(8192, n, itemsize, info, interpreter=False) if c.version == "tiles"
+             and c.stages]
+    assert {c.stages for c in piped} == ({stages} if stages else set())
+    for c in piped:
+        assert (c.stages - 1) * c.ROWS * c.BLOCK_N * 2 * itemsize + T.SMEM_SPARE <= info.smem_per_block_bytes
+    assert not any(c.stages for c in T.backward_candidates(8192, n, itemsize, info, interpreter=False,
+                                                           design="course"))
+
+
+def test_loop_stages_is_the_most_that_fit():
+    h100, t4 = hardware.DeviceInfo.for_arch(90), hardware.DeviceInfo.for_arch(75)
+    assert T.loop_stages(4096, 6, h100) == 3 and T.loop_stages(4096, 6, h100, want=4) == 4
+    room = h100.smem_per_block_bytes - T.SMEM_SPARE
+    assert T.loop_stages(room // 2 + 1, 1, h100) == 2   # one buffered tile of this many bytes fits, two do not
+    assert T.loop_stages(room, 1, h100) == 2 and T.loop_stages(room + 1, 1, h100) == 0
+    assert T.loop_stages(16, 2, t4) == 0
 
 
 def test_forward_is_one_launch_and_partials_are_deterministic():
@@ -297,7 +322,9 @@ def test_backward_design_selects_the_candidates_and_autograd_follows():
         for what, g, r in zip(("dx", "dw", "db"), got, _ref(x, w, b, dy)[1:]):
             _close(what, g, r, torch.float32)
     with T.backward_design("both"):
-        assert T.backward_candidates(8192, 1024, 2, info, interpreter=False) == course + [per_sm]
+        both = T.backward_candidates(8192, 1024, 2, info, interpreter=False)
+        piped = [c for c in both if c.version == "tiles" and c.stages]
+        assert piped and both == course + piped + [per_sm]
         assert T.per_sm_plan(4096, 4096, info) in T.backward_candidates(4096, 4096, 2, info, interpreter=False)
         rows = [c for c in T.backward_candidates(4096, 16384, 2, info, interpreter=False)
                 if c.version == "row" and not c.stages]

@@ -64,10 +64,12 @@ def add_layer_norm_fwd_kernel(s_ptr, y_ptr, x_ptr, r_ptr, w_ptr, b_ptr, mean_ptr
 @triton.jit
 def add_layer_norm_bwd_kernel(dx_ptr, dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr,
                               n_rows, n_cols, dy_row_stride, ds_row_stride, rows_per_program,
-                              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_DS: tl.constexpr):
+                              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_DS: tl.constexpr,
+                              STAGES: tl.constexpr = None):
     """dx = ds + rstd * (g - mean(g) - s_hat * mean(g * s_hat)), g = dy * w, for the rows
     [pid * rows_per_program, ...) in tiles of ROWS; this run's sums of dy * s_hat and dy go to
-    partial row pid of dw and db (float32)."""
+    partial row pid of dw and db (float32). STAGES (None: the loop as written) asks Triton to fetch the
+    next tile while this one computes (it pipelines loads that feed no dot product only when asked)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -76,7 +78,7 @@ def add_layer_norm_bwd_kernel(dx_ptr, dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rs
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid * rows_per_program
     end = tl.minimum(first + rows_per_program, n_rows)
-    for start in tl.range(first, end, ROWS):
+    for start in tl.range(first, end, ROWS, num_stages=STAGES):
         rows = start + tl.arange(0, ROWS)
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]
@@ -160,9 +162,11 @@ def add_layer_norm_teaching(x, residual, weight, bias, eps: float = 1e-5, *, row
 
 
 def add_layer_norm_backward_teaching(dy, ds, s, weight, mean, rstd, *, programs: int = 64,
-                                     rows: int | None = None, num_warps: int | None = None):
+                                     rows: int | None = None, num_warps: int | None = None,
+                                     stages: int | None = None):
     """v3: (dx, dw, db) of (y, s) = add_layer_norm(x, r) from dy, ds (None: no gradient on s) and the
-    saved s, mean and rstd; dx is also the residual's gradient. Two launches (rows, then columns)."""
+    saved s, mean and rstd; dx is also the residual's gradient. Two launches (rows, then columns).
+    ``stages``: pipeline stages of the row loop (None: as written; needs sm_80+ to matter)."""
     n = check("add_layer_norm_backward", s, weight, ("dy", dy, s.shape), ("ds", ds, s.shape))
     s2, dy2 = rows_of(s, n), rows_of(dy, n)
     ds2 = rows_of(ds, n) if ds is not None else dy2
@@ -178,7 +182,7 @@ def add_layer_norm_backward_teaching(dy, ds, s, weight, mean, rstd, *, programs:
     db = torch.empty_like(dw)
     add_layer_norm_bwd_kernel[(grid,)](dx, dy2, ds2, s2, weight, mean, rstd, dw, db, n_rows, n,
                                        dy2.stride(0), ds2.stride(0), per_program, BLOCK_N=block, ROWS=rows,
-                                       HAS_DS=ds is not None,
+                                       HAS_DS=ds is not None, STAGES=stages,
                                        num_warps=num_warps or max(4, min(16, rows * block // 512)))
     return dx, column_sum(dw, weight.dtype), column_sum(db, weight.dtype)
 
@@ -204,6 +208,11 @@ def compile_cases(info):
                     yield (f"add_layer_norm backward {name} s={dtype_name(s.dtype)} {m}x{n} ds={ds is not None}",
                            lambda s=s, w=w, st=st, ds=ds, rows=rows: add_layer_norm_backward_teaching(
                                s, ds, s, w, st, st, rows=rows))
+        if info.arch >= 80:   # the op's launch at GPT-2's shape: the row loop pipelined, 4 warps
+            s, w, st = empty(8192, 768, dtype=dt), empty(768, dtype=dt), empty(8192)
+            yield (f"add_layer_norm backward pipelined {name} 8192x768", lambda s=s, w=w, st=st:
+                   add_layer_norm_backward_teaching(s, s, s, w, st, st, programs=2 * info.sms, rows=4,
+                                                    num_warps=4, stages=3))
     big = empty(2**21 + 1, 1024, dtype=torch.float16)   # past 2^31 elements: int64 row offsets
     w, st = empty(1024, dtype=torch.float16), empty(2**21 + 1)
     yield "add_layer_norm 2^31+", lambda: add_layer_norm_teaching(big, big, w, w)

@@ -182,11 +182,16 @@ def _aln_bwd_plan(dy, ds, s, weight):
         n_rows = s.numel() // n if n else 0
         block = _lib.next_pow2(n)
         rows = max(1, min(A.TILE_ELEMENTS // block, _lib.next_pow2(n_rows)))
-        programs = hardware.device_info(s).sms * 2 if env.on_gpu() else 4
+        info = hardware.device_info(s) if env.on_gpu() else None
+        programs = info.sms * 2 if info else 4
         per_program = _lib.cdiv(_lib.cdiv(max(n_rows, 1), programs), rows) * rows
+        # s, dy and ds tiles in flight (T.loop_stages): on an H200 at 768 columns, 3 stages and 4 warps ran the
+        # GPT-2 step's call 3.1x faster than the loop as written with 8 warps (114 -> 37 us at 16384 rows)
+        loaded = s.element_size() + dy.element_size() + (0 if ds is None else ds.element_size())
+        stages = T.loop_stages(rows * block, loaded, info) if info else 0
         plan = PLANS[key] = dict(n=n, n_rows=n_rows, block=block, rows=rows, per_program=per_program,
-                                 grid=_lib.cdiv(max(n_rows, 1), per_program),
-                                 num_warps=max(4, min(16, rows * block // 512)),
+                                 grid=_lib.cdiv(max(n_rows, 1), per_program), stages=stages or None,
+                                 num_warps=max(4, min(16, rows * block // (1024 if stages else 512))),
                                  dy_stride=_rows_view(dy, n), ds_stride=None if ds is None else _rows_view(ds, n))
     return plan
 
@@ -208,7 +213,8 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
     _lib.launch(A.add_layer_norm_bwd_kernel, "aln_bwd", (p["grid"],),
                 (dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
                  dys if ds is None else dss, p["per_program"]),
-                dict(BLOCK_N=p["block"], ROWS=p["rows"], HAS_DS=ds is not None, num_warps=p["num_warps"]))
+                dict(BLOCK_N=p["block"], ROWS=p["rows"], HAS_DS=ds is not None, STAGES=p["stages"],
+                     num_warps=p["num_warps"]))
     return (dx, *T.column_sum_pair(dw, db, weight.dtype))
 
 

@@ -43,10 +43,12 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     COLUMN_SUM_ROWS,
     ELEMENTS_PER_THREAD,
     FWD_TILES,
+    LOOP_STAGES,
     MAX_BLOCK_N,
     PER_SM_MAX_BLOCK,
     ROW_PIPELINED,
     ROW_WARPS,
+    SMEM_SPARE,
     SPLIT,
     TILE_ELEMENTS,
     Plan,
@@ -55,6 +57,7 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     _rows,
     _warps,
     column_sum_block_n,
+    loop_stages,
     per_sm_plan,
     plan_forward,
     row_plans,
@@ -102,6 +105,10 @@ def backward_candidates(n_rows: int, n_cols: int, itemsize: int, info: hardware.
         rows = _rows(n_rows, block, tile)
         for k in dict.fromkeys((per_sm, 1)):
             cands.append(Plan("tiles", block, rows, warps or _warps(rows * block), *_grid(n_rows, rows, info.sms * k)))
+        if design == "both":   # the same tiles with the row loop pipelined, at the table's warps and at 4
+            stages = loop_stages(rows * block, 2 * itemsize, info)
+            cands += [Plan("tiles", block, rows, w, *_grid(n_rows, rows, info.sms * per_sm), stages)
+                      for w in dict.fromkeys((warps or _warps(rows * block), 4)) if stages]
     if block >= CHUNKED_FROM:
         for chunk, warps, per_sm in CHUNKED:
             cands.append(Plan("chunked", min(chunk, block), 1, warps, *_grid(n_rows, 1, info.sms * per_sm)))
@@ -158,8 +165,8 @@ def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic
             launch(norm_bwd_split_kernel, "norm_bwd_split", (p.grid,), (*args, slices),
                    dict(SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
         else:
-            launch(norm_bwd_kernel, "norm_bwd", (p.grid,), args,
-                   dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
+            launch(norm_bwd_kernel, "norm_bwd", (p.grid,), args, dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms,
+                   ATOMIC=atomic, STAGES=p.stages or None, num_warps=p.num_warps))
         return dw, None if rms else db
     dw = torch.empty((p.grid, n_cols), dtype=torch.float32, device=dev)
     db = dw if rms else torch.empty_like(dw)

@@ -47,9 +47,10 @@ def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_co
 @triton.jit
 def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
                      x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
-                     ROWS: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+                     ROWS: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr = None):
     """dx for the rows [pid * rows_per_program, ...) in tiles of ROWS, and their sums of dy * x_hat
-    and dy: stored as partial row pid (ATOMIC=False) or added into dw/db with atomics."""
+    and dy: stored as partial row pid (ATOMIC=False) or added into dw/db with atomics. STAGES (None: the
+    loop as written): the next tiles of x and dy travel to shared memory while this one computes."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -58,7 +59,7 @@ def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     first = pid * rows_per_program
     end = tl.minimum(first + rows_per_program, n_rows)
-    for start in tl.range(first, end, ROWS):
+    for start in tl.range(first, end, ROWS, num_stages=STAGES):
         rows = start + tl.arange(0, ROWS)
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]

@@ -57,6 +57,25 @@ COLUMN_SUM_ROWS = 32        # BLOCK_M of the teaching column_sum, which column_s
 NARROW_SUM_COLS, NARROW_SUM_BLOCK_N = 1024, 16
 
 
+# Pipelined row loops (tl.range(num_stages=)): Triton keeps STAGES - 1 tiles of every loaded tensor in shared
+# memory. On an H200 (tools/gpu_checks/add_layernorm_bwd.py, 2026-11-28, GPT-2's 8192 and 16384 x 768 bf16)
+# the add_layer_norm backward took 114 us at 16384 rows unpipelined with 8 warps, 37 us with 3 stages and 4
+# warps (the copy of its bytes: 26 us); 4 warps beat 8 in 23 of the 24 unpipelined launches timed.
+LOOP_STAGES = 3
+SMEM_SPARE = 4096            # bytes of shared memory left for the reductions' scratch
+
+
+def loop_stages(tile_elements: int, bytes_per_element: int, info: hardware.DeviceInfo, want: int = LOOP_STAGES) -> int:
+    """The most pipeline stages, at most ``want``, whose buffers fit one program's shared memory; 0: none
+    (fewer than 2, or a GPU before sm_80, which has no asynchronous copies). ``bytes_per_element``: the bytes of
+    one tile element summed over the loop's loaded tensors (x and dy in bf16: 4)."""
+    if info.arch < 80:
+        return 0
+    fit = (info.smem_per_block_bytes - SMEM_SPARE) // (tile_elements * bytes_per_element) + 1
+    stages = min(want, fit)
+    return stages if stages >= 2 else 0
+
+
 def column_sum_block_n(n_cols: int, default: int) -> int:
     """Columns per program of the partial-row reduction: 16 up to ``NARROW_SUM_COLS`` columns, else ``default``."""
     return NARROW_SUM_BLOCK_N if n_cols <= NARROW_SUM_COLS else default
@@ -66,8 +85,8 @@ def column_sum_block_n(n_cols: int, default: int) -> int:
 class Plan:
     """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, "split": a column slice of
     one row at a time, or "chunked"), BLOCK_N columns (CHUNK for "chunked", SLICE for "split"), ROWS rows
-    per tile, num_warps, grid programs, (backward) the rows each program sums, (row) the pipeline stages
-    of the row loop (0: not pipelined) and (split) the columns per step of the row's sums (0: SLICE)."""
+    per tile, num_warps, grid programs, (backward) the rows each program sums, (row, tiles) the pipeline
+    stages of the row loop (0: not pipelined) and (split) the columns per step of the row's sums (0: SLICE)."""
 
     version: str
     BLOCK_N: int

@@ -6,8 +6,8 @@ GPU's copy bandwidth, so the kernel waits on something other than memory. This s
 rounds (course_utils.timing.time_rounds, the benchmark's protocol):
 
 - ``op default``: ``course_utils.ops.norms.add_layer_norm_bwd``, the launch the step makes (its column sums too);
-- ``<programs>p r<rows> w<warps>``: the same kernel launched by chapter 10's plain launcher
-  (``add_layer_norm_backward_teaching``) with that many programs (a multiple of the SMs), rows a tile and warps;
+- ``<programs>p r<rows> w<warps> [s<stages>]``: the op's two launches (the kernel, then the column sums) with
+  that many programs (a multiple of the SMs), rows a tile, warps and pipeline stages of the row loop;
 - ``torch.compile formula``: the backward's formula in torch ops, compiled by Inductor (its fused reduction);
 - ``copy``: ``dst.copy_(src)`` of the same bytes as the backward moves (s, dy, ds read, dx written), the ceiling.
 
@@ -24,11 +24,13 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton
 
 import course_utils as cu
 from course_utils import env, hardware, timing
 from course_utils.kernels import add_layernorm as A
 from course_utils.ops import norms
+from course_utils.tuned.layernorm import column_sum_pair
 
 ROWS_OF_STEP = (8192, 16384)   # GPT-2 small, N=1024 tokens: B=8 and B=16
 COLS = 768
@@ -64,23 +66,41 @@ def formula(dy, ds, s, w, mean, rstd):
     return dx.to(s.dtype), (dy.float() * s_hat).sum(0).to(w.dtype), dy.float().sum(0).to(w.dtype)
 
 
-def candidates(sms: int, smoke: bool) -> list[tuple[int, int, int]]:
-    """(programs, rows a tile, warps): the op's choice is 2 x SMs programs, 4 rows, 8 warps at 768 columns."""
+def candidates(sms: int, smoke: bool) -> list[tuple[int, int, int, int | None]]:
+    """(programs, rows a tile, warps, pipeline stages of the row loop; None: not pipelined). The op's choice
+    is 2 x SMs programs, 4 rows, 8 warps, no stages at 768 columns. The first H200 run (2026-11-28) put the
+    unpipelined launches at 72-260 us (16384 rows; the copy 29 us), three stages at 42 us (timed from Python,
+    where the host's launches, about 100 us, hid the GPU's time at 8192 rows: the timings now replay a graph)."""
     if smoke:
-        return [(4, 1, 4), (4, 4, 4), (8, 2, 4)]
-    return [(k * sms, rows, warps) for k in (1, 2, 4, 8) for rows in (1, 2, 4, 8) for warps in (4, 8)]
+        return [(4, 1, 4, None), (4, 4, 4, None), (8, 2, 4, 2)]
+    return [(k * sms, rows, warps, stages) for k in (1, 2, 3, 4) for rows in (2, 4, 8) for warps in (4, 8)
+            for stages in (None, 2, 3, 4)]
 
 
 def name(c) -> str:
-    return f"{c[0]}p r{c[1]} w{c[2]}"
+    return f"{c[0]}p r{c[1]} w{c[2]}" + (f" s{c[3]}" if c[3] else "")
+
+
+def launch(dy, ds, s, w, mean, rstd, c):
+    """The op's two launches with candidate ``c``: the row kernel, then the op's one-launch column sums."""
+    programs, rows, warps, stages = c
+    m, n = s.shape
+    per_program = triton.cdiv(triton.cdiv(m, programs), rows) * rows
+    grid = triton.cdiv(m, per_program)
+    dx = torch.empty_like(s)
+    dw = torch.empty((grid, n), dtype=torch.float32, device=s.device)
+    db = torch.empty_like(dw)
+    A.add_layer_norm_bwd_kernel[(grid,)](dx, dy, ds, s, w, mean, rstd, dw, db, m, n, n, n, per_program,
+                                         BLOCK_N=triton.next_power_of_2(n), ROWS=rows, HAS_DS=True,
+                                         STAGES=stages, num_warps=warps)
+    return (dx, *column_sum_pair(dw, db, w.dtype))
 
 
 def impls_for(m, dtype, device, sms, smoke):
     dy, ds, s, w, mean, rstd = inputs(m, COLS, dtype, device)
     out = {"op default": lambda: norms.add_layer_norm_bwd(dy, ds, s, w, mean, rstd)}
     for c in candidates(sms, smoke):
-        out[name(c)] = lambda c=c: A.add_layer_norm_backward_teaching(dy, ds, s, w, mean, rstd, programs=c[0],
-                                                                      rows=c[1], num_warps=c[2])
+        out[name(c)] = lambda c=c: launch(dy, ds, s, w, mean, rstd, c)
     if not smoke:   # Inductor on a GPU (the CPU interpreter has no Triton backend for it)
         compiled = torch.compile(formula, dynamic=False)
         out["torch.compile formula"] = lambda: compiled(dy, ds, s, w, mean, rstd)
@@ -101,10 +121,13 @@ def check(device, sms, smoke):
         runs = {"op default": lambda: norms.add_layer_norm_bwd(dy, ds, s, w, mean, rstd),
                 "formula": lambda: formula(dy, ds, s, w, mean, rstd)}
         for c in candidates(sms, smoke):
-            runs[name(c)] = lambda c=c: A.add_layer_norm_backward_teaching(dy, ds, s, w, mean, rstd,
-                                                                           programs=c[0], rows=c[1], num_warps=c[2])
+            runs[name(c)] = lambda c=c: launch(dy, ds, s, w, mean, rstd, c)
         for k, run in runs.items():
-            got = run()
+            try:
+                got = run()
+            except triton.runtime.errors.OutOfResources as e:   # stages x tile over the shared memory
+                print(f"  {k} {dtype}: no fit ({str(e)[:80]})")
+                continue
             err = max(float(((g.double() - r) / (1 + r.abs())).abs().max()) for g, r in zip(got, want))
             if not err <= TOL[dtype]:   # NaN fails too
                 failures.append(f"{k} {dtype}: relative error {err:.2e} > {TOL[dtype]:.0e}")
@@ -131,12 +154,13 @@ def main(argv):
             rows += [(m, k, float("nan"), float("nan")) for k in impls]
             continue
         errors: dict = {}
-        got = timing.time_rounds(impls, ROUNDS, errors=errors, warmup=3, rep=20)
+        got = timing.time_rounds(impls, ROUNDS, errors=errors, warmup=3, rep=10, cuda_graph=True, graph_calls=10)
         for k, e in errors.items():
             print(f"  {k} failed: {e[:200]}")
         rows += [(m, k, t.median * 1e3, moved / (t.median * 1e-3) / 1e9) for k, t in got.items()]
         torch.cuda.empty_cache()
-    print(f"\n{'rows':>6}  {'what':<24} {'us':>8} {'GB/s':>7}   (bf16, {COLS} columns; s, dy, ds read, dx written)")
+    print(f"\n{'rows':>6}  {'what':<24} {'us':>8} {'GB/s':>7}   (bf16, {COLS} columns; s, dy, ds read, dx written;"
+          " GPU time: 10 calls a CUDA graph)")
     for m, k, us, gbps in sorted(rows, key=lambda r: (r[0], r[2])):
         print(f"{m:>6}  {k:<24} {us:8.1f} {gbps:7.0f}")
     print(f"done in {time.time() - t0:.0f} s")
