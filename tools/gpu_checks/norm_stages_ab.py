@@ -59,7 +59,8 @@ def main() -> int:
         host = {k: B.host_ms(s) for k, s in steps.items()}
     print(f"{torch.cuda.get_device_name()}, GPT-2 small B={batch}, ms a step (median of 3 interleaved rounds)")
     for (variant, name), t in got.items():
-        print(f"{variant:10} {name:40} {t.median:7.2f} ms (p20 {t.p20:6.2f} p80 {t.p80:6.2f}) host {host[(variant, name)]:6.2f}")
+        h = host[(variant, name)]
+        print(f"{variant:10} {name:40} {t.median:7.2f} ms (p20 {t.p20:6.2f} p80 {t.p80:6.2f}) host {h:6.2f}")
     return 0
 
 
