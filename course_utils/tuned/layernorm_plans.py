@@ -58,9 +58,10 @@ NARROW_SUM_COLS, NARROW_SUM_BLOCK_N = 1024, 16
 
 
 # Pipelined row loops (tl.range(num_stages=)): Triton keeps STAGES - 1 tiles of every loaded tensor in shared
-# memory. On an H200 (tools/gpu_checks/add_layernorm_bwd.py, 2026-11-28, GPT-2's 8192 and 16384 x 768 bf16)
-# the add_layer_norm backward took 114 us at 16384 rows unpipelined with 8 warps, 37 us with 3 stages and 4
-# warps (the copy of its bytes: 26 us); 4 warps beat 8 in 23 of the 24 unpipelined launches timed.
+# memory. On an H200 (tools/gpu_checks/add_layernorm_bwd.py, 2026-11-28, GPT-2's 8192 and 16384 x 768 bf16;
+# results/h200/add_layernorm_bwd_candidates.log) the add_layer_norm backward took 114 us at 16384 rows unpipelined
+# with 8 warps, 110 us with 3 stages and 8 warps, 67 us unpipelined with 4 warps and 37 us with both (the copy of
+# its bytes: 26 us): the win needs both. 4 warps beat 8 in 92 of the 96 launches timed.
 LOOP_STAGES = 3
 SMEM_SPARE = 4096            # bytes of shared memory left for the reductions' scratch
 
