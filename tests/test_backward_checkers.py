@@ -21,9 +21,16 @@ def _delta(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOC
     if FAULT == "no mask":
         mask = offsets < BLOCK_D
     do_stride = o_row_stride if FAULT == "one stride" else do_row_stride
-    o = tl.load(o_ptr + pid * o_row_stride + offsets, mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(do_ptr + pid * do_stride + offsets, mask=mask, other=0.0).to(tl.float32)
-    tl.store(delta_ptr + pid, tl.sum(o * do, axis=0))
+    o = tl.load(o_ptr + pid * o_row_stride + offsets, mask=mask, other=0.0)
+    do = tl.load(do_ptr + pid * do_stride + offsets, mask=mask, other=0.0)
+    if FAULT != "16-bit products":
+        o, do = o.to(tl.float32), do.to(tl.float32)
+    if FAULT == "mean not sum":
+        tl.store(delta_ptr + pid, tl.sum(o * do, axis=0) / head_dim)
+    elif FAULT == "O times O":
+        tl.store(delta_ptr + pid, tl.sum(o * o, axis=0))
+    else:
+        tl.store(delta_ptr + pid, tl.sum(o * do, axis=0).to(tl.float32))
 
 
 def bound(kernel, fault: str):
@@ -39,8 +46,13 @@ def test_delta_checker_passes_the_right_kernel(capsys):
     assert capsys.readouterr().out.startswith("PASS ")
 
 
-@pytest.mark.parametrize("fault, words", [("one stride", "differ"),
-                                          ("no mask", "differ" if cu.on_gpu() else "outside its inputs")])
+@pytest.mark.parametrize("fault, words", [
+    ("one stride", "dO read with O's row stride"),
+    ("no mask", "differ" if cu.on_gpu() else "outside its inputs"),
+    ("16-bit products", "in 16 bits"),
+    ("mean not sum", "divided by head_dim"),
+    ("O times O", "rowsum\\(O \\* O\\)"),
+])
 def test_delta_checker_fails_wrong_kernels(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_delta_kernel(bound(_delta, fault))
@@ -67,8 +79,14 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + offsets % n_cols, mask=mask).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=mask).to(tl.float32)
+    if FAULT == "no bias":
+        b = 0.0 * b
     if FAULT == "gelu not its derivative":
         g = _gelu(x + b)
+    elif FAULT == "erf derivative":
+        g = gelu_grad(x + b, False)
+    elif FAULT == "s only":  # the product rule's second term, z * s', left out
+        g = 1.0 / (1.0 + tl.exp(-2.0 * SQRT_2_OVER_PI * ((x + b) + 0.044715 * (x + b) * (x + b) * (x + b))))
     else:
         g = gelu_grad(x + b, True)
     if FAULT == "mask repeats every tile":
@@ -77,7 +95,9 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
         r = tl.rand(seed, offsets)
     scale = 1.0 if FAULT == "no rescale" else 1.0 / (1.0 - p)
     dx = dy * g * scale
-    if FAULT != "no mask":
+    if FAULT == "mask inverted":
+        dx = tl.where(r < p, dx, 0.0)
+    elif FAULT != "no mask":
         dx = tl.where(r >= p, dx, 0.0)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -96,12 +116,33 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
     ("no rescale", "1 / \\(1 - p\\)"),
     ("no mask", "regenerate the forward's mask"),
     ("mask repeats every tile", "same \\(seed, flat offset\\)"),
+    ("no bias", "without the bias"),
+    ("erf derivative", "erf form"),
+    ("s only", "product rule"),
+    ("mask inverted", "mask is inverted"),
     # 8 GiB on a GPU: run where nothing else holds the card (make test-gpu's serial bigmem run)
     pytest.param("int32 offsets", "past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* BLOCK_SIZE", marks=pytest.mark.bigmem),
 ])
 def test_gelu_backward_checker_names_each_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_gelu_backward_kernel(make_gelu_backward(fault))
+
+
+@triton.jit
+def _delta_calls_the_course(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D: tl.constexpr):
+    # the course's preprocess kernel as one head of 2**30 query rows, one row a program: right numbers
+    AB.attn_bwd_preprocess_kernel(o_ptr, do_ptr, delta_ptr, 0, 0, o_row_stride, 1, 0, 0, do_row_stride, 1,
+                                  1, 2**30, head_dim, 1, BLOCK_D)
+
+
+@pytest.mark.parametrize("kernel, words", [
+    (AB.attn_bwd_preprocess_kernel, "course's own delta kernel"),
+    (AB.row_delta, "course's own row_delta"),
+    (_delta_calls_the_course, "calls AB.attn_bwd_preprocess_kernel"),
+], ids=["kernel", "row_delta", "calls-kernel"])
+def test_delta_checker_refuses_the_answer_key(kernel, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_delta_kernel(kernel)
 
 
 @pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")
@@ -186,7 +227,8 @@ def _dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_hea
             else:
                 lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
             delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale,
+                        CAUSAL and FAULT != "no causal mask in the dK/dV pass", FAULT, PREC)
             if FAULT == "16-bit P":  # P rounded through float16 on its way to the products
                 p = p.to(tl.float16).to(tl.float32)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
@@ -220,7 +262,7 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
     stat_head = b * n_heads + (h_kv if FAULT == "lse of the k/v head" else h)
     lse = tl.load(lse_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
     delta = tl.load(delta_ptr + stat_head.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-    kv_head = (b * (n_heads // group) + h_kv).to(tl.int64) * n_kv * head_dim
+    kv_head = (b * (n_heads // group) + (h if FAULT == "dQ reads k/v head h" else h_kv)).to(tl.int64) * n_kv * head_dim
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if FAULT == "dQ accumulated in the inputs' dtype":
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=dq_ptr.dtype.element_ty)
@@ -287,6 +329,9 @@ def test_flash_backward_checker_passes_the_right_kernels(variant, capsys):
     # wrong when n_kv - n_q = 1 (mod BLOCK_N): the last key a query tile sees starts a tile
     ("causal tile skip off by one", f"q 1x2x{checks.ATTN_CASES[4][3]}x(.|\n)*key loop stops one tile early"),
     ("dQ accumulated in the inputs' dtype", "dQ's sum over the key tiles lost precision"),
+    ("no causal mask in the dK/dV pass", "matches P recomputed with no causal mask"),
+    pytest.param("dQ reads k/v head h", "q head h reads k/v head h // group", marks=pytest.mark.skipif(
+        cu.on_gpu(), reason="loads are inspected under the interpreter only")),
     pytest.param("dQ pass rows unmasked", "loaded .* outside q",
                  marks=pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")),
     pytest.param("lse unmasked in the dK/dV pass", "loaded .* outside lse",

@@ -24,7 +24,8 @@ INTERPRETER_ONLY = pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected u
 # 3 statistics in 16 bits (float16: the interpreter's bfloat16 arithmetic is wrong, so float16 stands in
 # for the "statistics in bf16" mistake; on a GPU the bf16 version fails the same way), 4 padded lanes
 # in the variance, 5 mean divided by BLOCK_SIZE, 6 rows found with n_cols instead of the stride, 7 eps
-# ignored (a default of 1e-5 written in), 8 the weight loaded without a mask (lanes past n_cols read).
+# ignored (a default of 1e-5 written in), 8 the weight loaded without a mask (lanes past n_cols read),
+# 9 the sample variance (divided by n_cols - 1), 10 sqrt(var + eps) stored as rstd (not its reciprocal).
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +66,8 @@ def _forward(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
         var = tl.sum(x * x, axis=0) / n_cols - mean * mean
     elif MODE == 4:
         var = tl.sum((x - mean) * (x - mean), axis=0) / n_cols
+    elif MODE == 9:
+        var = tl.sum(xc * xc, axis=0) / (n_cols - 1)
     else:
         var = tl.sum(xc * xc, axis=0) / n_cols
     rstd = 1.0 / tl.sqrt(var.to(tl.float32) + (1e-5 if MODE == 7 else eps))
@@ -76,7 +79,10 @@ def _forward(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
     y = (x - mean).to(tl.float32) * rstd * w + b
     tl.store(y_ptr + pid * y_row_stride + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(mean_ptr + pid, mean.to(tl.float32))
-    tl.store(rstd_ptr + pid, rstd)
+    if MODE == 10:
+        tl.store(rstd_ptr + pid, 1.0 / rstd)
+    else:
+        tl.store(rstd_ptr + pid, rstd)
 
 
 def _mode(mode):
@@ -121,6 +127,8 @@ def test_forward_check_refuses_a_kernel_that_calls_the_answer_key():
     (5, "BLOCK_SIZE"),
     (7, "eps"),
     pytest.param(8, "outside its inputs", marks=INTERPRETER_ONLY),
+    (9, "n_cols - 1 \\(the sample variance"),
+    (10, "not its reciprocal"),
 ])
 def test_wrong_forward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -188,7 +196,9 @@ def test_untouched_exercise_raises_not_implemented():
 # on the store, 4 x_hat without the mean subtracted, 5 a tile's rows masked with rows < n_rows instead of the
 # run's end (the last tile of a run counts rows of the next run again), 6 program 0 sums every row and the
 # others store 0 (the sum of the partial rows is right), 7 mean and rstd loaded without the row mask, 8 the
-# accumulators in the input's dtype, 9 dy's rows found with x_row_stride, 10 x's rows found with dy_row_stride.
+# accumulators in the input's dtype, 9 dy's rows found with x_row_stride, 10 x's rows found with dy_row_stride,
+# 11 dw sums dy (db's sum), 12 the tile loop drops a run's last, partial tile, 13 dw and db stored swapped,
+# 14 x_hat without rstd (x - mean).
 
 
 @triton.jit
@@ -204,7 +214,7 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
     if MODE == 6:
         end = tl.where(pid_m == 0, n_rows, 0)
     start = first
-    while start < end:
+    while start < end - (BLOCK_M - 1 if MODE == 12 else 0):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < (n_rows if MODE == 5 else end)
         mask = row_mask[:, None] & col_mask[None, :]
@@ -220,6 +230,10 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         if MODE == 4:
             x_hat = x * rstd[:, None]
+        elif MODE == 11:
+            x_hat = tl.where(mask, 1.0, 0.0)
+        elif MODE == 14:
+            x_hat = x - mean[:, None]
         else:
             x_hat = (x - mean[:, None]) * rstd[:, None]
         if MODE == 1:
@@ -233,6 +247,8 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
             db += tl.sum(dy, axis=0)
         start += BLOCK_M
     store_mask = cols < BLOCK_N * tl.num_programs(1) if MODE == 3 else col_mask
+    if MODE == 13:
+        dw, db = db, dw
     tl.store(dw_partial_ptr + pid_m * n_cols + cols, dw, mask=store_mask)
     tl.store(db_partial_ptr + pid_m * n_cols + cols, db, mask=store_mask)
 
@@ -267,6 +283,10 @@ def test_dw_db_check_refuses_the_answer_key(kernel):
     (8, "accumulated \\(or rounded\\) in the input's dtype"),
     (9, "dy read with x's row stride" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
     (10, "x read with dy's row stride" if cu.on_gpu() else "rows of x \\d+ elements apart, the value of dy_row_stride"),
+    (11, "partial dw rows hold db's sums"),
+    (12, "misses the rows of its run's last, partial tile"),
+    (13, "the two stores are swapped"),
+    (14, "times the row's rstd too"),
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -322,7 +342,8 @@ def test_fresh_inputs_every_call():
 # ----------------------------------------------------------------------------- RMSNorm dx, rstd recomputed
 # MODE: 0 right, 1 eps ignored (1e-6 written in), 2 LayerNorm's formula (mean subtracted, mean(g) term),
 # 3 dx = g * rstd (the x_hat * mean(g * x_hat) term forgotten), 4 means divided by BLOCK_SIZE, 5 the weight
-# loaded without a mask, 6 dy's rows found with x_row_stride.
+# loaded without a mask, 6 dy's rows found with x_row_stride, 7 the weight left out (g = dy), 8 the weight
+# multiplied in at the end, 9 x_hat * sum(g * x_hat) not divided by n_cols.
 
 
 @triton.jit
@@ -343,11 +364,15 @@ def _rms_dx(dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride, d
         x = tl.where(mask, x - tl.sum(x, axis=0) / n, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + (1e-6 if MODE == 1 else eps))
     x_hat = x * rstd
-    g = tl.where(mask, dy * w, 0.0)
+    g = tl.where(mask, dy if MODE == 7 or MODE == 8 else dy * w, 0.0)
     if MODE == 3:
         dx = g * rstd
     elif MODE == 2:
         dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n - tl.sum(g, axis=0) / n) * rstd
+    elif MODE == 8:
+        dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n) * rstd * w
+    elif MODE == 9:
+        dx = (g - x_hat * tl.sum(g * x_hat, axis=0)) * rstd
     else:
         dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n) * rstd
     tl.store(dx_ptr + pid * dx_row_stride + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -379,6 +404,9 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
     (4, "BLOCK_SIZE"),
     pytest.param(5, "outside its inputs", marks=INTERPRETER_ONLY),
     (6, "dy read with x.s row stride" if cu.on_gpu() else "rows of dy \\d+ elements apart, the value of x_row_stride"),
+    (7, "dx leaves out the weight"),
+    (8, "w multiplies dx at the end"),
+    (9, "not divided by n_cols"),
 ])
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):

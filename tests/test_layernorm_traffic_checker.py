@@ -19,9 +19,10 @@ def _student(mistake: str = ""):
         moves = 1 if mistake == "partials once" else 2
         weight = 0 if mistake == "weight" else n * b
         out = 0 if mistake == "outputs" else 2 * n * b
-        once = 3 * m * n * b + weight + stats + out
+        once = (2 if mistake == "no dx" else 3) * m * n * b + weight + stats + out
         ours = once + (0 if mistake == "no partials" else moves * partial)
-        theirs = once if mistake == "no reread" else once + 2 * m * n * b + stats
+        reread = 2 * m * n * b + (0 if mistake == "no stats reread" else stats)
+        theirs = once if mistake == "no reread" else once + reread
         return ours, theirs
     return count
 
@@ -62,6 +63,8 @@ def test_a_function_that_calls_the_traffic_model_is_refused():
     ("weight", "reads the weight"),
     ("outputs", "dw and db are written too"),
     ("no reread", "GammaBeta kernel reads x and dy again"),
+    ("no dx", "dx is written"),
+    ("no stats reread", "reads mean and rstd again too"),
 ])
 def test_each_mistake_fails_naming_it(mistake, words):
     with pytest.raises(check.CheckFailure, match=words):

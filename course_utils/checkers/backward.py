@@ -56,7 +56,47 @@ def _strided(n_rows: int, n_cols: int, dtype, gap: int):
     return g, g.tensor[:, :n_cols]
 
 
+def _delta_forbidden() -> dict[str, object]:
+    from ..kernels import attention_backward as AB
+    from ..tuned import attention_backward as TB
+    return {"delta kernel (the answer key)": AB.attn_bwd_preprocess_kernel, "row_delta (the answer key)": AB.row_delta,
+            "delta_rows (the answer key)": TB.delta_rows}
+
+
+def _delta_diagnose(kernel, dtype) -> str:
+    """What a wrong delta most likely did, judged on a probe of 64 rows x 80 in ``dtype`` (O's rows 3 apart
+    more than dO's, as in the check): "" when no known mistake fits."""
+    from .layernorm_backward import _read_with_stride
+    n_rows, head_dim = 64, 80
+    o, do = (check.randn((n_rows, head_dim + gap), dtype, scale=2.0)[:, :head_dim] for gap in (3, 10))
+    delta = torch.full((n_rows,), float("nan"), device=o.device)
+    try:
+        kernel[(n_rows,)](o, do, delta, head_dim, o.stride(0), do.stride(0), BLOCK_D=triton.next_power_of_2(head_dim))
+    except Exception:  # the probe is only for the hint: the failure itself was already reported
+        return ""
+    got, o64, do64 = delta.to("cpu", torch.float64), o.to("cpu", torch.float64), do.to("cpu", torch.float64)
+    right = (o64 * do64).sum(-1)
+
+    def fits(want, rows=n_rows) -> bool:
+        return bool(torch.allclose(got[:rows], want[:rows], rtol=1e-3, atol=1e-3 * float(right.abs().max())))
+    read = _read_with_stride(do, o.stride(0))   # dO's rows at O's (narrower) stride: inside dO's memory
+    if fits((o64[:read.shape[0]] * read).sum(-1), read.shape[0]):
+        return ("delta is what dO read with O's row stride gives: each tensor has its own row stride, "
+                "dO's row pid at do_ptr + pid * do_row_stride.")
+    if fits(right / head_dim):
+        return "delta is the row's sum divided by head_dim (a mean): D is the plain sum, tl.sum(o * do)."
+    if fits((o64 * o64).sum(-1)) or fits((do64 * do64).sum(-1)):
+        return "delta is rowsum(O * O) or rowsum(dO * dO): D multiplies the two tensors, rowsum(dO * O)."
+    if dtype != torch.float32 and int(got.ne(0).sum()) >= 16 and torch.equal(got.to(dtype).double(), got):
+        return ("delta is computed in 16 bits: every value is a 16-bit number (a float32 sum lands on one about 1 "
+                "time in 2^13), off by the 16-bit rounding of the products and of the running sum. Convert O and dO "
+                "with .to(tl.float32) before multiplying.")
+    return ""
+
+
 def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = rowsum(dO * O)") -> None:
+    for fn in (kernel, getattr(kernel, "fn", None)):  # the kernel, and the body of a @triton.jit one
+        check.refuse_answer_key(name, fn, _delta_forbidden())
     shapes = env.pick(gpu=((1, 1), (7, 40), (333, 80), (1000, 96), (129, 128)),
                       cpu=((1, 1), (7, 40), (33, 80), (65, 96)))
     hint = ("program pid owns row pid: load O and dO with mask=offsets < head_dim (other=0), each through "
@@ -76,7 +116,13 @@ def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = row
             expected = (o.double() * do.double()).sum(-1)
             # float32 products summed over head_dim terms: a few float32 ulps of the largest term each
             atol = 1e-5 * head_dim * float((o.double() * do.double()).abs().max())
-            check.compare(case, delta.tensor, expected, dtype=torch.float32, atol=max(atol, 1e-6), hint=hint)
+            try:
+                check.compare(case, delta.tensor, expected, dtype=torch.float32, atol=max(atol, 1e-6), hint=hint)
+            except check.CheckFailure as e:
+                cause = _delta_diagnose(kernel, dtype)
+                if not cause:
+                    raise
+                raise check.CheckFailure(f"{e}\nLikely cause: {cause}") from None
             og.check(f"{case}, O's buffer")
             dg.check(f"{case}, dO's buffer")
     check.verdict(name, "matches the float64 reference on every shape and dtype tried, strided rows, "
@@ -87,9 +133,9 @@ def _gelu_tanh(z):
     return torch.nn.functional.gelu(z, approximate="tanh")
 
 
-def _gelu_grad64(z: torch.Tensor) -> torch.Tensor:
+def _gelu_grad64(z: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     z64 = z.detach().double().requires_grad_(True)
-    (grad,) = torch.autograd.grad(_gelu_tanh(z64), z64, torch.ones_like(z64))
+    (grad,) = torch.autograd.grad(torch.nn.functional.gelu(z64, approximate=approximate), z64, torch.ones_like(z64))
     return grad
 
 
@@ -101,13 +147,13 @@ def _probe(kernel, block_size: int, p: float):
     dx = torch.full_like(x, float("nan"))
     kernel[(triton.cdiv(x.numel(), block_size),)](dy, x, b, dx, x.numel(), n_cols, p, seed, BLOCK_SIZE=block_size)
     keep = dropout_keep_mask(x.shape, p, seed, device=x.device)
-    return dx.double(), dy.double(), x.double() + b.double(), keep
+    return dx.double(), dy.double(), x.double() + b.double(), keep, b.double()
 
 
 def _diagnose(kernel, block_size: int, p: float) -> str:
     """What a wrong dx most likely did, judged on a probe of 64 x 257 elements."""
     try:
-        g, dy, z, keep = _probe(kernel, block_size, max(p, 0.3))
+        g, dy, z, keep, b = _probe(kernel, block_size, max(p, 0.3))
     except Exception:  # the probe is only for the hint: the failure itself was already reported
         return "compare your gelu'(z) with the formula above the exercise, with z = x + bias[column]."
     p = max(p, 0.3)
@@ -118,6 +164,20 @@ def _diagnose(kernel, block_size: int, p: float) -> str:
 
     if matches(dy * _gelu_tanh(z) * kept / (1 - p)):
         return "dx looks like dy * gelu(z): the backward multiplies by the derivative gelu'(z), not gelu(z)."
+    if matches(dy * _gelu_grad64(z - b) * kept / (1 - p)):
+        return "dx is gelu'(x), without the bias: the forward's input is z = x + bias[column], so is gelu'(z)'s."
+    s = torch.sigmoid(2 * 0.7978845608028654 * (z + 0.044715 * z ** 3))
+    if matches(dy * s * kept / (1 - p)):
+        return ("gelu'(z) = s(z) misses the product rule's second term: gelu(z) = z * s(z), so gelu'(z) = s + z * s', "
+                "s' = 2 s (1 - s) * sqrt(2/pi) * (1 + 3 * 0.044715 z^2).")
+    erf = _gelu_grad64(z, approximate="none")
+    if bool(torch.isclose(g, dy * erf * kept / (1 - p), rtol=1e-5, atol=1e-6).double().mean() > 0.99):
+        return ("dx uses the erf form of GELU's derivative, Phi(z) + z phi(z): the forward is GELU's tanh "
+                "approximation (SQRT_2_OVER_PI, GELU_CUBIC), so the backward is its derivative, s + z * s' with "
+                "s = 1 / (1 + exp(-2a)).")
+    if matches(dy * grad * (1 - kept) / (1 - p)) or matches(dy * grad * (1 - kept) / p):
+        return ("the keep mask is inverted: dx survives where the forward dropped the element. The forward keeps "
+                "tl.rand(seed, offsets) >= p (an element survives with probability 1 - p).")
     if matches(dy * grad * kept):
         return "dx is right on kept elements up to a factor 1 - p: multiply kept elements by 1 / (1 - p)."
     if matches(dy * grad / (1 - p)) or matches(dy * grad):

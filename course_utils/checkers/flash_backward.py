@@ -111,6 +111,9 @@ def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
             "a top-left causal mask: the course aligns it bottom-right (key j visible from query i when "
             "j <= i + causal_offset, causal_offset = n_kv - n_q), as FlashAttention does":
                 dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep).tril(0))) if causal else None,
+            "no causal mask (the dK/dV pass must mask P as the dQ pass does: key j visible from query i when "
+            "j <= i + causal_offset)":
+                dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep))) if causal else None,
             "no softmax scale in S = Q K^T * sm_scale":
                 dict(p=lambda s, lse, keep: _masked_p(s / scale, lse, keep)),
             "a softmax scale applied twice in S = Q K^T * sm_scale":
@@ -177,16 +180,20 @@ def _attention_inputs(shape, dtype, common_key: bool):
 
 
 def _guard_loads(case: str, loads, ins) -> None:
-    """Fail a load from a guard zone of an input (interpreter): a padded lane that was not masked."""
+    """Fail a load from a guard zone of an input (interpreter): a padded lane that was not masked, or (k and v,
+    grouped-query) a q head's index used as the k/v head's."""
+    grouped = ins[0].tensor.shape[1] != ins[1].tensor.shape[1]
     for g_, what in zip(ins, ("q", "k", "v", "o", "lse", "do")):
         n = in_guards(loads, g_)
         if n:
             rows = "keys >= n_kv" if what in ("k", "v") else "rows >= n_q"
+            head = (f" Or a head past {what}'s last: with grouped-query heads, q head h reads k/v head h // group, "
+                    "not h." if grouped and what in ("k", "v") else "")
             raise check.CheckFailure(
                 f"{case}: your kernels loaded {n} element(s) outside {what} (past its last row, where a tile's "
                 f"padded lanes point): mask every tl.load of {what}, {rows} (other=0.0), in both passes. The "
                 "numbers may still be right (those rows are never stored), but past the end of a buffer there "
-                "may be no memory at all.")
+                f"may be no memory at all.{head}")
 
 
 def _call(fn, case, inputs, causal, sm_scale, with_out):

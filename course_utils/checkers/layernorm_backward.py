@@ -60,6 +60,12 @@ def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype=torch.fl
                                                                            "partial row 0 (the others 0)")):
         if close(got, want):
             return f"{which} holds the {what} sum of ALL rows: each program sums only its own run of rows."
+    full = [(s, s + (min(s + rows_per_program, n_rows) - s) // block_m * block_m) for s in range(0, n_rows,
+                                                                                              rows_per_program)]
+    if any(b - a < min(rows_per_program, n_rows - a) for a, b in full) and close(got, _run_sums(v, full)):
+        return (f"each partial {what} row misses the rows of its run's last, partial tile: the tile loop stops before "
+                "a tile that runs past the run's end (as while start + BLOCK_M <= end does). Loop while start < end "
+                "and mask the tile's rows with rows < end.")
     if close(got.sum(0), total):
         return (f"the partial {what} rows add up to the right sums but are not each run's own: program pid_m stores "
                 "the sum over rows [pid_m * rows_per_program, ...) in row pid_m.")
@@ -96,15 +102,21 @@ NAN_STATS_HINT = ("a NaN reached your sums. The check puts NaN right after mean 
                   "(mask=rows < end, other=0.0), as x and dy.")
 
 
-def _dw_input_hint(got, what, x64, dy64, rstd64, bounds) -> str:
-    """x_hat without the mean, or NaN from the statistics read past their end (the check puts NaN there)."""
+def _dw_input_hint(got, what, x64, dy64, mean64, rstd64, bounds) -> str:
+    """x_hat without the mean or without rstd, dw holding dy's sums, or NaN from the statistics read past their
+    end (the check puts NaN there)."""
     if not bool(torch.isfinite(got).all()):
         return NAN_STATS_HINT if bool(torch.isnan(got).any()) else ""
     if what != "dw":
         return ""
-    want = _run_sums(dy64 * x64 * rstd64[:, None], bounds)
-    if torch.allclose(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max().clamp_min(1.0))):
+    fits = lambda want: torch.allclose(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max().clamp_min(1.0)))  # noqa: E731
+    if fits(_run_sums(dy64 * x64 * rstd64[:, None], bounds)):
         return "dw matches sum(dy * x * rstd): x_hat = (x - mean) * rstd subtracts the row's mean first."
+    if fits(_run_sums(dy64 * (x64 - mean64[:, None]), bounds)):
+        return "dw matches sum(dy * (x - mean)): x_hat = (x - mean) * rstd, times the row's rstd too."
+    if fits(_run_sums(dy64, bounds)):
+        return ("the partial dw rows hold db's sums, sum(dy): dw sums dy * x_hat, x_hat = (x - mean) * rstd (if db "
+                "holds dw's sums, the two stores are swapped: dw_partial_ptr gets dw, db_partial_ptr db).")
     return ""
 
 
@@ -135,7 +147,7 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
         got, want = got.to("cpu", torch.float64), _run_sums(v, bounds)
         hint = (_dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype)
                 or _dw_stride_hint(got, what, x, dy, mean, rstd, bounds)
-                or _dw_input_hint(got, what, x64, dy64, rstd.cpu().double(), bounds) or DW_HINT)
+                or _dw_input_hint(got, what, x64, dy64, mean.cpu().double(), rstd.cpu().double(), bounds) or DW_HINT)
         if _in_dtype(got, dtype):   # a 16-bit accumulator can stay inside the tolerance: refused as such
             raise check.CheckFailure(f"{case}: {hint}")
         atol = 1e-4 * rows_per_program ** 0.5 * float(want.abs().max().clamp_min(1.0))
@@ -168,13 +180,13 @@ RMS_HINT = ("recompute rstd = 1 / sqrt(sum(x * x) / n_cols + eps) in float32; wi
             "dx = (g - x_hat * sum(g * x_hat) / n_cols) * rstd (RMSNorm has no mean: no mean(g) term).")
 
 
-def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None):
-    """dx of RMSNorm in float64 (``layer_norm``/``c1``/``n``: the known wrong formulas, to name them)."""
+def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None, c1_n=None):
+    """dx of RMSNorm in float64 (``layer_norm``/``c1``/``n``/``c1_n``: the known wrong formulas, to name them)."""
     n = n or x64.shape[-1]
     xc = x64 - x64.mean(-1, keepdim=True) if layer_norm else x64
     rstd = 1.0 / torch.sqrt((xc * xc).sum(-1, keepdim=True) / n + eps)
     x_hat, g = xc * rstd, dy64 * w64
-    dx = g - (x_hat * (g * x_hat).sum(-1, keepdim=True) / n if c1 else 0.0)
+    dx = g - (x_hat * (g * x_hat).sum(-1, keepdim=True) / (c1_n or n) if c1 else 0.0)
     return (dx - g.mean(-1, keepdim=True) if layer_norm else dx) * rstd
 
 
@@ -207,6 +219,14 @@ def _rms_diagnose(got, x64, dy64, w64, x=None, dy=None) -> str:
     if fits(_rms_dx64(x64, dy64, w64, EPS, c1=False)):
         return ("dx = g * rstd forgets that rstd depends on every x of the row: subtract x_hat * mean(g * x_hat) "
                 "from g first.")
+    if fits(_rms_dx64(x64, dy64, torch.ones_like(w64), EPS)):
+        return "dx leaves out the weight: g = dy * w, the gradient that reaches x_hat, in both terms of dx."
+    if fits(_rms_dx64(x64, dy64, torch.ones_like(w64), EPS) * w64):
+        return ("w multiplies dx at the end: the weight belongs inside, g = dy * w, and g * x_hat is summed over the "
+                "row; dx = (g - x_hat * sum(g * x_hat) / n_cols) * rstd.")
+    if n > 1 and fits(_rms_dx64(x64, dy64, w64, EPS, c1_n=1)):
+        return ("the term x_hat * sum(g * x_hat) is not divided by n_cols: it is x_hat times the MEAN of g * x_hat, "
+                "sum(g * x_hat) / n_cols.")
     if n != triton.next_power_of_2(n) and fits(_rms_dx64(x64, dy64, w64, EPS, n=triton.next_power_of_2(n))):
         return "the means were divided by BLOCK_SIZE; divide by n_cols (masked lanes are not part of the row)."
     return ""

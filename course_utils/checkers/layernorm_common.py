@@ -117,6 +117,12 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
     if x.shape[0] > 3 and any(bool((_rel(rstd[small], 1 / (var64[small] + e).sqrt()) < 2e-2).all())
                               for e in (1e-5, 1e-6, 0)):
         return EPS_HINT
+    if not right and n > 1 and near((var64 * n / (n - 1) + eps) ** -0.5):
+        return ("rstd comes from the variance divided by n_cols - 1 (the sample variance, torch.var's default): "
+                "LayerNorm's is the population variance, var = sum((x - mean)^2) / n_cols.")
+    if not right and any(near(want) for want in (1.0 / rstd64, var64 + eps, var64)):
+        return ("the rstd you stored is the variance or the standard deviation sqrt(var + eps), not its reciprocal: "
+                "store rstd = 1 / sqrt(var + eps), the factor y (and the backward) multiplies by.")
     bad = _rel(rstd, rstd64) > rstd_rtol(mean64, rstd64, n, eps)
     if x.shape[0] > 1 and bool(bad[0::2].any()) and not bool(bad[1::2].any()) and \
             bool((_rel(mean, mean64) < 1e-5).all()):

@@ -27,7 +27,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def backward_bytes(n_rows, n_cols, itemsize, rows_per_program, *, partials=True, partial_reads=True,
                    partial_bytes=PARTIAL_BYTES, floor_runs=False, db=True, stats=True, stat_bytes=STAT_BYTES,
-                   weight=True, outputs=True, reread=True):
+                   weight=True, outputs=True, reread=True, dx=True, reread_stats=True):
     """(ours, PyTorch's) bytes of LayerNorm's backward, x, dy, dx, w, dw and db of ``itemsize`` bytes each.
     Ours: one kernel reads x, dy, w, mean and rstd, writes dx and two float32 partial rows (dw, db) per run
     of ``rows_per_program`` rows; the column sums read the partial rows and write dw and db. PyTorch's:
@@ -39,8 +39,9 @@ def backward_bytes(n_rows, n_cols, itemsize, rows_per_program, *, partials=True,
     part = (2 if db else 1) * runs * n * partial_bytes if partials else 0
     w = n * b if weight else 0
     out = 2 * n * b if outputs else 0
-    ours = 3 * m * n * b + w + st + part * (2 if partial_reads else 1) + out
-    theirs = 3 * m * n * b + w + st + out + ((2 * m * n * b + st) if reread else 0)
+    big = (3 if dx else 2) * m * n * b   # x and dy read, dx written
+    ours = big + w + st + part * (2 if partial_reads else 1) + out
+    theirs = big + w + st + out + ((2 * m * n * b + (st if reread_stats else 0)) if reread else 0)
     return ours, theirs
 
 
@@ -60,6 +61,9 @@ FAULTS = (
     ("dw and db are written too: n_cols values each, in the weight's dtype", {"outputs": False}),
     ("PyTorch's GammaBeta kernel reads x and dy again (with mean and rstd) to sum dw and db: that second read "
      "is the difference between the two designs", {"reread": False}),
+    ("dx is written: n_rows x n_cols values in x's dtype, by ours and by PyTorch's dx kernel", {"dx": False}),
+    ("PyTorch's GammaBeta kernel reads mean and rstd again too (8 bytes a row), with x and dy",
+     {"reread_stats": False}),
 )
 
 
