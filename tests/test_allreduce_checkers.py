@@ -128,6 +128,8 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     if FAULT == "mean over BLOCK_N":
                         n = BLOCK_N
                     y = sf / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps)
+                    if FAULT == "no sqrt":
+                        y = sf / (tl.sum(sf * sf, axis=0) / n + eps)
                     if FAULT != "weight missing":
                         y = y * w
                     tl.store(y_ptr + base + cols, y.to(dtype), mask=mask)
@@ -189,11 +191,12 @@ def test_norm_before_the_sum_is_named():
     ("waits for its own flag", False),                                         # a wait no peer answers
     ("residual added twice", True), ("residual not added", True),
     ("norm of the sum without the residual", True), ("mean over BLOCK_N", True), ("weight missing", True),
+    ("no sqrt", True),                                                         # any other wrong scale per row
 ])
 def test_more_faults_are_named(fault, fused):
     words = {"averaged": "averaged instead of summed", "own rows first": "ranks summed in different orders",
              "no row loop": "rows past the grid never written", "one flag per rank": "wrong flag index",
-             "waits for its own flag": "reduce never ran"}.get(fault, fault)
+             "waits for its own flag": "reduce never ran", "no sqrt": "the row's RMS is wrong"}.get(fault, fault)
     check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
     with pytest.raises(check.CheckFailure, match=words):
         check_fn(bound(fault, fused))

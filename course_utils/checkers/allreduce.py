@@ -66,6 +66,9 @@ FAULTS = {
     "weight missing": "y is the normalized s without the weight: multiply by w (w_ptr, one per column)",
     "mean over BLOCK_N": "the mean of s^2 divides by BLOCK_N, the tile's width, not by n_cols: the masked lanes "
                          "are zeros, not columns; mean(s^2) = tl.sum(s * s) / n_cols",
+    "the row's RMS is wrong": "y is s * w times another factor per row than 1 / sqrt(mean(s^2) + eps): s is right, "
+                              "so the norm's scale is off. mean(s^2) = tl.sum(s * s) / n_cols over the stored s "
+                              "(lanes past n_cols loaded as 0.0), then the square root, with eps inside it",
     "sum in x's dtype": "the sum was accumulated in x's dtype, rounding after every rank's add: accumulate in "
                         "float32 (tl.zeros((BLOCK_N,), tl.float32), each load .to(tl.float32)) and round once, "
                         "at the store",
@@ -177,6 +180,11 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
     for fault, want in candidates:
         if bool(torch.isclose(got, want, atol=atol * 4, rtol=rtol * 4, equal_nan=True).all()):
             _fail(case, fault)
+    if kind == "y" and want is not None:   # s was right (y is judged after s): a wrong scale per row
+        unscaled = s_n * w
+        per_row = (got * unscaled).sum(-1, keepdim=True) / (unscaled * unscaled).sum(-1, keepdim=True).clamp_min(1e-300)
+        if bool(torch.isclose(got, unscaled * per_row, atol=atol * 4, rtol=rtol * 4).all()):
+            _fail(case, "the row's RMS is wrong")
 
 
 def _low_precision_sum(case, t, fused, dtype) -> None:
