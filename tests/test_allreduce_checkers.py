@@ -34,7 +34,7 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
     if PUBLISH:
         if FAULT != "barrier before the writes":
-            for row in tl.range(pid, n_rows, tl.num_programs(0)):
+            for row in tl.range(pid, n_rows if FAULT != "no row loop" else pid + 1, tl.num_programs(0)):
                 base = tl.cast(row, tl.int64) * n_cols
                 x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
                 if FAULT == "norm applied before the sum":
@@ -45,6 +45,10 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
             for peer in tl.static_range(WORLD):
                 if peer != rank:
                     flag = _peer_pad(pad_table_ptr, peer) + pid * WORLD + rank
+                    if FAULT == "wrong flag index":       # the peer's slot, not the sender's
+                        flag = _peer_pad(pad_table_ptr, peer) + pid * WORLD + peer
+                    if FAULT == "one flag per rank":      # pid left out: the programs share a flag
+                        flag = _peer_pad(pad_table_ptr, peer) + rank
                     if FAULT == "signal pad never reset":
                         tl.atomic_xchg(flag, 1, sem="release", scope="sys")
                     else:
@@ -63,21 +67,28 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
         if FAULT != "no barrier":
             pad = _peer_pad(pad_table_ptr, rank) + pid * WORLD
             for peer in tl.static_range(WORLD):
-                if peer != rank:
+                if peer != rank or FAULT == "waits for its own flag":
                     new = 0 if FAULT != "signal pad never reset" else 1
-                    old = tl.atomic_cas(pad + peer, 1, new, sem="acquire", scope="sys")
+                    slot = pad + peer
+                    if FAULT == "one flag per rank":
+                        slot = _peer_pad(pad_table_ptr, rank) + peer
+                    old = tl.atomic_cas(slot, 1, new, sem="acquire", scope="sys")
                     tries = 0
                     while (old != 1) & (tries < max_spins):
-                        old = tl.atomic_cas(pad + peer, 1, new, sem="acquire", scope="sys")
+                        old = tl.atomic_cas(slot, 1, new, sem="acquire", scope="sys")
                         tries += 1
                     ready += tl.where(old == 1, 0, 1)
             tl.debug_barrier()
         if ready == 0:
-            for row in tl.range(pid, n_rows, tl.num_programs(0)):
+            for row in tl.range(pid, n_rows if FAULT != "no row loop" else pid + 1, tl.num_programs(0)):
                 base = tl.cast(row, tl.int64) * n_cols
                 if FAULT == "barrier before the writes":
                     tl.store(mine + base + cols, tl.load(x_ptr + base + cols, mask=mask), mask=mask)
                 acc = tl.zeros((BLOCK_N,), tl.float32)
+                if FAULT == "sum in x's dtype":
+                    acc = tl.zeros((BLOCK_N,), dtype)
+                if FAULT == "own rows first":          # x from x_ptr, then the peers: each rank its own order
+                    acc = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
                 for r in tl.static_range(WORLD):
                     peer_offset = buf_offset
                     if FAULT == "wrong peer offset":
@@ -89,16 +100,41 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     if FAULT == "only the own buffer read":
                         src = rank
                     buf = tl.load(buf_table_ptr + src).to(tl.pointer_type(dtype)) + peer_offset
-                    acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
+                    if FAULT == "sum in x's dtype":
+                        acc += tl.load(buf + base + cols, mask=mask, other=0.0)
+                    elif FAULT == "own rows first":
+                        if r != rank:
+                            acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
+                    else:
+                        acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
+                acc = acc.to(tl.float32)
+                if FAULT == "averaged":
+                    acc = acc / WORLD
                 if FAULT == "reads before the wait":
                     if row == pid:
                         acc = early   # the first row as it was read before the flags came
                 if FUSED:
-                    s = (acc + tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+                    res = tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+                    if FAULT == "residual added twice":
+                        res = res * 2
+                    if FAULT == "residual not added":
+                        res = res * 0
+                    s = (acc + res).to(dtype)
                     tl.store(s_ptr + base + cols, s, mask=mask)
                     sf = s.to(tl.float32)
-                    y = sf / tl.sqrt(tl.sum(sf * sf, axis=0) / n_cols + eps) * w
+                    if FAULT == "norm of the sum without the residual":
+                        sf = acc
+                    n = n_cols
+                    if FAULT == "mean over BLOCK_N":
+                        n = BLOCK_N
+                    y = sf / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps)
+                    if FAULT == "no sqrt":
+                        y = sf / (tl.sum(sf * sf, axis=0) / n + eps)
+                    if FAULT != "weight missing":
+                        y = y * w
                     tl.store(y_ptr + base + cols, y.to(dtype), mask=mask)
+                elif FAULT == "no store mask":
+                    tl.store(y_ptr + base + cols, acc.to(dtype))
                 else:
                     tl.store(y_ptr + base + cols, acc.to(dtype), mask=mask)
 
@@ -144,6 +180,26 @@ def test_each_fault_is_named(fault, fused, capsys):
 def test_norm_before_the_sum_is_named():
     with pytest.raises(check.CheckFailure, match="norm applied before the sum"):
         checks.check_all_reduce_add_rms_norm_kernel(bound("norm applied before the sum", fused=True))
+
+
+@pytest.mark.parametrize("fault, fused", [
+    ("averaged", False), ("averaged", True),                                   # the mean, not the sum
+    ("sum in x's dtype", False), ("sum in x's dtype", True),                   # exact bits: under the tolerance
+    ("own rows first", False), ("own rows first", True),                       # a rank-dependent order
+    ("no row loop", False), ("no row loop", True),                             # one row per program
+    ("wrong flag index", False), ("one flag per rank", False),                 # the flags at other slots
+    ("waits for its own flag", False),                                         # a wait no peer answers
+    ("residual added twice", True), ("residual not added", True),
+    ("norm of the sum without the residual", True), ("mean over BLOCK_N", True), ("weight missing", True),
+    ("no sqrt", True),                                                         # any other wrong scale per row
+])
+def test_more_faults_are_named(fault, fused):
+    words = {"averaged": "averaged instead of summed", "own rows first": "ranks summed in different orders",
+             "no row loop": "rows past the grid never written", "one flag per rank": "wrong flag index",
+             "waits for its own flag": "reduce never ran", "no sqrt": "the row's RMS is wrong"}.get(fault, fault)
+    check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
+    with pytest.raises(check.CheckFailure, match=words):
+        check_fn(bound(fault, fused))
 
 
 def test_a_kernel_that_ignores_the_buffer_halves_fails():

@@ -33,12 +33,16 @@ def student(fault: str = "none"):
             lin.bias.grad = dy.sum(0)
         elif fault != f"{name} bias missing":
             lin.bias.grad = dy2.sum(0)
+        if fault == f"{name} dx with W.T":
+            return torch.mm(dy2, lin.weight.t()).view(x.shape)
         return torch.mm(dy2, lin.weight).view(x.shape)
 
     def block_backward(blk, saved, dh, dres, ln_next, n_head, scale):
         """No autograd here: x.backward() is what this replaces."""   # words in comments and strings are fine
         ds, ln_next.weight.grad, ln_next.bias.grad = Nm.add_layer_norm_bwd(
             dh, None if fault == "dres dropped" else dres, saved.s2, ln_next.weight, saved.mean2, saved.rstd2)
+        if fault == "dres added twice":                 # dres given to the backward and added again
+            ds = ds + dres if dres is not None else ds
         if fault == "ln grads swapped":
             ln_next.weight.grad, ln_next.bias.grad = ln_next.bias.grad, ln_next.weight.grad
         d_out, d_s1 = ds, ds
@@ -50,7 +54,8 @@ def student(fault: str = "none"):
                 d_s1 = dres
         df = linear_backward(d_out, saved.acc if fault == "out from acc" else saved.f, blk.out, "out")
         dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(
-            df, saved.h1 if fault == "fc from h1" else saved.h2, blk.fc.weight, blk.fc.bias, saved.acc)
+            df, saved.h1 if fault == "fc from h1" else saved.h2, blk.fc.weight, blk.fc.bias,
+            saved.f if fault == "gelu from f" else saved.acc)
         dx, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(
             dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
         d_proj, dres_in = dx, dx
@@ -58,12 +63,14 @@ def student(fault: str = "none"):
             d_proj, _, _ = Nm.add_layer_norm_bwd(dh2, None, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
         if fault == "dres_in is ds":
             dres_in = ds
+        if fault == "dres_in plus dres":                # the residual passed through on top of dx
+            dres_in = dx + dres if dres is not None else dx
         if fault == "dres passed through":
             dres_in = dres if dres is not None else torch.zeros_like(dx)
         do2 = linear_backward(d_proj, saved.o2, blk.proj, "proj")
         B, H, N, hd = saved.o.shape
         do = do2.view(B, H, N, hd) if fault == "do not transposed" else do2.view(B, N, H, hd).transpose(1, 2)
-        dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, True, scale)
+        dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, fault != "not causal", scale)
         dh_in = linear_backward(dqkv, saved.h2 if fault == "qkv from h2" else saved.h1, blk.qkv, "qkv")
         if fault == "returns None":
             return None
@@ -71,6 +78,8 @@ def student(fault: str = "none"):
             return dh_in.float(), dres_in.float()
         if fault == "returns rows":
             return dh_in.reshape(-1, dh_in.shape[-1]), dres_in
+        if fault == "returned swapped":
+            return dres_in, dh_in
         if fault == "dh_in doubled":                    # no usual mistake: the first wrong gradient is named
             dh_in = dh_in * 2
         if fault == "dh changed in place":
@@ -93,6 +102,11 @@ def test_right_block_backward_passes(capsys):
     ("attention branch without ds", "attention branch without ds: .*both inputs of the add"),              # (b)
     ("dres_in is ds", "dres_in without the attention branch"),                                             # (b)
     ("dres passed through", "dres returned unchanged"),                                                    # (b)
+    ("dres added twice", r"dres added twice: .*already adds the ds it is given"),                          # (b)
+    ("dres_in plus dres", "dres added again to dres_in"),                                                  # (b)
+    ("proj dx with W.T", r"proj's dx with W.T: .*dx = dy @ W"),                                            # (c)
+    ("not causal", r"attention backward not causal: .*n_head, True, scale\)"),                             # (e)
+    ("returned swapped", "dh_in and dres_in returned in each other's place"),                              # (f)
     ("proj dW transposed", r"blk.proj.weight.grad is transposed: dW = dy.T @ x"),                             # (c)
     ("qkv dW transposed", r"assign a gradient(.|\n)*at: lin.weight.grad = dw(.|\n)*dW = dy.T @ x is \(out_features"),
     ("qkv from h2", r"blk.qkv.weight.grad is taken from saved.h2: the qkv GEMM's input is saved.h1"),         # (c)
@@ -119,13 +133,15 @@ def test_each_fault_is_named(fault, words):
 
 
 @pytest.mark.parametrize("fault", ["dres dropped", "ds dropped at ln2", "MLP branch without dres",
-                                   "attention branch without ds", "dres_in is ds", "do not transposed"])
+                                   "attention branch without ds", "dres_in is ds", "do not transposed",
+                                   "not causal"])
 def test_the_flow_faults_are_named_in_float16_alone(fault, monkeypatch):
     """A GPU judges float16 first (its float32 weights mean autocast): the names must not need float32."""
     monkeypatch.setattr(checks, "_dtypes", lambda: (torch.float16,))
     with pytest.raises(check.CheckFailure, match=r"\(float16, .*\): " + fault.replace("ln2", "LayerNorm 2")
                        .replace("dres_in is ds", "dres_in without the attention branch")
-                       .replace("do not transposed", "do not laid out as o")):
+                       .replace("do not transposed", "do not laid out as o")
+                       .replace("not causal", "attention backward not causal")):
         checks.check_block_backward(student(fault))
 
 

@@ -75,6 +75,8 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
         if FAULT == "plus onehot":
             onehot = -onehot
         d = (tl.exp(x - lse) - onehot) * scale
+        if FAULT == "onehot after the scale":
+            d = tl.exp(x - lse) * scale - onehot
         if FAULT == "target apart":  # a right variant: the target's column rewritten after the loop
             d = tl.exp(x - lse) * scale
         if FAULT == "no store mask":
@@ -103,6 +105,7 @@ def test_right_kernel_passes(variant, capsys):
 @pytest.mark.parametrize("fault, words", [
     ("no onehot", "no one-hot"),
     ("plus onehot", "added instead of subtracted"),
+    ("onehot after the scale", "one-hot subtracted after the scaling"),
     ("offsets not cols", "only in the first tile"),
     ("max not lse", "not normalized by lse"),
     ("no dloss", "missing the factor dloss"),
@@ -150,14 +153,15 @@ def test_an_untouched_stub_fails():
         checks.check_ce_backward_kernel(Stub())
 
 
-def _launcher(fault: str = "none", inv=None, dtype=None, row_stride=None, cap=4096):
+def _launcher(fault: str = "none", inv=None, dtype=None, row_stride=None, cap=4096, grid=None):
     def ce_backward(dloss, logits, targets, lse):
         n_rows, n_cols = logits.shape
         dlogits = torch.empty(logits.shape, dtype=dtype or logits.dtype, device=logits.device)
         stride = logits.stride(0) if row_stride is None else row_stride(logits)
-        _ce_bwd[(n_rows,)](dlogits, logits, targets, lse, dloss, n_cols, stride, dlogits.stride(0),
-                           1.0 / n_rows if inv is None else inv,
-                           BLOCK_SIZE=min(cap, triton.next_power_of_2(n_cols)), FAULT=fault)
+        launch = _ce_bwd[(n_rows,) if grid is None else grid(logits)]
+        launch(dlogits, logits, targets, lse, dloss, n_cols, stride, dlogits.stride(0),
+               1.0 / n_rows if inv is None else inv(logits) if callable(inv) else inv,
+               BLOCK_SIZE=min(cap, triton.next_power_of_2(n_cols)), FAULT=fault)
         return dlogits
     return ce_backward
 
@@ -170,8 +174,12 @@ def test_right_launcher_passes(capsys):
 def test_launcher_faults_are_named():
     with pytest.raises(check.CheckFailure, match=r"n_rows\) times too large"):
         checks.check_ce_backward_launcher(_launcher(inv=1.0))            # the mean's 1 / n_rows forgotten
-    with pytest.raises(check.CheckFailure, match="differ"):
-        checks.check_ce_backward_launcher(_launcher(inv=0.5))            # some other wrong scale
+    with pytest.raises(check.CheckFailure, match=r"1.5 times the right one"):
+        checks.check_ce_backward_launcher(_launcher(inv=0.5))            # some other wrong scale (3 rows)
+    with pytest.raises(check.CheckFailure, match=r"0.01 times the right one(.|\n)*not over the vocabulary"):
+        checks.check_ce_backward_launcher(_launcher(inv=lambda logits: 1.0 / logits.shape[1]))   # 1 / n_cols
+    with pytest.raises(check.CheckFailure, match=r"rows 0 to 0 are right(.|\n)*one program per row"):
+        checks.check_ce_backward_launcher(_launcher(grid=lambda logits: (1,)))       # one program, not n_rows
     with pytest.raises(check.CheckFailure, match="the logits' dtype"):
         checks.check_ce_backward_launcher(_launcher(dtype=torch.float64))
 

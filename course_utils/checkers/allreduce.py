@@ -18,9 +18,12 @@ nothing), then every publish, then every reduce in reverse order; then it checks
 all zero again. Several calls back to back, with new data and alternating buffer halves. A wrong
 answer is matched against the usual faults, each named; under the interpreter the loads of that early
 reduce are recorded too, so a kernel that reads the peers' buffers before its wait (and keeps the
-result only if the wait succeeds) is caught as well. What the interpreter cannot see, since it runs
-one program at a time: a missing release or acquire (``sem="relaxed"``), or a signal placed before
-the stores of the same half. Those show on GPUs, in the stress loop of benchmarks/multigpu.py.
+result only if the wait succeeds) is caught as well. Every rank must get the same bits (a rank-dependent
+order of the sum is named), and a sum accumulated in x's dtype is named on its exact bits, below the
+tolerance; a reduce that wrote nothing is told apart by the pads as they stood after every publish.
+What the interpreter cannot see, since it runs one program at a time: a missing release or acquire
+(``sem="relaxed"``), or a signal placed before the stores of the same half. Those show on GPUs, in
+the stress loop of benchmarks/multigpu.py.
 """
 
 from __future__ import annotations
@@ -53,6 +56,35 @@ FAULTS = {
                                    "then normalize; normalizing each rank's part first gives another result",
     "signal pad never reset": "after the call the pads still hold flags: the next call's wait would pass at "
                               "once and read old data. The waiting rank resets its flag (atomic_cas(flag, 1, 0))",
+    "averaged instead of summed": "the result is the mean over the ranks, the sum divided by WORLD: the "
+                                  "all-reduce sums (a data-parallel step divides once, elsewhere)",
+    "residual added twice": "s holds the sum plus twice the residual: add r_ptr's row once, s = sum + residual",
+    "residual not added": "s is the ranks' sum alone: add the residual row (r_ptr, at the same offset) to the "
+                          "float32 sum before you store s",
+    "norm of the sum without the residual": "y normalizes the ranks' sum before the residual was added: y is the "
+                                            "RMSNorm of s = sum + residual, the s you stored",
+    "weight missing": "y is the normalized s without the weight: multiply by w (w_ptr, one per column)",
+    "mean over BLOCK_N": "the mean of s^2 divides by BLOCK_N, the tile's width, not by n_cols: the masked lanes "
+                         "are zeros, not columns; mean(s^2) = tl.sum(s * s) / n_cols",
+    "the row's RMS is wrong": "y is s * w times another factor per row than 1 / sqrt(mean(s^2) + eps): s is right, "
+                              "so the norm's scale is off. mean(s^2) = tl.sum(s * s) / n_cols over the stored s "
+                              "(lanes past n_cols loaded as 0.0), then the square root, with eps inside it",
+    "sum in x's dtype": "the sum was accumulated in x's dtype, rounding after every rank's add: accumulate in "
+                        "float32 (tl.zeros((BLOCK_N,), tl.float32), each load .to(tl.float32)) and round once, "
+                        "at the store",
+    "ranks summed in different orders": "the ranks hold different bits of the same sum: every rank must get the "
+                                        "same bits (replicas of a data-parallel step drift apart otherwise), so "
+                                        "sum the buffers in one order on every rank, r = 0..WORLD-1, rather than "
+                                        "your own x first",
+    "rows past the grid never written": "only the first rows, one per program, were reduced: there are fewer "
+                                        "programs than rows, so each program loops over rows pid, pid + "
+                                        "programs, ... (tl.range(pid, n_rows, tl.num_programs(0))) in both halves",
+    "wrong flag index": "after every rank published, the pads did not hold one flag at pid * WORLD + src on "
+                        "every peer's pad for each sender src and program pid: the publisher sets flag pid * WORLD "
+                        "+ rank (its own rank, not the peer's) on each peer's pad, one flag per program",
+    "reduce never ran": "every rank had published and the pads held every flag, yet the reduce wrote nothing: "
+                        "it waited for a flag no peer sets (your own rank's, p == rank, or another slot than "
+                        "pid * WORLD + p on your own pad) and gave up after max_spins",
 }
 
 
@@ -108,12 +140,22 @@ def _rmsnorm(s, w):
     return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * w
 
 
-def _diagnose(case, t, got, stale, other_half, rank, kind, dtype):
+def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, programs=1, pads_ok=True):
     """Name the fault whose result ``got`` matches, if one does: ``got`` is rank's output (``kind`` "out"),
-    its s minus the residual ("s") or its y ("y"), in float64."""
+    its s minus the residual ("s") or its y ("y"), in float64; ``want`` the right one, ``programs`` the grid,
+    ``pads_ok`` whether the pads held every flag at its slot once every rank had published."""
     x = [v.double().cpu() for v in t["x"]]
     atol, rtol = check.tolerance(dtype)
     peers = [p for p in range(len(x)) if p != rank]
+    nan_rows = got.isnan().all(-1)
+    if bool(nan_rows.any()) and not pads_ok:
+        _fail(case, "wrong flag index")
+    if bool(nan_rows.all()):
+        _fail(case, "reduce never ran")
+    if want is not None and bool(nan_rows[programs:].all()) and bool(torch.isclose(
+            got[:programs], want[:programs], atol=atol, rtol=rtol).all()):
+        _fail(case, "rows past the grid never written")
+    total = sum(x)
     candidates = []
     if kind in ("s", "y"):
         r, w = t["r"].double().cpu(), t["w"].double().cpu()
@@ -121,13 +163,78 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype):
         if kind == "y":
             early += [_rmsnorm(e + r, w) for e in early] + [early[0] + r]
         candidates += [("norm applied before the sum", e) for e in early]
+    if kind == "s":
+        candidates += [("residual added twice", total + t["r"].double().cpu()),
+                       ("residual not added", total - t["r"].double().cpu())]
+    if kind == "y":
+        s_n = (total + r).to(dtype).double()
+        block = 1 << max(s_n.shape[-1] - 1, 0).bit_length()
+        candidates += [("norm of the sum without the residual", _rmsnorm(total, w)),
+                       ("weight missing", _rmsnorm(s_n, 1.0)),
+                       ("mean over BLOCK_N", s_n * torch.rsqrt(s_n.pow(2).sum(-1, keepdim=True) / block + EPS) * w)]
     if kind in ("out", "s"):
         candidates += [("only the own buffer read", x[rank]), ("only the own buffer read", len(x) * x[rank]),
                        ("wrong peer offset", x[rank] + sum(other_half[p] for p in peers)),
-                       ("barrier before the writes", x[rank] + sum(stale[p] for p in peers))]
+                       ("barrier before the writes", x[rank] + sum(stale[p] for p in peers)),
+                       ("averaged instead of summed", total / len(x))]
     for fault, want in candidates:
         if bool(torch.isclose(got, want, atol=atol * 4, rtol=rtol * 4, equal_nan=True).all()):
             _fail(case, fault)
+    if kind == "y" and want is not None:   # s was right (y is judged after s): a wrong scale per row
+        unscaled = s_n * w
+        per_row = (got * unscaled).sum(-1, keepdim=True) / (unscaled * unscaled).sum(-1, keepdim=True).clamp_min(1e-300)
+        if bool(torch.isclose(got, unscaled * per_row, atol=atol * 4, rtol=rtol * 4).all()):
+            _fail(case, "the row's RMS is wrong")
+
+
+def _low_precision_sum(case, t, fused, dtype) -> None:
+    """Fail, naming it, an s (fused) or out that holds bit for bit the sum accumulated in x's dtype (one rounding
+    per rank's add) where that differs from the float32 sum rounded once: a difference too small for the
+    tolerance, found on the exact bits."""
+    if dtype == torch.float32:
+        return
+    xs = t["x"]
+    low, wide = torch.zeros_like(xs[0]), torch.zeros_like(xs[0], dtype=torch.float32)
+    for v in xs:
+        low, wide = low + v, wide + v.float()
+    if fused:
+        r = t["r"]
+        low_first = r.clone()
+        for v in xs:
+            low_first = low_first + v
+        lows, rights = [low + r, low_first], [(wide + r.float()).to(dtype), (r.float() + wide).to(dtype)]
+        outs = [g.tensor for g in t["s"]]
+    else:
+        lows, rights, outs = [low], [wide.to(dtype)], [g.tensor for g in t["out"]]
+    for rank, got in enumerate(outs):
+        if any(torch.equal(got, c) for c in rights):
+            continue
+        if any(torch.equal(got, c) and not any(torch.equal(c, ok) for ok in rights) for c in lows):
+            _fail(f"{case}, rank {rank}'s {'s' if fused else 'out'}", "sum in x's dtype")
+
+
+def _same_bits(case, t, fused) -> None:
+    """Every rank's out (fused: s and y) the same bits as rank 0's."""
+    for what in (("s", "y") if fused else ("out",)):
+        outs = [g.tensor for g in t[what]]
+        for rank, got in enumerate(outs[1:], 1):
+            if not torch.equal(got, outs[0]):
+                _fail(f"{case}: rank {rank}'s {what} differs from rank 0's in its last bits",
+                      "ranks summed in different orders")
+
+
+def _pads_hold_every_flag(ranks, programs) -> bool:
+    """Whether, once every rank published, each rank's pad holds flag pid * WORLD + src for every program pid
+    and every peer src (nonzero: 1, or a count), and nothing else."""
+    w = ranks.world_size
+    for rank, pad in enumerate(ranks.pads):
+        want = torch.zeros(ranks.tuned_pad_offset, dtype=torch.bool)
+        for pid in range(programs):
+            for src in range(w):
+                want[pid * w + src] = src != rank
+        if not torch.equal(pad[:ranks.tuned_pad_offset].cpu() != 0, want):
+            return False
+    return True
 
 
 def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
@@ -155,6 +262,7 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
                                  "signal pads: it may only reset a flag that was 1 (atomic_cas(flag, 1, 0)).")
     for rank in list(range(1, w)) + [0]:
         _launch(kernel, fused, ranks, rank, True, False, t, rank, n_rows, n_cols, offset, case)
+    pads_ok = _pads_hold_every_flag(ranks, _programs(n_rows))
     for rank in reversed(range(w)):
         _launch(kernel, fused, ranks, rank, False, True, t, rank, n_rows, n_cols, offset, case)
     for g in (t["y"] + t["s"] if fused else t["out"]):
@@ -170,8 +278,12 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
     for what, got, want, rank in sorted(pairs, key=lambda p: (p[0] == "y", -p[3])):   # in the order ranks reduced
         if not bool(torch.isclose(got.double().cpu(), want.cpu(), atol=atol, rtol=rtol).all()):
             sub = t["r"].double().cpu() if what == "s" else 0.0
-            _diagnose(f"{case}, rank {rank}", t, got.double().cpu() - sub, stale, other_half, rank, what, dtype)
+            _low_precision_sum(case, t, fused, dtype)
+            _diagnose(f"{case}, rank {rank}", t, got.double().cpu() - sub, stale, other_half, rank, what, dtype,
+                      want.cpu() - sub, _programs(n_rows), pads_ok)
             check.compare(f"{case}, rank {rank}'s {what}", got, want, dtype=dtype, hint=HINT)
+    _low_precision_sum(case, t, fused, dtype)
+    _same_bits(case, t, fused)
     for rank in range(w):
         if not torch.equal(ranks.buffers[rank][offset:offset + n].view(n_rows, n_cols), t["x"][rank]):
             raise check.CheckFailure(f"{case}: rank {rank}'s buffer does not hold its x at buf_offset after the call: "

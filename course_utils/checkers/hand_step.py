@@ -226,6 +226,10 @@ def _judge(case, got: dict, ref: dict, fault_refs, sv, tol) -> None:
     bad = next((n for n in ORDER if not error(got[n], ref[n]) <= tol), None)
     if bad is None:
         return
+    if error(got["dh_in"], ref["dres_in"]) <= tol and error(got["dres_in"], ref["dh_in"]) <= tol:
+        raise check.CheckFailure(f"{case}: dh_in and dres_in returned in each other's place: return (dh_in, "
+                                 "dres_in), the gradient of saved.h1 (the qkv GEMM's dx) first, then the residual "
+                                 "stream's (add + LayerNorm 2's dx).")
     for fault, why in FLOW_FAULTS.items():
         alt = fault_refs(fault)
         if alt is not None and all(error(got[n], alt[n]) <= tol for n in ORDER):
@@ -293,7 +297,7 @@ def _one_model(fn, dtype) -> None:
         got = _collect(case, out, params, sv.h1)
 
         def fault_ref(fault, blk=blk, sv=sv, dh=dh, dres=dres, ln_next=ln_next):
-            if fault == "dres dropped" and dres is None:
+            if fault in ("dres dropped", "dres added twice", "dres added again to dres_in") and dres is None:
                 return None
             return reference(blk, sv, dh, dres, ln_next, hand.n_head, hand.scale, hand.eps, fault)
         _judge(case, got, ref, fault_ref, sv, TOL[dtype])

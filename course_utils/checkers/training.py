@@ -74,9 +74,9 @@ def _inputs(n_rows, n_cols, dtype, strided: bool):
     return g, logits, targets, lse, dloss
 
 
-def _candidates(logits, targets, lse, block, own_lse=None):
+def _candidates(logits, targets, lse, block, own_lse=None, scale=None):
     """(fault, what a kernel with that fault computes divided by dloss * inv_n_rows), float64; ``own_lse``:
-    the rows' logsumexp, when the ``lse`` passed is another."""
+    the rows' logsumexp, when the ``lse`` passed is another; ``scale``: dloss * inv_n_rows."""
     x = logits.double().cpu()
     lse64 = lse.double().cpu()[:, None]
     t = targets.cpu()[:, None]
@@ -94,6 +94,8 @@ def _candidates(logits, targets, lse, block, own_lse=None):
         "one-hot added instead of subtracted": p + onehot,
         "lse recomputed without the max": torch.exp(x - naive) - onehot,
     }
+    if scale is not None:
+        cands["one-hot subtracted after the scaling"] = p - onehot / scale
     if own_lse is not None:
         cands["the given lse ignored"] = torch.exp(x - own_lse.double().cpu()[:, None]) - onehot
     return cands
@@ -109,6 +111,8 @@ FAULTS = {  # the first that matches names the fault: a kernel that ignores the 
         "not exp(x - max of the row)",
     "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "
         "target's column",
+    "one-hot subtracted after the scaling": "the 1 at the target's column was subtracted from p * dloss * "
+        "inv_n_rows: the whole difference is scaled, (p - onehot) * dloss * inv_n_rows",
     "lse recomputed without the max": "your kernel recomputes the row's logsumexp without subtracting the row's max "
         f"first: exp(x) overflows float32 past x = {FLOAT32_EXP_MAX} (rows here reach several hundred), so lse = inf "
         "and p = exp(x - lse) = 0. Use the saved lse (lse_ptr), which the forward computed as m + log(sum(exp(x - m))) "
@@ -198,7 +202,7 @@ def _one_case(kernel, name, dtype, n_rows, n_cols, strided, block, shift_lse=Fal
     if not torch.equal(logits, before):
         raise check.CheckFailure(f"{case}: your kernel changed the logits; it must only write dlogits")
     scale = float(dloss) / n_rows
-    cands = _candidates(logits, targets, lse, block, own_lse)
+    cands = _candidates(logits, targets, lse, block, own_lse, scale)
     got = dlogits.detach().double().cpu() / scale
     atol, rtol = check.tolerance(dtype)
     if not bool(torch.isclose(got, cands["right"], atol=atol, rtol=rtol, equal_nan=False).all()):
@@ -305,6 +309,22 @@ def _launcher_case(fn, name, dtype, n_rows, n_cols, strided):
     if n_rows > 1 and bool(too_large.all()):
         raise check.CheckFailure(f"{case}: your gradient is {n_rows} (n_rows) times too large: the loss is "
                                  "the mean over rows, pass inv_n_rows = 1.0 / n_rows.")
+    close = torch.isclose(got.double(), ref, atol=atol * abs(float(dloss)) / n_rows, rtol=rtol)
+    rows_right = close.all(-1)
+    if not strided and n_rows > 1 and bool(rows_right[0]) and not bool(rows_right.all()):
+        k = int(rows_right.long().cumprod(0).sum())
+        if not bool(rows_right[k:].any()):
+            raise check.CheckFailure(f"{case}: rows 0 to {k - 1} are right, rows {k} to {n_rows - 1} are not: your "
+                                     f"launch covers {k} row(s). Launch one program per row: "
+                                     "ce_backward_kernel[(n_rows,)](...).")
+    flat_ref, flat_got = ref.flatten(), got.double().flatten()
+    factor = float(flat_got @ flat_ref) / max(float(flat_ref @ flat_ref), 1e-300)
+    if abs(factor - 1.0) > 1e-2 and bool(torch.isclose(got.double(), ref * factor, atol=atol * abs(float(dloss)) /
+                                                       n_rows, rtol=rtol * 4).all()):
+        raise check.CheckFailure(f"{case}: your gradient is {factor:.4g} times the right one: the scale you pass is "
+                                 "wrong. The kernel multiplies by dloss (read from its pointer) and inv_n_rows, and "
+                                 "inv_n_rows = 1.0 / n_rows: the loss is the mean over rows (n_rows = "
+                                 f"{n_rows}), not over the vocabulary (n_cols = {n_cols}).")
     hint = ("launch one program per row with a BLOCK_SIZE that tiles the vocabulary "
             f"(min({BLOCK_CAP}, triton.next_power_of_2(n_cols))), pass 1.0 / n_rows")
     if strided:  # the contiguous cases of this dtype passed

@@ -40,6 +40,15 @@ FLOW_FAULTS = {
         "returns, the same gradient the proj GEMM gets",
     "dres returned unchanged": "dres_in is the dres the block was given: the residual stream's gradient grows in "
         "each block by what flows through its two LayerNorms; return the dx of add + LayerNorm 2's backward",
+    "dres added twice": "ds holds dres twice: add_layer_norm_bwd(dh, dres, ...) already adds the ds it is given "
+        "to the gradient through LayerNorm; its dx is the whole gradient of s2, add nothing to it",
+    "dres added again to dres_in": "dres_in holds dres once more: the dx of add + LayerNorm 2's backward already "
+        "carries it (through ds); return that dx as it is",
+    "proj's dx with W.T": "the proj GEMM's input gradient used W.T: for y = x @ W.T + b, dx = dy @ W (W as stored, "
+        "(out_features, in_features)); proj's W is square, so W.T ran without an error",
+    "attention backward not causal": "attention_qkv_bwd was called with causal=False: the forward masked the "
+        "future keys (causal), and the backward must too: attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, "
+        "n_head, True, scale)",
     "do not laid out as o": "the attention's gradient do was read in the wrong layout: o2 is o.transpose(1, 2) "
         "reshaped to (B, N, d), so do = do2.view(B, N, n_head, head_dim).transpose(1, 2), laid out as saved.o "
         "(B, H, N, hd); a plain view to (B, H, N, hd) mixes heads and positions",
@@ -83,6 +92,22 @@ def _attention(do, qkv, n_head, scale):
     return _vjp(attend, (qkv,), do)[0]
 
 
+def _attention_unmasked_backward(do, qkv, n_head, scale):
+    """dqkv of a flash backward run with causal=False on a causal forward's o and logsumexp: every key's
+    p = exp(q.k * scale - lse), the future ones too, and D = rowsum(do * o)."""
+    B, N, W = qkv.shape
+    q, k, v = _f64(qkv).view(B, N, 3, n_head, W // (3 * n_head)).permute(2, 0, 3, 1, 4)
+    s = q @ k.transpose(-1, -2) * scale
+    causal = torch.ones(N, N, dtype=torch.bool).tril()
+    lse = torch.logsumexp(s.masked_fill(~causal, float("-inf")), -1, keepdim=True)
+    o = torch.softmax(s.masked_fill(~causal, float("-inf")), -1) @ v
+    p = torch.exp(s - lse)
+    do = _f64(do)
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    dq, dk, dv = ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ do
+    return torch.stack((dq, dk, dv), 0).permute(1, 3, 0, 2, 4).reshape(B, N, W)
+
+
 def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float, fault: str | None = None) -> dict:
     """Every gradient of one block in float64 from its saved activations, as :data:`ORDER` names them, plus
     each GEMM's dy (``"dy.out"`` ...); ``fault`` (a key of :data:`FLOW_FAULTS`) makes that mistake."""
@@ -90,6 +115,8 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     dres64 = zero if dres is None or fault == "dres dropped" else _f64(dres)
     d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(sv.s2, ln_next, dh, eps)
     ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
+    if fault == "dres added twice":
+        ds = ds + dres64
     d_out = d_ln if fault == "MLP branch without dres" else ds
     d_s1_above = dres64 if fault == "residual without LayerNorm's part after the MLP" else ds
     df, g["out.weight"], g["out.bias"] = _linear(d_out, sv.f, blk.out.weight)
@@ -98,12 +125,17 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(sv.s1, blk.ln2, dh2, eps)
     ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
     d_proj = d_ln2 if fault == "attention branch without ds" else ds1
-    g["dres_in"] = {"dres_in without the attention branch": d_s1_above, "dres returned unchanged": dres64}.get(
-        fault, ds1)
+    g["dres_in"] = {"dres_in without the attention branch": d_s1_above, "dres returned unchanged": dres64,
+                    "dres added again to dres_in": ds1 + dres64}.get(fault, ds1)
     do2, g["proj.weight"], g["proj.bias"] = _linear(d_proj, sv.o2, blk.proj.weight)
+    if fault == "proj's dx with W.T":
+        do2 = (d_proj.reshape(-1, d_proj.shape[-1]) @ _f64(blk.proj.weight).t()).view(sv.o2.shape)
     B, H, N, hd = sv.o.shape
     do = do2.view(B, H, N, hd) if fault == "do not laid out as o" else do2.view(B, N, H, hd).transpose(1, 2)
-    dqkv = _attention(do, sv.qkv, n_head, scale)
+    if fault == "attention backward not causal":
+        dqkv = _attention_unmasked_backward(do, sv.qkv, n_head, scale)
+    else:
+        dqkv = _attention(do, sv.qkv, n_head, scale)
     g["dh_in"], g["qkv.weight"], g["qkv.bias"] = _linear(dqkv, sv.h1, blk.qkv.weight)
     g.update({"dy.out": d_out, "dy.fc": dacc, "dy.proj": d_proj, "dy.qkv": dqkv})
     return g
