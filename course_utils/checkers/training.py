@@ -32,6 +32,7 @@ from .. import check, env
 from ..profile import triton_launch_hook
 from . import offsets64
 from .loads import LOADS_SEEN, reads_per_element
+from .training_faults import FAULTS, FLOAT32_EXP_MAX, RECOMPUTED  # noqa: F401 (re-exported)
 
 OFFSET = 60.0          # exp(60) and up overflow float16 and, summed over a row with outliers, float32
 GAP = 5                # extra columns between rows of the logits (and 3 between rows of dlogits)
@@ -39,11 +40,6 @@ HINT = ("one program per row: lse and the target come first; then a loop over th
         "(cols = start + tl.arange(0, BLOCK_SIZE), mask = cols < n_cols) that loads a tile in float32, computes "
         "tl.exp(x - lse), subtracts 1 where cols == target, multiplies by dloss * inv_n_rows and stores it.")
 BLOCK_CAP = 4096       # the largest BLOCK_SIZE exercise 12.2 lets its launcher pick
-FLOAT32_EXP_MAX = 88.72  # exp(x) overflows float32 past this
-RECOMPUTED = ("your kernel recomputes the row's logsumexp (or its max) instead of using the saved one: the forward "
-              "stored lse (lse_ptr) so that the backward reads each row once, p = exp(x - lse) in the same loop that "
-              "stores dlogits. A recomputed max and sum are two more passes over every row (50257 logits each in a "
-              "GPT-2)")
 
 
 def _block() -> int:
@@ -99,25 +95,6 @@ def _candidates(logits, targets, lse, block, own_lse=None, scale=None):
     if own_lse is not None:
         cands["the given lse ignored"] = torch.exp(x - own_lse.double().cpu()[:, None]) - onehot
     return cands
-
-
-FAULTS = {  # the first that matches names the fault: a kernel that ignores the given lse is named so first
-    "the given lse ignored": RECOMPUTED + ". This case passes an lse that is not the rows' own logsumexp, and "
-        "your p is the rows' softmax",
-    "no one-hot": "the target's column: dlogits[target] = p[target] - 1; subtract 1 where cols == target",
-    "target column found only in the first tile": "the target is compared with the lanes of the tile, not with "
-        "the column index: use cols = start + offsets, and cols == target",
-    "not normalized by lse": "the softmax needs the row's logsumexp: p = exp(x - lse) with the saved lse, "
-        "not exp(x - max of the row)",
-    "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "
-        "target's column",
-    "one-hot subtracted after the scaling": "the 1 at the target's column was subtracted from p * dloss * "
-        "inv_n_rows: the whole difference is scaled, (p - onehot) * dloss * inv_n_rows",
-    "lse recomputed without the max": "your kernel recomputes the row's logsumexp without subtracting the row's max "
-        f"first: exp(x) overflows float32 past x = {FLOAT32_EXP_MAX} (rows here reach several hundred), so lse = inf "
-        "and p = exp(x - lse) = 0. Use the saved lse (lse_ptr), which the forward computed as m + log(sum(exp(x - m))) "
-        "with m the row's max",
-}
 
 
 def _diagnose(case, got, cands, scale, n_cols, block, dtype) -> None:

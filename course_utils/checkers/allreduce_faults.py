@@ -1,0 +1,55 @@
+"""The texts of chapter 13's all-reduce checker (:mod:`course_utils.checkers.allreduce`): the hint every failure
+ends with, and what each named fault means, keyed by the fault's name."""
+
+from __future__ import annotations
+
+HINT = ("publish half: copy your rows of x into your buffer (tl.load(buf_table_ptr + rank) cast to a pointer, "
+        "+ buf_offset), then on every peer set flag pid * WORLD + rank with tl.atomic_cas(flag, 0, 1, "
+        "sem='release', scope='sys'); reduce half: on your own pad wait for flag pid * WORLD + peer with "
+        "tl.atomic_cas(flag, 1, 0, sem='acquire', scope='sys') (at most max_spins tries), and only if every "
+        "peer's flag came, read every rank's buffer at the same offset and sum in float32.")
+FAULTS = {
+    "no barrier": "your reduce half read the peers' buffers while no peer had published. Wait for every "
+                  "peer's flag before the first load of a peer's buffer, and skip the reduce if a flag did not come",
+    "barrier before the writes": "the flags said 'published' before the rows were in the buffer: a peer read "
+                                 "the old contents. Store your rows into your buffer first, then signal",
+    "only the own buffer read": "the sum holds your own rows only: load each rank r's buffer address from "
+                                "buf_table_ptr + r, for every r in tl.static_range(WORLD)",
+    "wrong peer offset": "the peers' rows were read at another offset than your own: symmetric buffers have "
+                         "the same layout on every rank, so a peer's row is at its buffer + buf_offset + "
+                         "row * n_cols, exactly like yours",
+    "norm applied before the sum": "y is the norm of the summed stream: sum the ranks' x, add the residual, "
+                                   "then normalize; normalizing each rank's part first gives another result",
+    "signal pad never reset": "after the call the pads still hold flags: the next call's wait would pass at "
+                              "once and read old data. The waiting rank resets its flag (atomic_cas(flag, 1, 0))",
+    "averaged instead of summed": "the result is the mean over the ranks, the sum divided by WORLD: the "
+                                  "all-reduce sums (a data-parallel step divides once, elsewhere)",
+    "residual added twice": "s holds the sum plus twice the residual: add r_ptr's row once, s = sum + residual",
+    "residual not added": "s is the ranks' sum alone: add the residual row (r_ptr, at the same offset) to the "
+                          "float32 sum before you store s",
+    "norm of the sum without the residual": "y normalizes the ranks' sum before the residual was added: y is the "
+                                            "RMSNorm of s = sum + residual, the s you stored",
+    "weight missing": "y is the normalized s without the weight: multiply by w (w_ptr, one per column)",
+    "mean over BLOCK_N": "the mean of s^2 divides by BLOCK_N, the tile's width, not by n_cols: the masked lanes "
+                         "are zeros, not columns; mean(s^2) = tl.sum(s * s) / n_cols",
+    "the row's RMS is wrong": "y is s * w times another factor per row than 1 / sqrt(mean(s^2) + eps): s is right, "
+                              "so the norm's scale is off. mean(s^2) = tl.sum(s * s) / n_cols over the stored s "
+                              "(lanes past n_cols loaded as 0.0), then the square root, with eps inside it",
+    "sum in x's dtype": "the sum was accumulated in x's dtype, rounding after every rank's add: accumulate in "
+                        "float32 (tl.zeros((BLOCK_N,), tl.float32), each load .to(tl.float32)) and round once, "
+                        "at the store",
+    "ranks summed in different orders": "the ranks hold different bits of the same sum: every rank must get the "
+                                        "same bits (replicas of a data-parallel step drift apart otherwise), so "
+                                        "sum the buffers in one order on every rank, r = 0..WORLD-1, rather than "
+                                        "your own x first",
+    "rows past the grid never written": "only the first rows, one per program, were reduced: there are fewer "
+                                        "programs than rows, so each program loops over rows pid, pid + "
+                                        "programs, ... (tl.range(pid, n_rows, tl.num_programs(0))) in both halves",
+    "wrong flag index": "after every rank published, the pads did not hold one flag at pid * WORLD + src on "
+                        "every peer's pad for each sender src and program pid: the publisher sets flag pid * WORLD "
+                        "+ rank (its own rank, not the peer's) on each peer's pad, one flag per program",
+    "reduce never ran": "every rank had published and the pads held every flag, yet the reduce wrote nothing: "
+                        "it waited for a flag no peer sets (your own rank's, p == rank, or another slot than "
+                        "pid * WORLD + p on your own pad) and gave up after max_spins",
+}
+
