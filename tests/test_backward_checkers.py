@@ -68,6 +68,12 @@ def _gelu(z):
 
 
 @triton.jit
+def _sigmoid_2a(z):  # GELU's tanh form is z * s with s = sigmoid(2a), a = sqrt(2/pi) (z + 0.044715 z^3)
+    a = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
+    return 1.0 / (1.0 + tl.exp(-2.0 * a))
+
+
+@triton.jit
 def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
                    FAULT: tl.constexpr):
     pid = tl.program_id(0)
@@ -86,7 +92,7 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
     elif FAULT == "erf derivative":
         g = gelu_grad(x + b, False)
     elif FAULT == "s only":  # the product rule's second term, z * s', left out
-        g = 1.0 / (1.0 + tl.exp(-2.0 * SQRT_2_OVER_PI * ((x + b) + 0.044715 * (x + b) * (x + b) * (x + b))))
+        g = _sigmoid_2a(x + b)
     else:
         g = gelu_grad(x + b, True)
     if FAULT == "mask repeats every tile":
