@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 
 from .. import check, env
+from ..checker_texts.allreduce import FAULTS, HINT
 from ..symmetric import SimulatedRanks
 from . import answer_keys
-from .allreduce_faults import FAULTS, HINT
 from .loads import span
 
 EPS = 1e-6

@@ -29,10 +29,10 @@ from types import SimpleNamespace
 import torch
 
 from .. import check, env
+from ..checker_texts.cross_entropy_backward import FAULTS, FLOAT32_EXP_MAX, RECOMPUTED  # noqa: F401 (re-exported)
 from ..profile import triton_launch_hook
 from . import offsets64
 from .loads import LOADS_SEEN, reads_per_element
-from .training_faults import FAULTS, FLOAT32_EXP_MAX, RECOMPUTED  # noqa: F401 (re-exported)
 
 OFFSET = 60.0          # exp(60) and up overflow float16 and, summed over a row with outliers, float32
 GAP = 5                # extra columns between rows of the logits (and 3 between rows of dlogits)
