@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+import course_utils as cu
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "gpu_checks"))
 
@@ -26,7 +28,8 @@ def test_smoke_run_checks_every_candidate_and_prints_the_table():
 
 
 def test_the_reference_and_formula_agree_and_a_wrong_launch_is_named(monkeypatch):
-    dy, ds, s, w, mean, rstd = S.inputs(5, 12, torch.float64, "cpu")
+    device = "cuda" if cu.on_gpu() else "cpu"   # the tool's kernels run where the session's kernels run
+    dy, ds, s, w, mean, rstd = S.inputs(5, 12, torch.float64, device)
     want = S.reference(dy, ds, s, w)
     for g, r in zip(S.formula(dy, ds, s, w, mean, rstd), want):
         assert torch.allclose(g.double(), r, atol=1e-10), (g, r)
@@ -35,5 +38,5 @@ def test_the_reference_and_formula_agree_and_a_wrong_launch_is_named(monkeypatch
     def dx_without_ds(dy, ds, *rest):   # a launch that forgets the residual's gradient
         return right(dy, torch.zeros_like(ds), *rest)
     monkeypatch.setattr(S, "launch", dx_without_ds)
-    failures = S.check("cpu", 4, smoke=True)
+    failures = S.check(device, 4, smoke=True)
     assert failures and all("p r" in f for f in failures) and len(failures) == 2 * len(S.candidates(4, True))

@@ -143,16 +143,17 @@ def test_configs_per_device():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cu.on_gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m, n, k", [(4096, 16384, 4096), (1, 16384, 4096), (64, 16384, 4096), (333, 520, 264)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_every_candidate(dtype):
+def test_gpu_every_candidate(dtype, m, n, k):
+    """Every tile the launcher may choose at this shape (one test a shape: make test-gpu runs them side by side)."""
     info = hardware.device_info()
-    for m, n, k in [(4096, 16384, 4096), (1, 16384, 4096), (64, 16384, 4096), (333, 520, 264)]:
-        x, w, b = _ops(m, n, k, dtype)
-        exp = _ref(x, w, b)
-        for cfg in T.gemm_configs(info, m, n, k, dtype):
-            _close(T.linear_gelu(x, w, b, config=cfg), exp, dtype)
-        xw = _ops(m, n, k, dtype, w_t=True)
-        _close(T.linear_gelu(*xw, p=0.1, seed=3), _ref(*xw, p=0.1, seed=3), dtype)
+    x, w, b = _ops(m, n, k, dtype)
+    exp = _ref(x, w, b)
+    for cfg in T.gemm_configs(info, m, n, k, dtype):
+        _close(T.linear_gelu(x, w, b, config=cfg), exp, dtype)
+    xw = _ops(m, n, k, dtype, w_t=True)
+    _close(T.linear_gelu(*xw, p=0.1, seed=3), _ref(*xw, p=0.1, seed=3), dtype)
 
 
 @pytest.mark.gpu
