@@ -1,5 +1,6 @@
 import course_utils  # noqa: F401, I001  (chooses the mode, and sets TRITON_INTERPRET before any kernel exists)
 
+import collections  # noqa: E402
 import itertools  # noqa: E402
 import os  # noqa: E402
 
@@ -82,8 +83,38 @@ def heavy_first(items: list, workers: int, heavy=GPU_HEAVY) -> list:
     return out + list(rest)
 
 
-@pytest.hookimpl(trylast=True)  # after -m deselects: the shares are of the tests that run
+# ---- COURSE_PARAM_SAMPLE=k: every k-th parameter set of each parametrized test, and its last --------------
+# tools/triton_next.sh runs the CPU unit tests a second time under the newest Triton, as a canary for an
+# upgrade that breaks the course: there every test function still runs, on a third of its parameter sets
+# (the first, every third, the last), since a Triton change that breaks a kernel or the interpreter's
+# hooks breaks it on any of them. The pinned Triton's run (make test) runs every parameter set.
+def sample_params(keys: list, k: int) -> list[bool]:
+    """For the test functions ``keys`` (one key per item, in collection order), which items to keep:
+    of each function's items, the 0th, k-th, 2k-th ... and the last."""
+    if k < 1:
+        raise ValueError(f"COURSE_PARAM_SAMPLE must be an integer >= 1, got {k}")
+    count, seen = collections.Counter(keys), collections.Counter()
+    keep = []
+    for key in keys:
+        i = seen[key]
+        seen[key] += 1
+        keep.append(i % k == 0 or i == count[key] - 1)
+    return keep
+
+
+def _function_key(item) -> tuple:
+    return item.nodeid.split("[", 1)[0], getattr(item, "originalname", item.name)
+
+
+@pytest.hookimpl(trylast=True)  # after -m deselects: the sample and the shares are of the tests that run
 def pytest_collection_modifyitems(config, items):
+    k = os.environ.get("COURSE_PARAM_SAMPLE")
+    if k:
+        keep = sample_params([_function_key(item) for item in items], int(k))
+        dropped = [item for item, kept in zip(items, keep) if not kept]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item, kept in zip(items, keep) if kept]
     workers = getattr(config, "workerinput", {}).get("workercount")  # set in pytest-xdist's workers only
     if workers and course_utils.env.on_gpu():
         items[:] = heavy_first(items, int(workers))

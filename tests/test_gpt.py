@@ -172,6 +172,7 @@ def training_bench():
     return training
 
 
+@pytest.mark.machinery   # a tool around the kernels: their own tests run them under the newest Triton
 def test_losses_are_judged_step_by_step_and_a_divergent_step_replayed(training_bench, monkeypatch):
     original = gpt.twins
 

@@ -97,3 +97,38 @@ def test_only_xdist_workers_on_a_gpu_reorder(monkeypatch):
         items = _items(names)
         C.pytest_collection_modifyitems(config, items)
         assert (items[0].nodeid == names[40]) is moved and sorted(i.nodeid for i in items) == sorted(names)
+
+
+def test_param_sample_keeps_every_function_its_first_every_kth_and_last():
+    keys = ["a"] * 7 + ["b"] + ["c"] * 2 + ["a"]   # a's eighth item comes after the others
+    keep = C.sample_params(keys, 3)
+    kept = [(k, i) for i, (k, kept) in enumerate(zip(keys, keep)) if kept]
+    assert kept == [("a", 0), ("a", 3), ("a", 6), ("b", 7), ("c", 8), ("c", 9), ("a", 10)]
+    assert all(C.sample_params(keys, 1))
+    with pytest.raises(ValueError, match=">= 1"):
+        C.sample_params(keys, 0)
+
+
+def test_param_sample_runs_through_pytest(pytester_free_run):
+    out = pytester_free_run
+    assert "4 passed, 4 deselected" in out, out   # test_p[0], [3], [6] and test_plain
+
+
+@pytest.fixture
+def pytester_free_run(tmp_path):
+    """A child pytest over a file of one 7-way parametrized test and one plain test, with this conftest's
+    hook and COURSE_PARAM_SAMPLE=3: 0, 3, 6 and the plain one run."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    (tmp_path / "tests").mkdir()
+    shutil.copy(C.__file__, tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(7))\ndef test_p(i):\n    pass\n\n\n"
+        "def test_plain():\n    pass\n")
+    root = os.path.dirname(os.path.dirname(C.__file__))
+    env = {**os.environ, "COURSE_PARAM_SAMPLE": "3", "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           str(tmp_path / "tests")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return done.stdout + done.stderr

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.machinery   # a tool around the kernels: their own tests run them under the newest Triton
 def test_smoke_run_checks_every_candidate_and_writes_the_csvs(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "COURSE_MODE": "interpreter"}
     out = subprocess.run([sys.executable, str(ROOT / "tools/gpu_checks/kernel_candidates.py"), "--smoke",
