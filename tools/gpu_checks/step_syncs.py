@@ -7,11 +7,17 @@ waits for the device) and Dynamo's compiles during ``STEPS`` steps, and the step
 the wait for the GPU).
 
     python tools/gpu_checks/step_syncs.py [--config gpt2-b8] [--versions "course + torch.compile;torch.compile"]
+    python tools/gpu_checks/step_syncs.py --all-built --rounds --versions "..."   # + the benchmark's timing loop
+
+``--rounds`` then times the named versions as benchmarks.training does (bench.time_rounds: 3 interleaved rounds,
+2 warm-up and 10 timed steps each, no L2 flush, every thread moved to the fastest core before each round): with
+every version named it should reproduce the benchmark's rows; with fewer, it says which company slows a version.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import traceback
 import warnings
@@ -71,6 +77,7 @@ def main():
     ap.add_argument("--versions", default=DEFAULT_VERSIONS, help="';'-separated names of benchmarks.training.IMPLS")
     ap.add_argument("--all-built", action="store_true",
                     help="build every version first and keep them all, as the benchmark's process does")
+    ap.add_argument("--rounds", action="store_true", help="then time the versions in the benchmark's loop")
     a = ap.parse_args()
     cfg, batch, _ = T.CONFIGS[a.config]
     data = gpt.tokens()
@@ -96,6 +103,18 @@ def main():
         for p in places[:12]:
             print("  " + p)
         print("  " + hidden, flush=True)
+    if a.rounds:
+        steps = {n: built.get(n) or T.build(n, cfg, data, batch=batch) for n in a.versions.split(";")}
+        for name, t in benchmark_rounds(steps).items():
+            print(f"=== in the benchmark's loop: {name}: {t.median:.2f} ms a step (p20 {t.p20:.2f}, p80 {t.p80:.2f})")
+
+
+def benchmark_rounds(steps: dict) -> dict:
+    """``steps`` timed with benchmarks.training's arguments to bench.time_rounds (its _time_built)."""
+    from course_utils import bench
+    with contextlib.ExitStack() as pins:
+        return bench.time_rounds(steps, rounds=3, before_round=lambda i: pins.enter_context(affinity.one_core()),
+                                 warmup=2, rep=10, flush_l2=False)
 
 
 if __name__ == "__main__":
