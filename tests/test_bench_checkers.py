@@ -165,3 +165,135 @@ def test_attainable_calling_the_course_roofline_fails():
     with pytest.raises(CheckFailure, match="attainable_tflops"):
         checks.check_attainable(lambda i, p, b: bench.attainable_tflops(i, p, b))
     checks.check_attainable(lambda i, p, b: min(p, i * b / 1e3))
+
+
+# ------------------------------------------------------------------ the named faults of a wrong timer (8.1)
+
+def _timer(*, warm=3, rep=50, flush="before", sync_in="", per_pair=1, divide=True, agg=statistics.median,
+           scale=1.0, swap=False, empty=False):
+    """A timer by the protocol with one slip: ``flush`` "before" / "inside" (after the start event) / "once";
+    ``sync_in`` "end" (before the end event) / "start" (before the start event); ``per_pair`` calls in one event
+    pair (``divide``: by them); ``agg`` of the repetitions; ``scale`` (1e-3: seconds); ``swap``:
+    end.elapsed_time(start); ``empty``: both events recorded before the call."""
+    def time_kernel(gpu, fn):
+        for _ in range(warm):
+            fn()
+        gpu.synchronize()
+        if flush == "once":
+            gpu.flush_l2()
+        pairs = []
+        for _ in range(rep // per_pair):
+            s, e = gpu.Event(), gpu.Event()
+            if flush == "before":
+                gpu.flush_l2()
+            if sync_in == "start":
+                gpu.synchronize()
+            s.record()
+            if empty:
+                e.record()
+            for _ in range(per_pair):
+                if flush == "inside":
+                    gpu.flush_l2()
+                fn()
+            if sync_in == "end":
+                gpu.synchronize()
+            if not empty:
+                e.record()
+            pairs.append((s, e))
+        gpu.synchronize()
+        times = [(e.elapsed_time(s) if swap else s.elapsed_time(e)) / (per_pair if divide else 1) for s, e in pairs]
+        return agg(times) * scale if scale != 1 else agg(times)
+    return time_kernel
+
+
+@pytest.mark.parametrize("wrong, fault", [
+    (_timer(agg=min), "minimum"),                                    # passed before: 1% noise hid the minimum
+    (_timer(flush="inside"), "flush inside the events"),
+    (_timer(empty=True), "zero: your events enclose no call"),
+    (_timer(swap=True), "negative: end.elapsed_time"),
+    (_timer(sync_in="end"), "synchronize inside the events"),
+    (_timer(sync_in="start"), "synchronize before the start event"),
+    (_timer(flush="once"), "flush before each repetition"),
+    (_timer(rep=50, per_pair=50, divide=False), "not divided by the calls"),
+    (_timer(rep=50, per_pair=50, flush="inside"), "many calls in one pair"),
+    (_timer(agg=sum), "sum of the repetitions"),
+    (_timer(scale=1e-3), "seconds: .* you returned seconds"),
+    (_timer(scale=1e3), "microseconds"),
+    (_timer(agg=list), "median of your repetitions"),
+    (lambda gpu, fn: 0.05, "fn never called"),
+    (lambda gpu, fn: [fn() for _ in range(5)] and 0.05, "never read a clock"),
+], ids=["minimum", "flush inside", "empty pair", "swapped elapsed_time", "sync before end", "sync before start",
+        "flushed once", "not divided", "many calls per pair", "sum", "seconds", "microseconds", "a list",
+        "hard-coded", "no clock"])
+def test_check_timer_names_the_fault(wrong, fault):
+    with pytest.raises(CheckFailure, match=fault):
+        checks.check_timer(wrong)
+
+
+# ------------------------------------------------------------------ the named faults of a wrong bandwidth (8.2)
+
+def _bandwidth(scale=1.0, mult=8, **time_kw):
+    def copy_bandwidth(gpu):
+        k = gpu.kernel(mult * gpu.l2_bytes)
+        return scale * bench.gbps(k.nbytes, bench.time_ms(k, device=gpu, **time_kw))
+    return copy_bandwidth
+
+
+def _max_of_a_sweep(gpu):   # the L2-resident sizes win the max
+    sizes = [gpu.l2_bytes // 8, gpu.l2_bytes // 2, 8 * gpu.l2_bytes]
+    return max(bench.gbps(n, bench.time_ms(gpu.kernel(n), device=gpu, flush_l2=False)) for n in sizes)
+
+
+def _no_sync(gpu):
+    k = gpu.kernel(8 * gpu.l2_bytes)
+    t0 = gpu.host_time()
+    for _ in range(10):
+        k()
+    return 10 * k.nbytes / ((gpu.host_time() - t0) * 1e-3) / 1e9
+
+
+@pytest.mark.parametrize("wrong, fault", [
+    (_bandwidth(1e6 / 2**20), "MiB"),          # passed before on large GPUs: 0.954x is inside the 5% tolerance
+    (_bandwidth(0.5), "half the bytes"),
+    (_bandwidth(2.0), "twice the bytes"),
+    (_bandwidth(1e9 / 2**30), "GiB"),
+    (_bandwidth(1e-3), "milliseconds as seconds"),
+    (lambda gpu: bench.time_ms(gpu.kernel(8 * gpu.l2_bytes), device=gpu), "returned a Timing"),
+    (lambda gpu: gpu.kernel(8 * gpu.l2_bytes) and 3000.0, "kernel never called"),
+    (_max_of_a_sweep, "a small working set made the number"),
+    (_bandwidth(cuda_graph=True), "CUDA graph"),
+    (_no_sync, "never synchronized"),
+], ids=["MiB", "half", "twice", "GiB", "ms as s", "Timing", "never called", "max of a sweep", "graph", "no sync"])
+def test_check_bandwidth_names_the_fault(wrong, fault):
+    with pytest.raises(CheckFailure, match=fault):
+        checks.check_bandwidth(wrong)
+
+
+# ------------------------------------------------------------------ the roofline (8.3)
+
+def test_attainable_calling_the_course_ceilings_fails():
+    """They passed before: only bench.attainable_tflops was refused."""
+    for wrong, name in ((lambda i, p, b: bench.Ceilings("x", b, p).attainable_tflops(i), "bench.Ceilings"),
+                        (lambda i, p, b: i / max(*bench.roofline_seconds(1, i, b, p)) / 1e12, "roofline_seconds"),
+                        (lambda i, p, b: p if i >= bench.ridge_point(p, b) else i * b / 1e3, "ridge_point")):
+        with pytest.raises(CheckFailure, match=name):
+            checks.check_attainable(wrong)
+    hidden = {"c": getattr(bench, "Ceil" + "ings")}   # a name the static check cannot follow: caught as it runs
+    with pytest.raises(CheckFailure, match="course roofline: .*course_utils.ceilings"):
+        checks.check_attainable(lambda i, p, b: hidden["c"]("x", b, p).attainable_tflops(i))
+
+
+@pytest.mark.parametrize("wrong, fault", [
+    (lambda i, p, b: min(p, i * b * 1e3), "x1000"),
+    (lambda i, p, b: min(p, i * b / 1024), "1024"),
+    (lambda i, p, b: min(p, b / i / 1e3), "bytes per FLOP"),
+    (lambda i, p, b: min(p * 1e12, i * b * 1e9), "FLOP/s: you returned FLOP/s"),
+    (lambda i, p, b: i * b / 1e3, "no compute ceiling"),
+    (lambda i, p, b: p, "no memory roof"),
+    (lambda i, p, b: i * b / 1e3 if i < p / b else p, "ridge: you returned the compute ceiling"),
+    (lambda i, p, b: (min(p, i * b / 1e3), "memory"), "expected a number .* got tuple"),
+    (lambda i, p, b: f"{min(p, i * b / 1e3):.3f}", "expected a number .* got str"),
+], ids=["x1000", "1024", "bytes per FLOP", "FLOP/s", "no cap", "peak only", "ridge", "tuple", "str"])
+def test_check_attainable_names_the_fault(wrong, fault):
+    with pytest.raises(CheckFailure, match=fault):
+        checks.check_attainable(wrong)

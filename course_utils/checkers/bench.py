@@ -20,9 +20,11 @@ import sys
 
 from .. import bench
 from ..check import CheckFailure, refuse_answer_key, verdict
+from . import bench_faults as faults
 
 TIMER_TOLERANCE = 0.05      # relative error allowed on a kernel's time
 BANDWIDTH_TOLERANCE = 0.05  # relative error allowed on a measured bandwidth
+UNITS_TOLERANCE = 0.03      # ... and on it against the bytes over the time of the kernels it called
 
 
 def _rng() -> random.Random:
@@ -64,6 +66,20 @@ class SealedGPU(bench.SimulatedGPU):
                 return out
         k.__class__ = Traced
         return k
+
+    def flush_l2(self) -> None:
+        self.trace.append("flush")
+        super().flush_l2()
+
+    def synchronize(self) -> None:
+        self.trace.append("sync")
+        super().synchronize()
+
+    def graph(self, fn):
+        before = self.trace.count("call")
+        replay = super().graph(fn)
+        self.graph_calls = max(self.graph_calls, self.trace.count("call") - before)  # calls in one replay
+        return replay
 
     def Event(self, enable_timing: bool = True):  # noqa: N802  (mirrors torch.cuda.Event)
         self._note_harness()
@@ -109,13 +125,14 @@ def _harness_message(where: str) -> str:
 
 
 def gpu_params(rng: random.Random | None = None, **overrides) -> dict:
-    """Random (plausible) parameters of a simulated GPU; ``overrides`` fixes some of them."""
+    """Random (plausible) parameters of a simulated GPU; ``overrides`` fixes some of them. The noise (2.5%)
+    puts the minimum of the repetitions outside the timer's tolerance, and leaves their median inside it."""
     rng = rng or _rng()
     hbm = rng.uniform(800, 4500)
     params = dict(hbm_gbps=hbm, l2_gbps=hbm * rng.uniform(2.5, 4),
                   l2_bytes=rng.choice([4, 6, 40, 50, 60]) * 2**20,
                   launch_us=rng.uniform(4, 15), latency_us=rng.uniform(0.5, 1.5), jit_ms=rng.uniform(30, 400),
-                  noise=0.01, spike_prob=0.15, spike=rng.uniform(2.5, 4), sync_us=rng.uniform(3, 10),
+                  noise=0.025, spike_prob=0.15, spike=rng.uniform(2.5, 4), sync_us=rng.uniform(3, 10),
                   seed=rng.randrange(2**31))
     params.update(overrides)
     return params
@@ -127,7 +144,7 @@ def sealed_gpu(params: dict, poison: str | None = None, refuse_harness: bool = F
     the kernel's true time."""
     gpu = SealedGPU(**params)
     gpu.trace, gpu.timed, gpu.first_end, gpu.poison = [], None, None, poison
-    gpu.refuse_harness, gpu.harness = refuse_harness, None
+    gpu.refuse_harness, gpu.harness, gpu.graph_calls = refuse_harness, None, 0
     return gpu
 
 
@@ -150,30 +167,6 @@ def _number(what: str, got) -> float:
     return value
 
 
-def _timer_hints(gpu: bench.SimulatedGPU, kernel, got: float, true: float, small: bool) -> list[str]:
-    hints = []
-    ratio = got / true
-    if gpu.syncs == 0:
-        hints.append("you never synchronized: the host clock ran ahead of the GPU, so you timed how fast "
-                     "the host fills the queue. Synchronize before reading any clock (events need it too).")
-    elif (got - true) * kernel.calls > 0.3 * gpu.jit_ms:
-        hints.append("your number includes the compilation of the first call: warm up (call it a few "
-                     "times, then synchronize) before timing.")
-    elif gpu.host_reads and ratio > 1:
-        hints.append("the host clock includes the launch overhead, the synchronization and the flush: "
-                     "record gpu.Event() before and after each call and use start.elapsed_time(end).")
-    elif small and gpu.flushes == 0 and ratio < 1:
-        hints.append("this kernel's working set fits in L2 and you never flushed it between repetitions: "
-                     "after the first repetition it ran from L2. Call gpu.flush_l2() before each one.")
-    elif gpu.events and gpu.flushes and 1.05 < ratio < 2:
-        hints.append("a few repetitions were slowed down (other work on the GPU, clocks): the mean follows "
-                     "them, the median does not. Report the median of per-repetition times.")
-    if not hints:
-        hints.append("follow the protocol: warm up, synchronize, flush L2 before each repetition, events "
-                     "around each call, synchronize, then the median of elapsed_time.")
-    return hints
-
-
 def _run_timer(time_kernel, gpu, kernel, what: str) -> float:
     try:
         got = time_kernel(gpu, kernel)
@@ -187,6 +180,12 @@ def _run_timer(time_kernel, gpu, kernel, what: str) -> float:
         raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
     if gpu.harness:
         raise CheckFailure(f"{what}: {_harness_message(gpu.harness)}")
+    if isinstance(got, (int, float)) and not isinstance(got, bool) and got <= 0 and gpu.events:
+        fault = "zero" if got == 0 else "negative"
+        raise CheckFailure(f"{what}: you returned {got!r}: {fault}: {faults.TIMER_FAULTS[fault]}.")
+    if isinstance(got, (list, tuple)):
+        raise CheckFailure(f"{what}: expected a number, got a {type(got).__name__} of {len(got)}: return one "
+                           "number, the median of your repetitions' times in milliseconds")
     return _number(what, got)
 
 
@@ -236,7 +235,7 @@ def check_timer(time_kernel, n_gpus: int = 4) -> None:
                 if abs(ratio - 1) > TIMER_TOLERANCE:
                     raise CheckFailure(
                         f"{what}: you reported {got[poison]:.4g} ms for a kernel that takes {true:.4g} ms "
-                        f"({ratio:.2f}x). " + " ".join(_timer_hints(gpu, kernel, got[poison], true, small)))
+                        f"({ratio:.2f}x). " + " ".join(faults.timer_hints(gpu, kernel, got[poison], true, small)))
     verdict("time_kernel", f"within {TIMER_TOLERANCE:.0%} of the true kernel time on {2 * n_gpus} simulated "
             "GPUs (warm-up, sync, events, L2 flush, median)")
 
@@ -248,7 +247,8 @@ def check_bandwidth(copy_bandwidth, n_gpus: int = 4) -> None:
     rng = _rng()
     for i in range(n_gpus):
         # data-center L2 sizes: there, 4x L2 is enough for the fixed start-up cost to fade out
-        gpu = random_gpu(rng, l2_bytes=rng.choice([40, 50, 60]) * 2**20, latency_us=rng.uniform(0.3, 1.0))
+        gpu = random_gpu(rng, l2_bytes=rng.choice([40, 50, 60]) * 2**20, latency_us=rng.uniform(0.3, 1.0),
+                         noise=0.01)
         what = f"copy_bandwidth on simulated GPU {i + 1}"
         try:
             got = copy_bandwidth(gpu)
@@ -256,41 +256,58 @@ def check_bandwidth(copy_bandwidth, n_gpus: int = 4) -> None:
             raise
         except Exception as e:
             raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
+        if isinstance(got, bench.Timing):
+            raise CheckFailure(f"{what}: returned a Timing: {faults.BANDWIDTH_FAULTS['returned a Timing']}.")
         got = _number(what, got)
         ratio = got / gpu.hbm_gbps
         if not gpu.kernels:
             raise CheckFailure(f"{what}: you never made a kernel, so nothing was measured: make one with "
                                "gpu.kernel(nbytes) and time it")
+        biggest = max((k.nbytes for k in gpu.kernels), default=0)
+        named = faults.bandwidth_fault(gpu, got, ratio, 4 * gpu.l2_bytes)
         if abs(ratio - 1) <= BANDWIDTH_TOLERANCE:
-            biggest = max((k.nbytes for k in gpu.kernels), default=0)
             if biggest < 4 * gpu.l2_bytes:
                 raise CheckFailure(f"{what}: close, but your largest working set ({biggest} bytes) is "
                                    f"under 4x L2 ({4 * gpu.l2_bytes} bytes): a bandwidth claim needs one "
                                    "that large")
+            slip = faults.bandwidth_slip(gpu, got, UNITS_TOLERANCE)
+            if slip is not None:
+                raise CheckFailure(f"{what}: you measured {got:.4g} GB/s, {slip:.3f}x of what your kernel's bytes "
+                                   "over its time give. " + (named or "Count nbytes once and convert units by "
+                                                             "powers of ten: GB/s = nbytes / (ms * 1e-3) / 1e9."))
             continue
-        biggest = max((k.nbytes for k in gpu.kernels), default=0)
         msg = (f"{what}: you measured {got:.4g} GB/s on a GPU whose DRAM moves {gpu.hbm_gbps:.4g} GB/s "
                f"({ratio:.2f}x).")
-        if biggest < 4 * gpu.l2_bytes:
+        if named and "never called" in named:
+            msg += " " + named
+        elif biggest < 4 * gpu.l2_bytes:
             msg += (f" Your working set ({biggest} bytes) is under 4x the L2 "
                     f"(gpu.l2_bytes = {gpu.l2_bytes}): "
                     + ("it ran from L2, faster than DRAM." if ratio > 1 else
                        "a small kernel is dominated by its fixed start-up latency."))
+        elif named:
+            msg += " " + named
         elif ratio > 1:
             msg += " Count the bytes the kernel moved once (nbytes), and time in milliseconds."
         else:
-            msg += (" Time the kernel by the protocol (cu.bench.time_ms(fn, device=gpu)) and divide "
-                    "nbytes by it.")
+            msg += (" Time the kernel by the protocol (cu.bench.time_ms(fn, device=gpu)), divide nbytes by its "
+                    "median (not its mean) in seconds, and count GB as 1e9 bytes.")
         raise CheckFailure(msg)
     verdict("copy_bandwidth", f"within {BANDWIDTH_TOLERANCE:.0%} of the DRAM bandwidth on {n_gpus} "
             "simulated GPUs, working set >= 4x L2")
 
 
 def check_attainable(attainable) -> None:
-    """Exercise 8.3: ``attainable(intensity, peak_tflops, bw_gbps) -> TFLOP/s`` (the roofline)."""
+    """Exercise 8.3: ``attainable(intensity, peak_tflops, bw_gbps) -> TFLOP/s`` (the roofline).
+
+    The course's roofline (:mod:`course_utils.ceilings`: ``attainable_tflops``, ``ridge_point``,
+    ``roofline_seconds``, ``Ceilings``) is refused by name and, reached by any name, when it runs."""
     if not callable(attainable):
         raise CheckFailure(f"attainable must be a function, got {type(attainable).__name__}")
-    refuse_answer_key("attainable", attainable, {"roofline (bench.attainable_tflops)": bench.attainable_tflops})
+    refuse_answer_key("attainable", attainable, {"roofline (bench.attainable_tflops)": bench.attainable_tflops,
+                                                 "roofline (bench.roofline_seconds)": bench.roofline_seconds,
+                                                 "ridge point (bench.ridge_point)": bench.ridge_point,
+                                                 "ceilings and their roofline (bench.Ceilings)": bench.Ceilings})
     rng = _rng()
     cases = []
     for _ in range(20):
@@ -303,19 +320,23 @@ def check_attainable(attainable) -> None:
         what = f"attainable(intensity={intensity:.4g}, peak_tflops={peak:.4g}, bw_gbps={bw:.4g})"
         expected = bench.attainable_tflops(intensity, peak, bw)
         try:
-            got = attainable(intensity, peak, bw)
+            got, where = faults.run_watched(attainable, (intensity, peak, bw))
         except (NotImplementedError, CheckFailure):
             raise
         except Exception as e:
             raise CheckFailure(f"{what}: your function raised {type(e).__name__}: {e}") from e
+        if where:
+            raise CheckFailure(f"{what}: course roofline: {faults.ROOF_FAULTS['course roofline'].format(where=where)}.")
         if got is None:
             raise CheckFailure(f"{what}: your function returned nothing")
-        got = float(got)
+        if isinstance(got, (str, bytes, bool)):
+            raise CheckFailure(f"{what}: expected a number (TFLOP/s), got {type(got).__name__} {got!r}")
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            raise CheckFailure(f"{what}: expected a number (TFLOP/s), got {type(got).__name__}: return the "
+                               "attainable TFLOP/s alone") from None
         if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
-            hint = ""
-            if math.isclose(got, min(peak, intensity * bw), rel_tol=1e-6):
-                hint = " Units: FLOP/byte x GB/s is GFLOP/s; divide by 1000 for TFLOP/s."
-            elif math.isclose(got, max(peak, intensity * bw / 1e3), rel_tol=1e-6):
-                hint = " A kernel is limited by the lower of its two ceilings: min, not max."
+            hint = faults.roof_fault(attainable, (intensity, peak, bw), got, expected)
             raise CheckFailure(f"{what}: got {got:.6g} TFLOP/s, expected {expected:.6g}.{hint}")
     verdict("attainable", "matches the roofline min(peak, intensity x bandwidth) on both sides of the ridge")
