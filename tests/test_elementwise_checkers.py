@@ -104,8 +104,34 @@ def test_n_programs_checker():
         chk.check_n_programs(lambda n, b: n // b)
     with pytest.raises(CheckFailure, match="int"):
         chk.check_n_programs(lambda n, b: n / b)
-    with pytest.raises(CheckFailure):
+    with pytest.raises(CheckFailure, match="one program too many when n_elements is a multiple"):
         chk.check_n_programs(lambda n, b: n // b + 1)
+    with pytest.raises(CheckFailure, match="one program too many when n_elements is a multiple"):
+        chk.check_n_programs(lambda n, b: (n + b) // b)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda n, b: (triton.cdiv(n, b),), "the launch wraps it in the grid tuple"),
+    (lambda n, b: max(1, triton.cdiv(n, b)), "no elements no program is needed"),
+    (lambda n, b: torch.tensor(triton.cdiv(n, b)), "count is right but a Tensor: return a Python int"),
+])
+def test_n_programs_checker_names_the_fault(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_n_programs(wrong)
+
+
+@triton.jit
+def _add_stub(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    raise NotImplementedError("Exercise 3.2: masked vector add: replace this line with your code")
+
+
+def test_vector_add_checker_says_the_untouched_kernel_stub_is_not_done():
+    def add(x, y, out=None):  # the exercise's own launcher around the kernel's untouched stub
+        out = torch.empty_like(x) if out is None else out
+        _add_stub[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), BLOCK_SIZE=BLOCK)
+        return out
+    with pytest.raises(NotImplementedError, match="add_kernel still raises NotImplementedError"):
+        chk.check_vector_add(add)
 
 
 # --------------------------------------------------------------------------- GELU

@@ -359,3 +359,35 @@ def test_make_graphed_by_the_course_helper_is_refused():
         return lambda x: replay()
     with pytest.raises(CheckFailure, match="graphs.capture"):
         check_graphed(make_graphed)
+
+
+def test_time_call_with_the_default_counts_fixed_is_named():
+    def fixed_counts(fn, warmup=10, reps=100, sync=None, clock=time.perf_counter):
+        for _ in range(10):
+            fn()
+        sync()
+        t0 = clock()
+        for _ in range(100):
+            fn()
+        sync()
+        return (clock() - t0) / 100 * 1e6
+    with pytest.raises(CheckFailure, match="the defaults: loop over the warmup and reps you were given"):
+        check_time_call(fixed_counts)
+
+
+def test_make_graphed_capturing_on_the_callers_example_is_refused():
+    def make_graphed(fn, example_x):  # no copy: every run(x) overwrites the caller's example_x
+        fn(example_x)
+        g = CUDAGraph()
+        with graph(g):
+            static_out = fn(example_x)
+
+        def run(x):
+            if x.shape != example_x.shape or x.dtype != example_x.dtype:
+                raise ValueError("new shape or dtype")
+            example_x.copy_(x)
+            g.replay()
+            return static_out.clone()
+        return run
+    with pytest.raises(CheckFailure, match="overwrote example_x.*example_x.clone"):
+        check_graphed(make_graphed)

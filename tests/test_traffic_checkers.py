@@ -48,3 +48,85 @@ def test_the_students_own_time_model_passes(capsys):
     CT.check_kernel_time(kernel_time_us)
     CT.check_fusion_speedup(fusion_speedup)
     assert capsys.readouterr().out.count("PASS") == 2
+
+
+def _chain(n_ops, numel, b):
+    return 2 * n_ops * numel * b, 2 * numel * b
+
+
+def _softmax(m, n, b):
+    return (8 * m * n + 4 * m) * b, 2 * m * n * b
+
+
+def _bgd(m, n, b):
+    return (6 * m * n + n) * b + m * n, (2 * m * n + n) * b
+
+
+@pytest.mark.parametrize("check, wrong, words", [
+    (CT.check_chain_bytes, lambda k, n, b: _chain(k, n, 4), "uses 4 bytes per element .float32. whatever"),
+    (CT.check_chain_bytes, lambda k, n, b: tuple(8 * v for v in _chain(k, n, b)), "that is bits"),
+    (CT.check_softmax_bytes, lambda m, n, b: (_softmax(m, n, b)[0] - 2 * m * b, _softmax(m, n, b)[1]),
+     "sub and div read the row vectors back"),
+    (CT.check_softmax_bytes, lambda m, n, b: ((8 * m * n + 4 * n) * b, 2 * m * n * b), "one value per row"),
+    (CT.check_softmax_bytes, lambda m, n, b: (8 * m * n * b + 16 * m, 2 * m * n * b), "have x's dtype"),
+    (CT.check_softmax_bytes, lambda m, n, b: (_softmax(m, n, b)[0], 3 * m * n * b), "keeps each row on chip"),
+    (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0] - n * b + m * b, _bgd(m, n, b)[1]),
+     "one value per column: cols values, not rows"),
+    (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0] - m * n + m * n // 8, _bgd(m, n, b)[1]),
+     "one byte per element, not one bit"),
+    (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0] + m * n, _bgd(m, n, b)[1]),
+     "does not read it back"),
+])
+def test_byte_counts_name_the_usual_mistakes(check, wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check(wrong)
+
+
+def _kt(nbytes, flops, bw, peak, launch):
+    return max(nbytes / (bw * 1e9), flops / (peak * 1e12)) * 1e6 + launch
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda *a: _kt(*a) * 1e-3, "not milliseconds"),
+    (lambda *a: _kt(*a) * 1e3, "not nanoseconds"),
+    (lambda B, F, bw, pk, L: max(B / (bw * 2**30), F / (pk * 1e12)) * 1e6 + L, "not 2..30"),
+    (lambda B, F, bw, pk, L: _kt(B, F, bw, pk, 0) + L * 1e-3, "already in microseconds"),
+    (lambda B, F, bw, pk, L: _kt(2 * B, F, bw, pk, L), "already counts every read and write"),
+    (lambda *a: round(_kt(*a)), "rounded to a whole microsecond"),
+])
+def test_kernel_time_names_the_usual_mistakes(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        CT.check_kernel_time(wrong)
+
+
+def _speedup(*, launch=True, peak_dtype=None, nbytes=lambda k: k.total_bytes, add=False, merged=False):
+    def fusion_speedup(comparison, gpu, dtype):
+        spec = hardware.lookup(gpu)
+        peak, lat = spec.peak_tflops(peak_dtype or dtype), T.LAUNCH_OVERHEAD_US if launch else 0.0
+
+        def one(b, f):
+            mem, comp = b / (spec.hbm_gbps * 1e9) * 1e6, f / (peak * 1e12) * 1e6
+            return (mem + comp if add else max(mem, comp)) + lat
+
+        def total(t):
+            if merged:
+                return one(sum(nbytes(k) for k in t.kernels), sum(k.flops for k in t.kernels))
+            return sum(one(nbytes(k), k.flops) for k in t.kernels)
+        return total(comparison.unfused) / total(comparison.fused)
+    return fusion_speedup
+
+
+def test_the_speedup_helper_of_these_tests_is_right(capsys):
+    CT.check_fusion_speedup(_speedup())
+    assert capsys.readouterr().out.startswith("PASS fusion_speedup")
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_speedup(peak_dtype="float32"), "peak of the dtype you were given"),
+    (_speedup(nbytes=lambda k: k.read_bytes), "its reads and its writes"),
+    (_speedup(add=True), "max, not their sum"),
+    (_speedup(merged=True), "time each kernel on its own"),
+])
+def test_fusion_speedup_names_the_usual_mistakes(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        CT.check_fusion_speedup(wrong)

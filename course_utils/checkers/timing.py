@@ -85,7 +85,9 @@ def _diagnose(trace: list[str], warmup: int, reps: int) -> str | None:
                 "the timed calls and once after (use the clock argument, not time.perf_counter: the "
                 "checker's clock is the only one that sees its pretend device)")
     if len(calls) != warmup + reps:
-        return (f"your timer called fn {len(calls)} times; with warmup={warmup} and reps={reps} it "
+        defaults = (" (10 + 100, the defaults: loop over the warmup and reps you were given, not fixed "
+                    "numbers)") if len(calls) == 110 else ""
+        return (f"your timer called fn {len(calls)} times{defaults}; with warmup={warmup} and reps={reps} it "
                 f"should call it warmup + reps = {warmup + reps} times")
     c0, c1 = clocks[0], clocks[-1]
     before = [i for i in calls if i < c0]
@@ -214,6 +216,8 @@ def check_graphed(make_graphed) -> None:
     check.compare(f"{name}: run(x) against eager fn(x)", r1, want1,
                   hint="copy x into the captured input, replay, return the captured output")
     require(torch.equal(x1, x1_before), f"{name}: run(x) changed x; it must only read it")
+    require(torch.equal(example, example_before), f"{name}: run(x) overwrote example_x, the caller's tensor: "
+            "capture on your own copy (static_x = example_x.clone()) and copy each new x into that copy")
     r2 = call(x2, "a second x")
     check.compare(f"{name}: a second run(x) against eager fn(x)", r2, fn(x2),
                   hint="every call must copy its x into the captured input before replaying")

@@ -70,6 +70,14 @@ def _mismatch(what, args, side, got, expected, mistakes):
     raise CheckFailure(msg)
 
 
+def _fixed_itemsize(count: Callable[[int], int], itemsize: int) -> dict[str, int]:
+    """The count with another dtype's element size hard-coded, and in bits instead of bytes."""
+    found = {f"that count uses {b} bytes per element ({ITEMSIZES[b]}) whatever the call asks: multiply by the "
+             f"itemsize argument ({itemsize} here)": count(b) for b in (4, 2) if b != itemsize}
+    found["that is bits: the question is bytes (multiply by itemsize, not by 8 * itemsize)"] = count(8 * itemsize)
+    return found
+
+
 def _sizes(rng: random.Random) -> list[int]:
     return [1, 7, 1000, rng.randrange(10**5, 10**6) | 1, 2**31 + rng.randrange(1, 1000)]
 
@@ -92,13 +100,14 @@ def check_chain_bytes(fn: Callable) -> None:
                 "multiply by itemsize: the question is bytes, not elements": 2 * n_ops * numel,
                 "a chain of n ops launches n kernels, each reading one tensor and writing one":
                     2 * (n_ops + 1) * numel * itemsize,
-                "that is the fused count: unfused, every op reads and writes the whole tensor": fused})
+                "that is the fused count: unfused, every op reads and writes the whole tensor": fused,
+                **_fixed_itemsize(lambda b: 2 * n_ops * numel * b, itemsize)})
         if got[1] != fused:
             _mismatch(what, args, "fused", got[1], fused, {
                 "the fused kernel still writes its result once: one read and one write": numel * itemsize,
                 "multiply by itemsize: the question is bytes, not elements": 2 * numel,
                 "fused means the intermediates never reach HBM: x is read once and y written once, "
-                "whatever the chain length": unfused})
+                "whatever the chain length": unfused, **_fixed_itemsize(lambda b: 2 * numel * b, itemsize)})
     verdict(what, f"matches the calculator on {len(cases)} chains (1 to 16 ops, 1 to over 2**31 elements)")
 
 
@@ -121,11 +130,22 @@ def check_softmax_bytes(fn: Callable) -> None:
                     8 * m * n * b,
                 "five ops, five kernels: amax and sum read MN and write only M, they do not write MN":
                     10 * m * n * b,
-                "that is the fused count": fused})
+                "that is the fused count": fused,
+                "sub and div read the row vectors back: 4M, not 2M (amax and sum write M each, sub and div "
+                "read M each)": (8 * m * n + 2 * m) * b,
+                "the row vectors hold one value per row (M = rows), not one per column": (8 * m * n + 4 * n) * b,
+                "under the 5-op convention the row vectors have x's dtype: 4M * itemsize, not 4M float32 values":
+                    8 * m * n * b + 16 * m,
+                **_fixed_itemsize(lambda s: (8 * m * n + 4 * m) * s, b)})
         if got[1] != fused:
             _mismatch(what, args, "fused", got[1], fused, {
                 "multiply by itemsize": 2 * m * n,
-                "the fused kernel reads the row once AND writes the result once": m * n * b})
+                "the fused kernel reads the row once AND writes the result once": m * n * b,
+                "the fused kernel keeps each row on chip between its passes: it reads x once and writes y "
+                "once, 2MN (a second read of the row from HBM is not counted)": 3 * m * n * b,
+                "the fused kernel keeps each row on chip between its passes (max, sum, normalize): one read "
+                "and one write, 2MN": 4 * m * n * b,
+                **_fixed_itemsize(lambda s: 2 * m * n * s, b)})
     verdict(what, f"matches the 5-op convention on {len(cases)} shapes")
 
 
@@ -152,14 +172,22 @@ def check_bias_gelu_dropout_bytes(fn: Callable) -> None:
                 "saves for the backward pass": 6 * mn * b + n * b,
                 "the mask is torch.bool: one byte per element, whatever the itemsize of x": (7 * mn + n) * b,
                 "the first kernel reads the bias too (cols values)": 6 * mn * b + mn,
-                "multiply the tensors' elements by itemsize (the mask's by 1)": 7 * mn + n})
+                "multiply the tensors' elements by itemsize (the mask's by 1)": 7 * mn + n,
+                "the bias is one value per column: cols values, not rows": 6 * mn * b + m * b + mn,
+                "torch.bool takes one byte per element, not one bit: the mask is rows * cols bytes":
+                    6 * mn * b + n * b + mn // 8,
+                "the forward writes the mask once and does not read it back (the backward does)":
+                    6 * mn * b + n * b + 2 * mn,
+                **_fixed_itemsize(lambda s: (6 * mn + n) * s + mn, b)})
         if got[1] != fused:
             _mismatch(what, args, "fused", got[1], fused, {
                 "the fused kernel regenerates the mask from the seed and the element's index: it writes "
                 "no mask": (2 * mn + n) * b + mn,
                 "the bias is one value per column (cols values), not a full rows x cols tensor": 3 * mn * b,
                 "the fused kernel reads the bias once (cols values)": 2 * mn * b,
-                "multiply by itemsize": 2 * mn + n})
+                "multiply by itemsize": 2 * mn + n,
+                "the bias is one value per column: cols values, not rows": (2 * mn + m) * b,
+                **_fixed_itemsize(lambda s: (2 * mn + n) * s, b)})
     verdict(what, f"matches the calculator on {len(cases)} shapes (bias per column; eager saves a 1-byte "
                   "mask, fused regenerates it)")
 
@@ -200,7 +228,15 @@ def check_kernel_time(fn: Callable) -> None:
                 + launch,
             "return microseconds, not seconds": (max(mem, comp) + launch) * 1e-6,
             "the roofline takes the larger of the two times (the slower resource limits)": min(mem, comp) + launch,
+            "return microseconds, not milliseconds": (max(mem, comp) + launch) * 1e-3,
+            "return microseconds, not nanoseconds": (max(mem, comp) + launch) * 1e3,
+            "GB/s means 1e9 bytes per second, not 2**30": max(nbytes / (bw * 2**30) * 1e6, comp) + launch,
+            "launch_us is already in microseconds: add it as it is": max(mem, comp) + launch * 1e-3,
+            "nbytes already counts every read and write: divide it by the bandwidth once, do not double it":
+                max(2 * mem, comp) + launch,
         })
+        if not hint and got == round(expected):
+            hint = "that is the time rounded to a whole microsecond: return it unrounded"
         raise CheckFailure(f"{what}{args}: got {got:.6g} us, expected {expected:.6g} us."
                            + (f"\nHint: {hint}" if hint else ""))
     verdict(what, f"matches max(bytes / bandwidth, flops / peak) + launch on {len(cases)} kernels")
@@ -231,6 +267,36 @@ def reference_speedup(comparison: T.Comparison, gpu: str, dtype: str = "bfloat16
     return T.speedup(comparison, gpu, dtype, l2_reuse=False)["estimated_speedup"]
 
 
+def _model_speedup(comp: T.Comparison, gpu: str, dtype: str, *, launch: bool = True, peak_dtype: str | None = None,
+                   reads_only: bool = False, add: bool = False, merged: bool = False) -> float:
+    """Exercise 2.5's speedup computed with one of the usual mistakes (see SPEEDUP_FAULTS)."""
+    from .. import hardware
+    spec = hardware.lookup(gpu)
+    peak, lat = spec.peak_tflops(peak_dtype or dtype), T.LAUNCH_OVERHEAD_US if launch else 0.0
+
+    def one(nbytes, flops):
+        mem, compute = nbytes / (spec.hbm_gbps * 1e9) * 1e6, flops / (peak * 1e12) * 1e6
+        return (mem + compute if add else max(mem, compute)) + lat
+
+    def total(t):
+        ks = [(k.read_bytes if reads_only else k.total_bytes, k.flops) for k in t.kernels]
+        return one(sum(b for b, _ in ks), sum(f for _, f in ks)) if merged else sum(one(b, f) for b, f in ks)
+    return total(comp.unfused) / total(comp.fused)
+
+
+#: Exercise 2.5's usual mistakes: hint -> the options of _model_speedup that make it.
+SPEEDUP_FAULTS = {
+    "add each kernel's launch overhead (T.LAUNCH_OVERHEAD_US) to its time: launches are what make many "
+    "small kernels slow": {"launch": False},
+    "use the peak of the dtype you were given, spec.peak_tflops(dtype), not float32's": {"peak_dtype": "float32"},
+    "a kernel's traffic is its reads and its writes: k.total_bytes, not k.read_bytes": {"reads_only": True},
+    "memory and compute overlap inside each kernel: take their max, not their sum (use your kernel_time_us)":
+        {"add": True},
+    "time each kernel on its own and sum the times: every kernel pays its own launch and its own roofline; one "
+    "time for all the bytes and FLOPs together is a single kernel's": {"merged": True},
+}
+
+
 def check_fusion_speedup(fn: Callable) -> None:
     """``fn(comparison, gpu, dtype) -> estimated speedup`` with the student's time model, on every
     candidate fusion, on an H100 (bf16) and on a T4 (fp16: it has no bf16)."""
@@ -252,6 +318,9 @@ def check_fusion_speedup(fn: Callable) -> None:
                         "and launches count too) and divide the sums")
             elif math.isclose(got, 1 / expected, rel_tol=1e-3):
                 hint = "speedup = unfused time / fused time, not the other way round"
+            else:
+                hint = next((h for h, kw in SPEEDUP_FAULTS.items()
+                             if math.isclose(got, _model_speedup(comp, gpu, dtype, **kw), rel_tol=1e-3)), "")
             raise CheckFailure(f"{what}({name!r}, {gpu!r}): got {got:.4g}, expected {expected:.4g}."
                                + (f"\nHint: {hint}" if hint else ""))
     verdict(what, f"matches the time model on {n} fusion(s) on two GPUs")
