@@ -11,9 +11,9 @@ compared with the usual slips (min and max, the units, FLOPs and bytes swapped).
 from __future__ import annotations
 
 import math
-import sys
 
 from ..checker_texts.bench import BANDWIDTH_FAULTS, ROOF_FAULTS, TIMER_FAULTS
+from .calls import run_with_hook
 
 
 def _named(table: dict, fault: str, **kw) -> str:
@@ -147,13 +147,7 @@ def run_watched(fn, args: tuple) -> tuple[object, str | None]:
     def profile(frame, event, arg):
         if event == "call" and not seen and frame.f_globals.get("__name__") in ROOF_MODULES:
             seen.append(f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}")
-    old = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        out = fn(*args)
-    finally:
-        sys.setprofile(old)
-    return out, (seen[0] if seen else None)
+    return run_with_hook(fn, args, profile), (seen[0] if seen else None)
 
 
 ROOF_SLIPS = {

@@ -41,13 +41,17 @@ def run_watched(fn, args: tuple, watched: dict[str, object]) -> tuple[object, Ca
             names = frame.f_code.co_varnames[:n]
             calls.seen.append((codes[frame.f_code], {k: frame.f_locals.get(k) for k in names}))
 
+    return run_with_hook(fn, args, hook), calls
+
+
+def run_with_hook(fn, args: tuple, hook):
+    """``fn(*args)`` with ``hook`` as the profile function while it runs (the previous one put back after)."""
     previous = sys.getprofile()
     sys.setprofile(hook)
     try:
-        result = fn(*args)
+        return fn(*args)
     finally:
         sys.setprofile(previous)
-    return result, calls
 
 
 def refuse_calls(what: str, calls: Calls) -> None:
