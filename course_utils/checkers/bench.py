@@ -20,7 +20,7 @@ import sys
 
 from .. import bench
 from ..check import CheckFailure, refuse_answer_key, verdict
-from . import bench_faults as faults
+from ..faults import bench as faults
 
 TIMER_TOLERANCE = 0.05      # relative error allowed on a kernel's time
 BANDWIDTH_TOLERANCE = 0.05  # relative error allowed on a measured bandwidth

@@ -1,4 +1,5 @@
-"""Fault catalogues: a checker's float64 answers, right and with each usual mistake, so that a check can name
-the mistake a student's output matches. Not checkers: nothing here takes a student's function; the checkers
-that consult them (:mod:`course_utils.checkers.gemm`, :mod:`course_utils.checkers.hand_step`) refuse the
-course's own answers first."""
+"""Fault catalogues: what each usual mistake produces (a checker's float64 answers, right and wrong; what a
+wrong timer did on a simulated GPU), so that a check can name the mistake a student's answer matches. Not
+checkers: nothing here refuses an answer; the checkers that consult them (:mod:`course_utils.checkers.gemm`,
+:mod:`course_utils.checkers.hand_step`, :mod:`course_utils.checkers.bench`) refuse the course's own answers
+first."""

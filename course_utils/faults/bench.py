@@ -1,4 +1,5 @@
-"""Naming the fault behind a wrong answer to chapter 8's exercises (:mod:`course_utils.checkers.bench`).
+"""Naming the fault behind a wrong answer to chapter 8's exercises. Not a checker: it refuses nothing;
+:mod:`course_utils.checkers.bench` refuses the course's answers first and asks here what a wrong answer did.
 
 A timer's fault is read from what it did on the simulated GPU: the trace of its kernel calls, event records,
 flushes and synchronizations (split at the records: a stretch between two records that holds a call is a
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 
 from ..checker_texts.bench import BANDWIDTH_FAULTS, ROOF_FAULTS, TIMER_FAULTS
-from .calls import run_with_hook
+from ..checkers.calls import run_with_hook
 
 
 def _named(table: dict, fault: str, **kw) -> str:
