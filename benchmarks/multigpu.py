@@ -424,7 +424,7 @@ def stress(ranks: symmetric.SymmetricRanks, rows: int, width: int, world: int, r
 
 def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per_gpu_batch: int = DDP_PER_GPU_BATCH,
             dog: Watchdog = QUIET, by_hand: bool = False, compiled: bool = False, pin: bool = True,
-            profile_steps: int = 0, warmup: int = DDP_WARMUP):
+            profile_steps: int = 0, warmup: int = DDP_WARMUP, graphed: bool = False, graph_warmup: int | None = None):
     """Chapter 12's GPT step (GPT-2 small on a GPU) data-parallel over ``world`` ranks, ``per_gpu_batch``
     sequences on each (a global batch of ``world * per_gpu_batch``): per step the mean loss over all ranks
     (= the loss of the whole global batch) and the step's wall time.
@@ -439,24 +439,34 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     the host's cores), as
     chapter 12's benchmark times its steps. ``profile_steps``: that many more steps after the timed ones,
     under torch.profiler; their summary (:func:`profile_summary`) in the result's ``attrs["profile"]``.
-    ``warmup``: the untimed steps before the timed ones (fewer in the CPU tests, where every step costs seconds)."""
+    ``warmup``: the untimed steps before the timed ones (fewer in the CPU tests, where every step costs seconds).
+    ``graphed``: the eager step (DDP's, or by hand) with its all-reduces captured as one CUDA graph per rank and
+    replayed on each batch (:func:`graphed_train`; simulated on the CPU): the host's part of a step is one
+    launch, so the ratio to one GPU measures the GPUs and the links, not how fast each rank's host issues.
+    ``graph_warmup``: the eager steps before the capture (default :data:`GRAPH_WARMUP`, as DDP needs)."""
     import contextlib
 
     from course_utils import affinity
+    if graphed and compiled:
+        raise ValueError("graphed=True captures the eager step (DDP's or by hand) in a CUDA graph; compiled=True "
+                         "is another version: ask for one of them")
     cfg = cfg or (gpt.GPT2 if device.type == "cuda" else gpt.TINY)
     ops = "course" if by_hand or compiled else "course-blocks"
     model = gpt.GPT(cfg).to(device).use(ops)
     if device.type == "cuda":
         gpt.bf16_weights(model)
+    stream = torch.cuda.Stream(device) if graphed and device.type == "cuda" else None
     if by_hand:
         from course_utils.step import HandStep
-        opt = gpt.optimizer(model)
+        opt = _optimizer(model, graphed)
         hand = HandStep(model, opt, compiled=compiled)
         train = lambda x, y: _hand_data_parallel_step(hand, opt, x, y, world)  # noqa: E731
     else:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        opt = gpt.optimizer(ddp)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            # to be captured, DDP is built on the stream that warms it up and captures it (PyTorch's CUDA notes)
+            ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        opt = _optimizer(model, graphed)   # the model's own parameters (DDP's), with the float32 masters it kept
         run = torch.compile(ddp, fullgraph=False) if compiled else ddp   # DDP's graph breaks at its buckets
         train = lambda x, y: gpt.train_step(run, opt, x, y)  # noqa: E731
     global_batch = per_gpu_batch * world
@@ -472,6 +482,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
             first = step < 2   # the first steps compile the course's kernels
             dog.step(f"DDP step {step + 1}/{timed + profile_steps}", sync=False, allow=5.0 if first else 1.0)
             x, y = (t[rank * per_gpu_batch:(rank + 1) * per_gpu_batch].to(device) for t in (x, y))
+            if graphed and step == 0:   # warmed up and captured on the first batch; the model then as it was
+                train = graphed_train(train, x, y, model, opt, stream, warmup=graph_warmup or GRAPH_WARMUP)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -581,13 +593,17 @@ def ddp_loss_reference(device, worlds=DDP_WORLDS, per_gpu_batch: int = DDP_PER_G
     return pd.concat(runs, ignore_index=True)
 
 
-def ddp_table(by_hand: bool = False, compiled: bool = False) -> str:
-    """The CSV name of a data-parallel variant: multigpu_ddp, multigpu_ddp_hand, ..._compiled."""
-    return "multigpu_ddp" + ("_hand" if by_hand else "") + ("_compiled" if compiled else "")
+def ddp_table(by_hand: bool = False, compiled: bool = False, graphed: bool = False) -> str:
+    """The CSV name of a data-parallel variant: multigpu_ddp, multigpu_ddp_hand, ..._compiled, ..._graphed."""
+    return "multigpu_ddp" + ("_hand" if by_hand else "") + ("_compiled" if compiled else "") + (
+        "_graphed" if graphed else "")
 
 
+#: every data-parallel variant (by_hand, compiled, graphed): eager and compiled, then the eager steps graphed
+DDP_VARIANTS = tuple((h, c, False) for h in (False, True) for c in (False, True)) + ((False, False, True),
+                                                                                     (True, False, True))
 #: every data-parallel variant's table, each judged against its own one-GPU run
-DDP_TABLES = tuple(ddp_table(h, c) for h in (False, True) for c in (False, True))
+DDP_TABLES = tuple(ddp_table(*v) for v in DDP_VARIANTS)
 #: the one-GPU losses at the multi-GPU runs' global batches (:func:`ddp_loss_reference`)
 DDP_LOSS_REF = "multigpu_ddp_loss_ref"
 
@@ -601,6 +617,69 @@ def average_gradients(params, world: int) -> None:
     flat /= world
     for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(mean.view_as(g))
+
+
+#: eager steps before a data-parallel step is captured: DDP needs at least 11 (PyTorch's CUDA notes: its
+#: buckets are rebuilt after the first steps)
+GRAPH_WARMUP = 11
+
+
+def graphed_train(train, x: torch.Tensor, y: torch.Tensor, model, opt, stream=None, warmup: int = GRAPH_WARMUP):
+    """``train(x, y) -> loss`` (one data-parallel step) as a CUDA graph: ``warmup`` eager steps on
+    the batch ``(x, y)``, then one captured (on ``stream``, where DDP was built); returns a ``train`` that
+    copies its batch into the captured one and replays. The warm-up steps leave no trace: the weights and the
+    optimizer's state are put back (in place: the graph reads their addresses), so the graphed run trains
+    from the same start as the eager ones."""
+    from course_utils import graphs
+    if isinstance(opt, torch.optim.Optimizer) and not opt.defaults.get("capturable"):
+        raise ValueError(f"{type(opt).__name__} was built with capturable=False: its step count stays on the host, "
+                         "so a graph would replay the captured step's learning-rate correction forever; build it "
+                         "with capturable=True (a GPU) or use the course's MasterAdamW")
+    bx, by = x.clone(), y.clone()
+    restore = _restorer(model, opt)
+    g = graphs.capture(lambda: train(bx, by), warmup=warmup, stream=stream)
+    restore()
+
+    def replay(x, y):
+        bx.copy_(x)
+        by.copy_(y)
+        return g.replay()
+    return replay
+
+
+def _optimizer(model, graphed: bool):
+    """Chapter 12's optimizer (:func:`course_utils.gpt.optimizer`); for a graphed step on float32 weights (the
+    CPU's) the course's MasterAdamW with the same settings, since torch's AdamW can be captured only on a GPU."""
+    if not (graphed and gpt.uses_autocast(model)):
+        return gpt.optimizer(model)
+    from course_utils.tuned.adamw import MasterAdamW
+    return MasterAdamW(list(model.parameters()), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def _restorer(model, opt):
+    """A function that puts ``model``'s weights and ``opt``'s state back as they are now, in place: the
+    course's MasterAdamW (float32 masters; moments and step count zero until its first step) or torch's AdamW
+    (no state until its first step: zeroed, as a new one starts)."""
+    from course_utils.tuned.adamw import MasterAdamW
+    weights = [p.detach().clone() for p in model.parameters()]
+    masters = opt.master.clone() if isinstance(opt, MasterAdamW) else None
+    if masters is not None and int(opt.step_count.item()) != 0:
+        raise RuntimeError("the optimizer has already stepped: build the graph before the first step")
+
+    @torch.no_grad()
+    def restore():
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(w)
+        if masters is not None:
+            opt.master.copy_(masters)
+            for t in (opt.exp_avg, opt.exp_avg_sq, opt.step_count):
+                t.zero_()
+        else:
+            for state in opt.state.values():
+                for t in state.values():
+                    if torch.is_tensor(t):
+                        t.zero_()
+    return restore
 
 
 def _hand_data_parallel_step(hand, opt, x, y, world: int) -> torch.Tensor:
@@ -663,17 +742,17 @@ def run_distributed(args) -> None:
             tables.append(("multigpu_allreduce" + ("_graphs" if args.graphs else ""), pd.DataFrame(timing)))
     if not (args.no_ddp or args.check_only or args.only_impls):
         steps = 10 if args.quick else DDP_STEPS
-        for by_hand in (False, True) if args.ddp_by_hand else (False,):
-            for compiled in (True,) if args.compiled_only else (False, True) if args.ddp_compiled else (False,):
-                df = ddp_run(world, rank, device, steps=steps, dog=dog, by_hand=by_hand, compiled=compiled,
-                             profile_steps=DDP_PROFILE_STEPS if args.ddp_profile else 0)
-                tables.append((ddp_table(by_hand, compiled), df))
-                if "profile" in df.attrs:
-                    tables.append((ddp_table(by_hand, compiled) + "_profile", df.attrs["profile"]))
-                steps_by_rank, profiles_by_rank = rank_tables(df, world, rank)   # every rank takes part
-                tables.append((ddp_table(by_hand, compiled) + "_ranks", steps_by_rank))
-                if profiles_by_rank is not None:
-                    tables.append((ddp_table(by_hand, compiled) + "_profile_ranks", profiles_by_rank))
+        for by_hand, compiled, graphed in ddp_variants(args):
+            name = ddp_table(by_hand, compiled, graphed)
+            df = ddp_run(world, rank, device, steps=steps, dog=dog, by_hand=by_hand, compiled=compiled,
+                         graphed=graphed, profile_steps=DDP_PROFILE_STEPS if args.ddp_profile else 0)
+            tables.append((name, df))
+            if "profile" in df.attrs:
+                tables.append((name + "_profile", df.attrs["profile"]))
+            steps_by_rank, profiles_by_rank = rank_tables(df, world, rank)   # every rank takes part
+            tables.append((name + "_ranks", steps_by_rank))
+            if profiles_by_rank is not None:
+                tables.append((name + "_profile_ranks", profiles_by_rank))
         if world == 1 and not args.quick:
             tables.append((DDP_LOSS_REF, ddp_loss_reference(device, dog=dog)))
     dog.step("results")
@@ -690,6 +769,17 @@ def run_distributed(args) -> None:
     dist.barrier()
     dist.destroy_process_group()
     dog.close()
+
+
+def ddp_variants(args) -> list:
+    """The data-parallel variants (by_hand, compiled, graphed) that the options ask for: DDP eager, then by hand
+    (``--ddp-by-hand``), each compiled too (``--ddp-compiled``; only compiled: ``--compiled-only``), each eager
+    one graphed too (``--ddp-graphed``; only graphed: ``--graphed-only``)."""
+    if args.graphed_only:
+        return [v for v in DDP_VARIANTS if v[2] and (args.ddp_by_hand or not v[0])]
+    compiled = (True,) if args.compiled_only else (False, True) if args.ddp_compiled else (False,)
+    return [v for v in DDP_VARIANTS if (args.ddp_by_hand or not v[0]) and (v[1] in compiled and not v[2]
+                                                                              or args.ddp_graphed and v[2])]
 
 
 def print_probe(tables: dict) -> None:
@@ -835,7 +925,8 @@ def ddp_targets(tables: dict, world: int) -> list:
 
 DDP_NAMES = {"multigpu_ddp": "DDP", "multigpu_ddp_compiled": "DDP + torch.compile",
              "multigpu_ddp_hand": "step by hand, data-parallel",
-             "multigpu_ddp_hand_compiled": "step by hand + torch.compile, data-parallel"}
+             "multigpu_ddp_hand_compiled": "step by hand + torch.compile, data-parallel",
+             "multigpu_ddp_graphed": "DDP + CUDA graph", "multigpu_ddp_hand_graphed": "step by hand + CUDA graph, data-parallel"}
 
 
 def fast_path_targets(r, where: str, mib: int) -> list:
@@ -907,7 +998,8 @@ def run_simulated(args) -> None:
 
 
 def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: bool = False, compiled: bool = False,
-                    warmup: int = DDP_WARMUP, profile_steps: int = 0):
+                    warmup: int = DDP_WARMUP, profile_steps: int = 0, graphed: bool = False,
+                    graph_warmup: int | None = None):
     """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
     same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
     import tempfile
@@ -915,7 +1007,8 @@ def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: boo
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
             return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, per_gpu_batch=per_gpu_batch, by_hand=by_hand,
-                           compiled=compiled, warmup=warmup, profile_steps=profile_steps)
+                           compiled=compiled, warmup=warmup, profile_steps=profile_steps, graphed=graphed,
+                           graph_warmup=graph_warmup)
         finally:
             dist.destroy_process_group()
 
@@ -956,6 +1049,9 @@ def main(argv=None) -> None:
                     help="also chapter 12's step by hand, data-parallel with one flat all-reduce (multigpu_ddp_hand)")
     ap.add_argument("--ddp-compiled", action="store_true",
                     help="also each data-parallel step under torch.compile (multigpu_ddp[_hand]_compiled)")
+    ap.add_argument("--ddp-graphed", action="store_true",
+                    help="also each eager data-parallel step captured as one CUDA graph per rank (names end in _graphed)")
+    ap.add_argument("--graphed-only", action="store_true", help="only the CUDA-graph data-parallel steps")
     ap.add_argument("--compiled-only", action="store_true",
                     help="with --ddp-compiled: only the compiled steps (the eager ones' CSVs are left as recorded)")
     ap.add_argument("--ddp-profile", action="store_true",
@@ -976,6 +1072,8 @@ def main(argv=None) -> None:
                          "all_reduce'; no DDP, and nothing written: the tables are printed")
     args = ap.parse_args(argv)
     os.environ.update(NO_MULTICAST)   # before the process group starts: NCCL, symm_mem and NVSHMEM read them then
+    if args.ddp_graphed or args.graphed_only:   # NCCL calls inside a CUDA graph: PyTorch's CUDA notes turn this off
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     if args.judge:
         judge(Path(args.out or results.RESULTS / results.gpu_slug()))
     elif args.simulate or "WORLD_SIZE" not in os.environ:

@@ -78,19 +78,20 @@ class SimulatedGraph:
         finally:
             self._capturing = False
         self._tape = tape
-        for entry in tape:  # tensors made inside the capture hold garbage until the first replay
-            if entry[0] == "aten":
-                args = {id(a) for a in _tensors(entry[2]) + _tensors(list(entry[3].values()))}
-                for t in _tensors(entry[4]):
-                    if id(t) not in args and t.is_floating_point():
-                        t.fill_(float("nan"))
+        with torch.no_grad():   # a graph's kernels are not autograd's: neither is its poison nor its replay
+            for entry in tape:  # tensors made inside the capture hold garbage until the first replay
+                if entry[0] == "aten":
+                    args = {id(a) for a in _tensors(entry[2]) + _tensors(list(entry[3].values()))}
+                    for t in _tensors(entry[4]):
+                        if id(t) not in args and t.is_floating_point():
+                            t.fill_(float("nan"))
 
     def replay(self) -> None:
         if self._tape is None:
             raise RuntimeError("replay() before capture: capture the graph first (with graph(g): ...)")
         # One replay is one call from the host, as on a GPU: profilers and launch counters see none
         # of the recorded ops one by one.
-        with _no_dispatch_modes():
+        with _no_dispatch_modes(), torch.no_grad():
             for entry in self._tape:
                 if entry[0] == "triton":
                     _, run, kernel, args, kwargs = entry
@@ -145,12 +146,13 @@ class Graphed:
     __call__ = replay
 
 
-def capture(fn, *, warmup: int = 3) -> Graphed:
+def capture(fn, *, warmup: int = 3, stream=None) -> Graphed:
     """Capture ``fn()`` (no arguments) into a graph and return it as a :class:`Graphed`.
 
     ``fn`` is first called ``warmup`` times on a side stream, then once under capture. To run on
     new data, copy it into the tensors ``fn`` reads (``x.copy_(new)``): a graph replays fixed
-    addresses and shapes.
+    addresses and shapes. ``stream``: the side stream for both (a ``torch.cuda.Stream``; ignored on the
+    CPU), for work that must be warmed up and captured where it was built (DDP, say); default a new one.
     """
     if not callable(fn):
         raise TypeError(f"capture() needs a callable taking no arguments, got {type(fn).__name__}")
@@ -158,8 +160,9 @@ def capture(fn, *, warmup: int = 3) -> Graphed:
         raise ValueError(f"warmup must be an int >= 1 (compilation and lazy initialization must happen "
                          f"before the capture), got {warmup!r}")
     name = getattr(fn, "__qualname__", type(fn).__name__)
+    side = None
     if env.on_gpu():
-        side = torch.cuda.Stream()
+        side = stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup):
@@ -170,7 +173,7 @@ def capture(fn, *, warmup: int = 3) -> Graphed:
             fn()
     g = CUDAGraph()
     try:
-        with graph(g):
+        with torch.cuda.graph(g, stream=side) if side is not None else graph(g):
             out = fn()
     except Exception as e:
         raise GraphCaptureError(

@@ -52,12 +52,14 @@ WARMUP, BATCH = 1, 2
 
 
 @functools.cache
-def _one_process(by_hand: bool, compiled: bool = False, profile_steps: int = 0):
-    """Two steps on one gloo process, eager or compiled (then ``profile_steps`` profiled ones); each run is made
-    once per worker and shared by the tests below (the eager DDP run is also the profile's plain run)."""
+def _one_process(by_hand: bool, compiled: bool = False, profile_steps: int = 0, graphed: bool = False):
+    """Two steps on one gloo process, eager, compiled or graphed (then ``profile_steps`` profiled ones); each run
+    is made once per worker and shared by the tests below (the eager DDP run is also the profile's plain run).
+    Graphed: one eager step before the capture (DDP on a GPU needs 11; here it costs seconds a step)."""
     from benchmarks import multigpu
     return multigpu.ddp_one_process(torch.device("cpu"), steps=2, per_gpu_batch=BATCH, by_hand=by_hand,
-                                    compiled=compiled, warmup=WARMUP, profile_steps=profile_steps)
+                                    compiled=compiled, warmup=WARMUP, profile_steps=profile_steps, graphed=graphed,
+                                    graph_warmup=1)
 
 
 def test_the_step_by_hand_data_parallel_follows_ddp_on_one_process():
@@ -222,3 +224,48 @@ def test_rank_summary_names_the_rank_whose_host_paced_the_steps():
     assert math.isnan(got.loc[1, "sync_wait_ms"]) and got.loc[1, "host_in_events_ms"] == 33.0
     bare = multigpu.rank_summary(steps.drop(columns=["host_threads_on_core", "host_core_loop_us"]))
     assert list(bare.columns) == ["median_ms", "median_host_ms", "slowest_host_steps"]
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["ddp", "by-hand"])
+def test_each_data_parallel_step_graphed_takes_the_same_steps(by_hand):
+    """``--ddp-graphed``: the eager step captured (a simulated graph on the CPU) and replayed on each batch trains
+    like the eager step: the warm-up steps before the capture leave no trace, each replay sees its new batch
+    and its optimizer's step count advances on the device (a host-side count would freeze the first step's
+    bias correction; the replays' losses would part from the eager ones from the second step)."""
+    eager, graphed = _one_process(by_hand), _one_process(by_hand, graphed=True)
+    assert len(graphed) == len(eager) == 2
+    assert torch.allclose(torch.tensor(graphed["loss"].values), torch.tensor(eager["loss"].values), rtol=1e-5, atol=0)
+
+
+def test_a_graphed_step_refuses_an_optimizer_that_counts_on_the_host_and_a_compiled_one():
+    from benchmarks import multigpu
+    from course_utils import gpt
+    model = gpt.GPT(gpt.TINY).use("course")
+    opt = torch.optim.AdamW(model.parameters())   # capturable=False: its step count is a host number
+    x, y = next(iter(gpt.batches(gpt.tokens(), 1, gpt.TINY.seq_len, 1, seed=0)))
+    with pytest.raises(ValueError, match="capturable=False"):
+        multigpu.graphed_train(lambda x, y: gpt.train_step(model, opt, x, y), x, y, model, opt, warmup=1)
+    with pytest.raises(ValueError, match="one of them"):
+        multigpu.ddp_run(1, 0, torch.device("cpu"), compiled=True, graphed=True)
+
+
+@pytest.mark.parametrize("flags, names", [
+    ([], ["multigpu_ddp"]),
+    (["--ddp-by-hand", "--ddp-compiled"], ["multigpu_ddp", "multigpu_ddp_compiled", "multigpu_ddp_hand",
+                                           "multigpu_ddp_hand_compiled"]),
+    (["--ddp-by-hand", "--ddp-graphed"], ["multigpu_ddp", "multigpu_ddp_hand", "multigpu_ddp_graphed",
+                                          "multigpu_ddp_hand_graphed"]),
+    (["--ddp-by-hand", "--graphed-only"], ["multigpu_ddp_graphed", "multigpu_ddp_hand_graphed"]),
+    (["--graphed-only"], ["multigpu_ddp_graphed"]),
+    (["--ddp-by-hand", "--ddp-compiled", "--compiled-only", "--ddp-graphed"],
+     ["multigpu_ddp_compiled", "multigpu_ddp_hand_compiled", "multigpu_ddp_graphed", "multigpu_ddp_hand_graphed"]),
+], ids=["plain", "compiled", "graphed", "graphed-only", "graphed-only-ddp", "compiled-only-and-graphed"])
+def test_the_options_pick_the_data_parallel_variants(flags, names):
+    import argparse
+
+    from benchmarks import multigpu
+    args = argparse.Namespace(ddp_by_hand="--ddp-by-hand" in flags, ddp_compiled="--ddp-compiled" in flags,
+                              compiled_only="--compiled-only" in flags, ddp_graphed="--ddp-graphed" in flags,
+                              graphed_only="--graphed-only" in flags)
+    assert [multigpu.ddp_table(*v) for v in multigpu.ddp_variants(args)] == names
+    assert all(n in multigpu.DDP_NAMES for n in multigpu.DDP_TABLES)
