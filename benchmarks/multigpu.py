@@ -926,7 +926,8 @@ def ddp_targets(tables: dict, world: int) -> list:
 DDP_NAMES = {"multigpu_ddp": "DDP", "multigpu_ddp_compiled": "DDP + torch.compile",
              "multigpu_ddp_hand": "step by hand, data-parallel",
              "multigpu_ddp_hand_compiled": "step by hand + torch.compile, data-parallel",
-             "multigpu_ddp_graphed": "DDP + CUDA graph", "multigpu_ddp_hand_graphed": "step by hand + CUDA graph, data-parallel"}
+             "multigpu_ddp_graphed": "DDP + CUDA graph",
+             "multigpu_ddp_hand_graphed": "step by hand + CUDA graph, data-parallel"}
 
 
 def fast_path_targets(r, where: str, mib: int) -> list:
@@ -1050,7 +1051,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ddp-compiled", action="store_true",
                     help="also each data-parallel step under torch.compile (multigpu_ddp[_hand]_compiled)")
     ap.add_argument("--ddp-graphed", action="store_true",
-                    help="also each eager data-parallel step captured as one CUDA graph per rank (names end in _graphed)")
+                    help="also each eager data-parallel step as one CUDA graph per rank (names end in _graphed)")
     ap.add_argument("--graphed-only", action="store_true", help="only the CUDA-graph data-parallel steps")
     ap.add_argument("--compiled-only", action="store_true",
                     help="with --ddp-compiled: only the compiled steps (the eager ones' CSVs are left as recorded)")
