@@ -443,7 +443,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
     ``graphed``: the eager step (DDP's, or by hand) with its all-reduces captured as one CUDA graph per rank and
     replayed on each batch (:func:`graphed_train`; simulated on the CPU): the host's part of a step is one
     launch, so the ratio to one GPU measures the GPUs and the links, not how fast each rank's host issues.
-    ``graph_warmup``: the eager steps before the capture (default :data:`GRAPH_WARMUP`, as DDP needs)."""
+    ``graph_warmup``: the eager steps before the capture (default :data:`GRAPH_WARMUP` on a GPU, as DDP needs;
+    one on the CPU, whose simulated graph needs only the first-use work done)."""
     import contextlib
 
     from course_utils import affinity
@@ -483,7 +484,8 @@ def ddp_run(world: int, rank: int, device, steps: int = DDP_STEPS, cfg=None, per
             dog.step(f"DDP step {step + 1}/{timed + profile_steps}", sync=False, allow=5.0 if first else 1.0)
             x, y = (t[rank * per_gpu_batch:(rank + 1) * per_gpu_batch].to(device) for t in (x, y))
             if graphed and step == 0:   # warmed up and captured on the first batch; the model then as it was
-                train = graphed_train(train, x, y, model, opt, stream, warmup=graph_warmup or GRAPH_WARMUP)
+                warm = graph_warmup or (GRAPH_WARMUP if device.type == "cuda" else 1)   # the CPU's graph is simulated
+                train = graphed_train(train, x, y, model, opt, stream, warmup=warm)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -1001,11 +1003,12 @@ def run_simulated(args) -> None:
 def ddp_one_process(device, steps: int = 3, per_gpu_batch: int = 4, by_hand: bool = False, compiled: bool = False,
                     warmup: int = DDP_WARMUP, profile_steps: int = 0, graphed: bool = False,
                     graph_warmup: int | None = None):
-    """:func:`ddp_run` on a world of one (gloo; a FileStore in a temporary folder, so no port): the
-    same code path as the GPUs', at the TINY size, on the CPU or one GPU."""
+    """:func:`ddp_run` on a world of one (a FileStore in a temporary folder, so no port; gloo on the CPU, NCCL on
+    a GPU, whose all-reduce a CUDA graph can hold): the same code path as the GPUs', at the TINY size."""
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
         try:
             return ddp_run(1, 0, device, steps=steps, cfg=gpt.TINY, per_gpu_batch=per_gpu_batch, by_hand=by_hand,
                            compiled=compiled, warmup=warmup, profile_steps=profile_steps, graphed=graphed,
