@@ -634,9 +634,9 @@ def graphed_train(train, x: torch.Tensor, y: torch.Tensor, model, opt, stream=No
     from the same start as the eager ones."""
     from course_utils import graphs
     if isinstance(opt, torch.optim.Optimizer) and not opt.defaults.get("capturable"):
-        raise ValueError(f"{type(opt).__name__} was built with capturable=False: its step count stays on the host, "
-                         "so a graph would replay the captured step's learning-rate correction forever; build it "
-                         "with capturable=True (a GPU) or use the course's MasterAdamW")
+        raise ValueError(f"{type(opt).__name__} was built with capturable=False: torch refuses to capture its step() "
+                         "(unfused, it counts its steps on the host, so a replay would repeat the captured step's "
+                         "bias correction); build it with capturable=True (a GPU) or use the course's MasterAdamW")
     bx, by = x.clone(), y.clone()
     restore = _restorer(model, opt)
     g = graphs.capture(lambda: train(bx, by), warmup=warmup, stream=stream)
@@ -665,7 +665,7 @@ def _restorer(model, opt):
     from course_utils.tuned.adamw import MasterAdamW
     weights = [p.detach().clone() for p in model.parameters()]
     masters = opt.master.clone() if isinstance(opt, MasterAdamW) else None
-    if masters is not None and int(opt.step_count.item()) != 0:
+    if (int(opt.step_count.item()) != 0) if masters is not None else any(opt.state.values()):
         raise RuntimeError("the optimizer has already stepped: build the graph before the first step")
 
     @torch.no_grad()

@@ -249,6 +249,20 @@ def test_a_graphed_step_refuses_an_optimizer_that_counts_on_the_host_and_a_compi
         multigpu.ddp_run(1, 0, torch.device("cpu"), compiled=True, graphed=True)
 
 
+def test_the_restorer_refuses_an_optimizer_that_has_stepped():
+    """``_restorer`` puts a torch optimizer's state back to zero, as a new one starts: right only before its
+    first step, so it refuses one that has stepped (as it does the course's MasterAdamW)."""
+    from benchmarks import multigpu
+    from course_utils import gpt
+    model = gpt.GPT(gpt.TINY)
+    opt = torch.optim.AdamW(model.parameters())
+    multigpu._restorer(model, opt)   # no state yet: fine
+    x, y = next(iter(gpt.batches(gpt.tokens(), 1, gpt.TINY.seq_len, 1, seed=0)))
+    gpt.train_step(model, opt, x, y)
+    with pytest.raises(RuntimeError, match="already stepped"):
+        multigpu._restorer(model, opt)
+
+
 @pytest.mark.parametrize("flags, names", [
     ([], ["multigpu_ddp"]),
     (["--ddp-by-hand", "--ddp-compiled"], ["multigpu_ddp", "multigpu_ddp_compiled", "multigpu_ddp_hand",
