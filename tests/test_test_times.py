@@ -36,7 +36,7 @@ def test_failed_tests_are_named_once_in_order(tmp_path):
     assert tt.read(str(log))["tests/a.py::t1"] == pytest.approx(1.2)
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one process", "xdist"])
 def test_the_suite_writes_a_line_a_phase_when_asked(tmp_path, workers):
     """A real pytest run with COURSE_TEST_TIMES set: every phase of the one test it runs is written, once
     (under xdist the controller sees each worker's report again)."""
