@@ -231,3 +231,15 @@ def _uses_course_launcher(xs, ranks):
 def test_library_and_course_all_reduces_are_refused(answer, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_all_reduce_kernel(answer)
+
+
+def test_a_case_too_small_to_tell_faults_apart_names_each():
+    """One column: every RMSNorm is +-w, so "norm of the sum without the residual" and "norm applied before the
+    sum" give the same y; the checker names both (it used to name whichever it tried first)."""
+    from course_utils.checkers import allreduce as ar_checker
+    one = lambda v: torch.tensor([[v]], dtype=torch.float64)  # noqa: E731
+    t = {"x": [one(1.0), one(2.0)], "r": one(0.5), "w": torch.tensor([1.5], dtype=torch.float64)}
+    with pytest.raises(check.CheckFailure) as e:
+        ar_checker._diagnose("1 x 1", t, one(1.5), None, None, 0, "y", torch.float32)
+    assert "norm of the sum without the residual" in str(e.value) and "norm applied before the sum" in str(e.value)
+    assert "cannot tell them apart" in str(e.value)

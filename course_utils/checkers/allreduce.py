@@ -129,9 +129,13 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
                        ("wrong peer offset", x[rank] + sum(other_half[p] for p in peers)),
                        ("barrier before the writes", x[rank] + sum(stale[p] for p in peers)),
                        ("averaged instead of summed", total / len(x))]
-    for fault, want in candidates:
-        if bool(torch.isclose(got, want, atol=atol * 4, rtol=rtol * 4, equal_nan=True).all()):
-            _fail(case, fault)
+    matched = list(dict.fromkeys(fault for fault, want in candidates
+                                 if bool(torch.isclose(got, want, atol=atol * 4, rtol=rtol * 4, equal_nan=True).all())))
+    if len(matched) == 1:
+        _fail(case, matched[0])
+    if matched:   # a case too small to tell them apart (one column: every RMSNorm is +-w): name each
+        raise check.CheckFailure(f"{case}: one of these faults (this case cannot tell them apart): "
+                                 + "; ".join(f"{f}: {FAULTS[f]}" for f in matched) + f".\nHint: {HINT}")
     if kind == "y" and want is not None:   # s was right (y is judged after s): a wrong scale per row
         unscaled = s_n * w
         per_row = (got * unscaled).sum(-1, keepdim=True) / (unscaled * unscaled).sum(-1, keepdim=True).clamp_min(1e-300)
