@@ -53,7 +53,7 @@ def test_fused_add_rms_norm_matches_float64(nan_empty, algorithm, world, dtype):
         weight = check.randn(shape[-1:], dtype, offset=1.0, scale=0.5)
         got = T.all_reduce_add_rms_norm(xs, [residual] * world, weight, ranks, 1e-6, algorithm)
         summed = K.all_reduce_ref(xs)
-        if algorithm == "two-shot":   # the gathered sum is stored in x's dtype before the residual is added
+        if algorithm.startswith("two-shot"):   # the gathered sum is stored in x's dtype before the residual is added
             summed = summed.to(dtype).double()
         y64, s64 = K.all_reduce_add_rms_norm_ref([summed], residual, weight, 1e-6, dtype=dtype)
         for y, s in got:
@@ -64,10 +64,10 @@ def test_fused_add_rms_norm_matches_float64(nan_empty, algorithm, world, dtype):
 
 def test_tuned_and_teaching_calls_interleave_on_the_same_ranks():
     ranks = _ranks(4, torch.float32)
-    for call in range(6):
+    for call in range(8):
         xs = [check.randn((9, 33)) for _ in range(4)]
-        launch = (lambda: K.one_shot_all_reduce_teaching(xs, ranks), lambda: T.all_reduce(xs, ranks, "one-shot"),
-                  lambda: T.all_reduce(xs, ranks, "two-shot"))[call % 3]
+        launch = (lambda: K.one_shot_all_reduce_teaching(xs, ranks),
+                  *(lambda a=a: T.all_reduce(xs, ranks, a) for a in T.ALGORITHMS))[call % 4]
         for out in launch():
             check.compare(f"call {call}", out, K.all_reduce_ref(xs))
         assert _pads_zero(ranks)
@@ -98,7 +98,7 @@ def test_tuned_one_shot_survives_the_checkers_adversarial_schedule(fused):
 
 
 @pytest.mark.parametrize("algorithm, phase", [("one-shot", "REDUCE"), ("two-shot", "SCATTER"),
-                                              ("two-shot", "GATHER")])
+                                              ("two-shot", "GATHER"), ("two-shot-push", "SCATTER")])
 def test_a_phase_launched_before_any_publish_reads_nothing_and_leaves_the_pads(algorithm, phase):
     ranks = _ranks(2, torch.float32)
     x = check.randn((5, 33))
@@ -108,7 +108,7 @@ def test_a_phase_launched_before_any_publish_reads_nothing_and_leaves_the_pads(a
     with check.track_loads() as loads:
         kernel[(3,)](out, out, x, x, x, ranks.buf_table, ranks.pad_table, 0, 5, 33, 0, ranks.tuned_pad_offset, 0.0,
                      ranks.max_spins, WORLD=2, WORLD_P2=2, BLOCK_N=64, FUSED=False, COPY=True,
-                     **{n: n == phase for n in names})
+                     **{n: n == phase for n in names}, **({"PUSH": True} if algorithm == "two-shot-push" else {}))
     assert checks._peer_reads(loads, ranks, rank=0) == 0
     assert bool(out.isnan().all()) and _pads_zero(ranks)
     assert all(bool(b.isnan().all()) for b in ranks.buffers)   # no sum was stored either
@@ -139,7 +139,9 @@ def test_inputs_written_into_the_staging_buffer_skip_the_copy(algorithm):
         if call % 2:
             residual, weight = check.randn(shape), check.randn(shape[-1:], offset=1.0, scale=0.5)
             got = T.all_reduce_add_rms_norm(staged, [residual] * world, weight, ranks, 1e-6, algorithm, in_buffer=True)
-            summed = K.all_reduce_ref(xs).to(dtype).double() if algorithm == "two-shot" else K.all_reduce_ref(xs)
+            summed = K.all_reduce_ref(xs)
+            if algorithm.startswith("two-shot"):   # the gathered sum is stored in x's dtype
+                summed = summed.to(dtype).double()
             y64, s64 = K.all_reduce_add_rms_norm_ref([summed], residual, weight, 1e-6, dtype=dtype)
             for y, s in got:
                 check.compare(f"staged fused {algorithm}, call {call}", y, y64)
@@ -180,6 +182,21 @@ def test_two_shot_spreads_the_reduce_scatter_over_the_ranks_with_one_row_a_progr
               for i in range(rows)] for r in range(world)]
     assert [sum(o) for o in owned] == [rows // world] * world
     assert all(sum(owned[r][i] for r in range(world)) == 1 for i in range(rows))
+
+
+def test_pushed_two_shot_leaves_the_whole_sum_in_every_rank_s_buffer():
+    """The owner of a row stores its sum into every rank's buffer (where the pulled two-shot keeps it in its
+    own): after the call, every row of every rank's buffer is the sum."""
+    world, rows = 4, 8
+    ranks = _ranks(world, torch.float32, programs=rows)
+    xs = [check.randn((rows, 16)) for _ in range(world)]
+    offset = ((ranks.calls + 1) % 2) * ranks.capacity
+    outs = T.all_reduce(xs, ranks, "two-shot-push")
+    total = K.all_reduce_ref(xs).float()
+    for r in range(world):
+        held = ranks.buffers[r][offset: offset + rows * 16].view(rows, 16)
+        assert torch.equal(held, outs[r]), f"rank {r}: its buffer does not hold the sum it returned"
+        assert torch.allclose(held, total, atol=1e-5)
 
 
 def test_auto_picks_two_shot_only_where_it_moves_fewer_bytes():
@@ -344,7 +361,7 @@ def test_compiled_wait_is_one_thread_s_read_shared_and_every_program_fits_at_onc
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(rows) == 16
+    assert len(rows) == 2 * 2 * len(T.ALGORITHMS) * 2   # worlds x widths x algorithms x (plain, fused)
     for row in rows:
         ptx = row["ptx"]
         assert "ld.volatile" not in ptx, row["what"]

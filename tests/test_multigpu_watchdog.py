@@ -92,11 +92,13 @@ def test_the_gpu_smoke_runs_its_first_two_phases_on_one_simulated_rank(monkeypat
     smoke.spins, smoke.table, smoke.compiled = 2, [], set()
     assert smoke.run(graphs=False) == 0
     out = capsys.readouterr().out
-    checks = 2 * len(sm.SIZES) * 5   # two phases, each size, five impls
+    from course_utils.tuned import allreduce as T
+    n_impls = 1 + 2 * len(T.ALGORITHMS)   # the teaching one-shot, then each tuned algorithm plain and fused
+    checks = 2 * len(sm.SIZES) * n_impls   # two phases, each size, every impl
     lines = out.splitlines()
     assert sum(ln.startswith("PASS  ") for ln in lines) == checks and "FAIL" not in out
     assert f"{checks}/{checks} PASS" in out
-    assert sum(ln.startswith(("teaching one-shot", "tuned")) for ln in lines) == 5 * len(sm.SIZES)   # the table
+    assert sum(ln.startswith(("teaching one-shot", "tuned")) for ln in lines) == n_impls * len(sm.SIZES)   # the table
 
 
 def test_the_gpu_smoke_verdict_names_each_fault():

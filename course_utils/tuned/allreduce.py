@@ -22,6 +22,13 @@ at 4 GPUs, and a two-shot all-reduce for large messages
    then an all-gather (every row read back from its owner) with the epilogue fused into the gather.
    At W = 2 both move the same bytes and the one-shot saves a barrier; at W = 4 the two-shot halves
    the bytes (traffic.links.all_reduce).
+   **Pushed, not pulled** (``"two-shot-push"``): the owner of a row stores its sum into every rank's
+   buffer, then signals; after the second barrier each rank finishes its rows from its own buffer. The
+   same bytes cross the links, but as stores, which the sender does not wait for, where the pulled
+   gather waits a link's round trip for every load (PyTorch's ``two_shot_all_reduce_`` pushes). No new
+   race: the rows a rank owns are read by that rank alone (before it pushes them, in program order),
+   and every other row of its buffer is written by its owner alone. It costs one more local read of
+   the sum (HBM, not links); whether it pays is for the benchmark to say.
 4. **No copy where the producer writes into the buffer.** ``ranks.staging(shape)`` is the part of this
    rank's buffer the next call publishes from; an x written there (``torch.matmul(..., out=)``) and
    passed with ``in_buffer=True`` saves the call its copy (2 x nbytes of HBM before the barrier).
@@ -47,7 +54,7 @@ import triton.language as tl
 from ..kernels.allreduce import _rows
 from ..symmetric import Ranks
 
-ALGORITHMS = ("one-shot", "two-shot")
+ALGORITHMS = ("one-shot", "two-shot", "two-shot-push")
 TWO_SHOT_MIN_WORLD = 3          # at W = 2 both move the same bytes: the one-shot's single barrier wins
 # measured crossover at W = 4 on H100s (multigpu_allreduce_graphs_small_w4.csv): the one-shot is faster up to
 # 0.5 MiB per rank, the two-shot from 1 MiB (22.8 vs 23.0 us at width 768, 21.8 vs 23.9 at 4096); the threshold
@@ -135,6 +142,15 @@ def sum_all_ranks(addrs, offsets, mask, buf_offset, DTYPE: tl.constexpr, WORLD: 
 
 
 @triton.jit
+def store_all_ranks(addrs, offsets, mask, buf_offset, row, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
+    """One row stored into every rank's buffer in one (WORLD_P2, BLOCK_N) store: W stores in flight at once."""
+    lanes = tl.arange(0, WORLD_P2)
+    bases = tl.multiple_of(addrs.to(tl.pointer_type(row.dtype)), 16) + buf_offset
+    tl.store(bases[:, None] + offsets[None, :], tl.broadcast_to(row[None, :], (WORLD_P2, row.shape[0])),
+             mask=(lanes < WORLD)[:, None] & mask[None, :])
+
+
+@triton.jit
 def copy_rows(x_ptr, my_buf, n_rows, n_cols, BLOCK_N: tl.constexpr):
     """This program's rows of x into this rank's buffer."""
     pid = tl.program_id(0)
@@ -208,10 +224,10 @@ def one_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
 def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols,
                     buf_offset, pad_offset, eps, max_spins, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, FUSED: tl.constexpr, COPY: tl.constexpr, PUBLISH: tl.constexpr,
-                    SCATTER: tl.constexpr, GATHER: tl.constexpr):
+                    SCATTER: tl.constexpr, GATHER: tl.constexpr, PUSH: tl.constexpr = False):
     """Publish; barrier; reduce-scatter (this program's j-th row belongs to rank (j + pid) % W; this rank's
-    rows summed in place in its own buffer); barrier; all-gather (every row read from its owner) with the
-    epilogue of :func:`finish_row`."""
+    rows summed in place in its own buffer, or with PUSH in every rank's); barrier; all-gather (every row
+    read from its owner, or with PUSH from this rank's own buffer) with the epilogue of :func:`finish_row`."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     slot = pad_offset + pid * WORLD
@@ -233,7 +249,10 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
             for row in tl.range(pid + first * programs, n_rows, WORLD * programs):
                 offsets = tl.cast(row, tl.int64) * n_cols + cols
                 acc = sum_all_ranks(addrs, offsets, mask, buf_offset, dtype, WORLD, WORLD_P2)
-                tl.store(my_buf + offsets, acc.to(dtype), mask=mask)   # no peer reads this row before barrier 2
+                if PUSH:   # into every rank's buffer at once; no rank reads this row there before barrier 2
+                    store_all_ranks(addrs, offsets, mask, buf_offset, acc.to(dtype), WORLD, WORLD_P2)
+                else:
+                    tl.store(my_buf + offsets, acc.to(dtype), mask=mask)   # no peer reads this row before barrier 2
             signal_all(pad_table_ptr, rank, slot, WORLD, WORLD_P2)
     if GATHER:
         if ok:
@@ -241,7 +260,7 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
         if ok:
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
             for row in tl.range(pid, n_rows, programs):
-                owner = ((row - pid) // programs + pid) % WORLD
+                owner = rank if PUSH else ((row - pid) // programs + pid) % WORLD
                 offsets = tl.cast(row, tl.int64) * n_cols + cols
                 source = owner_buffer(addrs, owner, buf_offset, dtype, WORLD_P2)
                 summed = tl.load(source + offsets, mask=mask, other=0.0)
@@ -254,7 +273,7 @@ def two_shot_kernel(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_
 
 
 def pick_algorithm(nbytes: int, world: int) -> str:
-    """"two-shot" from TWO_SHOT_MIN_WORLD ranks and TWO_SHOT_MIN_BYTES per rank, else "one-shot"."""
+    """"two-shot" (pulled) from TWO_SHOT_MIN_WORLD ranks and TWO_SHOT_MIN_BYTES per rank, else "one-shot"."""
     return "two-shot" if world >= TWO_SHOT_MIN_WORLD and nbytes >= TWO_SHOT_MIN_BYTES else "one-shot"
 
 
@@ -295,12 +314,13 @@ def _launch(algorithm, ys, ss, rows, res, weight, ranks, n_rows, n_cols, eps, fu
     block = triton.next_power_of_2(n_cols)
     warps = num_warps_for(world, block)
     offset, grid = ranks.next_offset(), (min(n_rows, ranks.programs(warps)),)   # every program resident at once
+    push = {"PUSH": True} if algorithm == "two-shot-push" else {}
     for rank, phases in _phases(ranks, names):
         i = ranks.local_ranks.index(rank)
         kernel[grid](ys[i], ss[i], rows[i], res[i], weight, ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols,
                      offset, ranks.tuned_pad_offset, eps, ranks.max_spins, WORLD=world,
                      WORLD_P2=triton.next_power_of_2(world), BLOCK_N=block, FUSED=fused, COPY=not in_buffer,
-                     num_warps=warps, **phases)
+                     num_warps=warps, **phases, **push)
 
 
 def all_reduce(xs, ranks: Ranks, algorithm: str = "auto", in_buffer: bool = False) -> list[torch.Tensor]:
