@@ -113,6 +113,9 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                                    outlier_scale=OUTLIER)
             # Odd rows sit around -5 instead: there a padding of 0 instead of -inf would win the max.
             x[1::2] -= OFFSET + 5.0
+            # Every even row holds a value >= OFFSET, so exp without the max overflows float32 whatever the draw
+            # (a 1x1 case drawn below 88.7, exp's limit, once passed an unstable kernel to a later case's hint).
+            x[0::2, -1] = x[0::2, -1].clamp(min=OFFSET)
             deep = n_rows - 1 if n_rows >= 2 else None
             if deep is not None:  # all far below 0, no outliers: log-probabilities, scores after a mask
                 x[deep] = check.randn((n_cols,), torch.float32, scale=3.0, offset=DEEP).to(dtype)
@@ -162,7 +165,14 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                         f"reads it {passes} times: one loop keeps the running max and sum together "
                         "(rescaling the sum when the max grows), a second one writes. Separate max and sum "
                         "loops are the three-pass softmax this chapter replaces.")
+            ref = _ref(before)
             if deep is not None:
+                # The other rows first, with the exercise's hint: a fault every row shows (a running sum not
+                # rescaled) is named for what it is, not by the deep row's hint on the draws where it shows there
+                # first. A fault only the deep row shows (a max started at 0) still gets the deep row's hint.
+                y_other = y.clone()
+                y_other[deep] = ref[deep].to(dtype)
+                check.compare(case, y_other, ref, dtype=dtype, hint=hint)
                 deep_hint = (f"every value of row {deep} is near {DEEP:g}, so exp(x) underflows to 0 there: only the "
                              "row's own max, subtracted before tl.exp, keeps the sum positive. A max that starts at 0 "
                              "instead of -inf (m = 0.0 before the loop), a padding of 0 that wins the max, or no max "
