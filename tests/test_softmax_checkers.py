@@ -459,7 +459,7 @@ def test_long_row_checker_passes_a_finite_start_below_every_value(capsys):
     assert "PASS online softmax, long rows" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode, words", [(2, "got nan"), (3, "differ")])
+@pytest.mark.parametrize("mode, words", [(2, "got nan"), (3, "without dividing it by the row's sum")])
 def test_long_row_checker_fails_more_wrong_kernels(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_long_row_kernel(_LongMore(mode))
@@ -482,7 +482,7 @@ def _max(m, tile):
 @pytest.mark.parametrize("update, words", [
     (_update_with(lambda m, t: t.amax(-1), lambda m, new: m - new, "new"), "running max m"),   # the tile's max only
     (_update_with(_max, lambda m, new: new - m, "new"), "running sum s"),                     # rescaled the wrong way
-    (_update_with(_max, lambda m, new: m - new, "old"), "running sum s"),                     # the tile shifted by the old m
+    (_update_with(_max, lambda m, new: m - new, "old"), "running sum s"),                     # tile shifted by old m
     (lambda m, s, t: _good_update(m, s, t)[::-1], "running max m"),                           # (s, m) returned
     (lambda m, s, t: _good_update(m.float(), s.float(), t.float()), "float32's precision"),   # m and s in float32
 ])

@@ -166,6 +166,12 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                         "(rescaling the sum when the max grows), a second one writes. Separate max and sum "
                         "loops are the three-pass softmax this chapter replaces.")
             ref = _ref(before)
+            undivided = torch.exp(before.double() - before.double().amax(-1, keepdim=True))
+            atol_d, rtol_d = check.tolerance(dtype)
+            if not torch.allclose(undivided, ref, atol=atol_d, rtol=rtol_d) and \
+                    torch.allclose(y.double(), undivided, atol=atol_d, rtol=rtol_d):
+                raise check.CheckFailure(f"{case}: your kernel wrote exp(x - max) without dividing it by the row's "
+                                         "sum of exp(x - max): softmax is exp(x - m) / s.")
             if deep is not None:
                 # The other rows first, with the exercise's hint: a fault every row shows (a running sum not
                 # rescaled) is named for what it is, not by the deep row's hint on the draws where it shows there

@@ -92,7 +92,7 @@ def _diagnose(trace: list[str], warmup: int, reps: int) -> str | None:
     fixed = (len(before), len(timed)) == (10, 100) and (warmup, reps) != (10, 100)
     if len(calls) != warmup + reps or fixed:
         defaults = (" (10 + 100, the defaults: loop over the warmup and reps you were given, not fixed "
-                    "numbers)") if len(calls) == 110 else ""
+                    "numbers)") if (len(before), len(timed)) == (10, 100) else ""
         return (f"your timer called fn {len(calls)} times{defaults}; with warmup={warmup} and reps={reps} it "
                 f"should call it warmup + reps = {warmup + reps} times")
     if len(before) < warmup:
