@@ -219,7 +219,7 @@ def test_gelu_checker_fails_the_answer_key(answer, words):
         chk.check_gelu(answer)
 
 
-@pytest.mark.parametrize("mode, extra_op, words", [(1, False, "NaN"), (2, False, "differ"),
+@pytest.mark.parametrize("mode, extra_op, words", [(1, False, "NaN"), (2, False, "exact GELU, x . Phi.x. with erf"),
                                                     (3, False, "outside its buffer"),
                                                     (0, True, "ran in torch"),
                                                     (4, False, "rounded once")])
@@ -276,7 +276,8 @@ def test_chain_checker_passes_the_right_kernel(capsys):
     assert "PASS bias + GELU + scale" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode, words", [(1, "differ"), (2, "differ"), (3, "differ"),
+@pytest.mark.parametrize("mode, words", [(1, "bias is added after the GELU"), (2, "scale is missing"),
+                                         (3, "bias is indexed by the row"),
                                          (4, "rounded once"), (5, "rounded once")])
 def test_chain_checker_fails_wrong_kernels(mode, words):
     with pytest.raises(CheckFailure, match=words):
@@ -397,3 +398,162 @@ def test_the_tuned_shelf_is_refused_too():
     from course_utils.tuned import elementwise as tuned
     with pytest.raises(CheckFailure, match="tuned.elementwise.gelu"):
         chk.check_gelu(lambda x: tuned.gelu(x))
+
+
+# --------------------------------------------------------------------------- more usual mistakes, each named
+
+@triton.jit
+def _add_more(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    if MODE == 1:    # forgot pid * BLOCK_SIZE: every program adds the first tile
+        offsets = tl.arange(0, BLOCK_SIZE)
+    else:
+        offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets <= n_elements if MODE == 2 else offsets < n_elements    # 2: off by one
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store((x_ptr if MODE == 3 else out_ptr) + offsets, x + y, mask=mask)  # 3: into x
+
+
+def _add_more_launcher(mode):
+    def add(x, y, out=None):
+        out = torch.empty_like(x) if out is None else out
+        _add_more[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), BLOCK_SIZE=BLOCK, MODE=mode)
+        return x if mode == 3 else out
+    return add
+
+
+@pytest.mark.parametrize("mode, words", [
+    (1, "NaN"),
+    (2, "outside its inputs" if not cu.on_gpu() else None),
+    (3, "changed its input"),
+])
+def test_vector_add_checker_fails_more_wrong_kernels(mode, words):
+    if words is None:
+        pytest.skip("loads are inspected under the interpreter only")
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_vector_add(_add_more_launcher(mode))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda n, b: round(n / b), "drops the partial last tile"),
+    (lambda n, b: __import__("numpy").ceil(n / b), "return an int"),
+])
+def test_n_programs_checker_names_more_faults(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_n_programs(wrong)
+
+
+@triton.jit
+def _gelu_more(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    if MODE != 4:    # 4: the math in the input dtype
+        x = x.to(tl.float32)
+    if MODE == 3:    # x^2 where the cubic term is
+        a = 0.7978845608028654 * (x + 0.044715 * x * x)
+    else:
+        a = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    a = tl.minimum(tl.maximum(a, -40.0), 40.0)
+    if MODE == 1:    # the tanh form's 0.5 kept in the sigmoid form
+        y = 0.5 * x / (1.0 + tl.exp(-2.0 * a))
+    elif MODE == 2:  # x * sigmoid(a) instead of x * sigmoid(2a)
+        y = x / (1.0 + tl.exp(-a))
+    else:
+        y = x / (1.0 + tl.exp(-2.0 * a))
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _gelu_more_launcher(mode):
+    def gelu(x, out=None):
+        out = torch.empty_like(x) if out is None else out
+        _gelu_more[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK_SIZE=BLOCK, MODE=mode)
+        return out
+    return gelu
+
+
+@pytest.mark.parametrize("mode, words", [(1, "half of GELU"), (2, "that is x . sigmoid.a."),
+                                         (3, "0.044715 x.3, not x.2"), (4, "rounded once")])
+def test_gelu_checker_names_more_wrong_kernels(mode, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_gelu(_gelu_more_launcher(mode))
+
+
+@triton.jit
+def _chain_more(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    if MODE == 1:    # the bias indexed by the flat offset, its load masked
+        b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
+    elif MODE == 4:  # right: offsets % n_cols is always inside the bias, a mask is not needed
+        b = tl.load(b_ptr + offsets % n_cols).to(tl.float32)
+    else:
+        b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+    if MODE == 2:    # the scale inside the GELU
+        y = _gelu_tanh((x + b) * scale)
+    elif MODE == 3:  # divides by the scale
+        y = _gelu_tanh(x + b) / scale
+    else:
+        y = _gelu_tanh(x + b) * scale
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _chain_more_launcher(mode):
+    def chain(x, bias, scale, out=None):
+        out = torch.empty_like(x) if out is None else out
+        n = x.numel()
+        _chain_more[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], scale, BLOCK_SIZE=BLOCK, MODE=mode)
+        return out
+    return chain
+
+
+@pytest.mark.parametrize("mode, words", [(1, "past the end of bias" if not cu.on_gpu() else None),
+                                         (2, "scale is applied before the GELU"), (3, "divided by scale")])
+def test_chain_checker_names_more_wrong_kernels(mode, words):
+    if words is None:
+        pytest.skip("loads are inspected under the interpreter only")
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_bias_gelu_scale(_chain_more_launcher(mode))
+
+
+def test_chain_checker_passes_an_unmasked_bias_load_that_stays_inside(capsys):
+    chk.check_bias_gelu_scale(_chain_more_launcher(4))
+    assert "PASS bias + GELU + scale" in capsys.readouterr().out
+
+
+@triton.jit
+def _dropout_more(x_ptr, b_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+    y = _gelu_tanh(x + b)
+    if MODE == 3:    # a seed per program and the tile's own lanes: random enough, not the mask asked for
+        r = tl.rand(seed + pid, tl.arange(0, BLOCK_SIZE))
+    else:
+        r = tl.rand(seed, offsets)
+    if MODE == 1:    # divides the kept elements by p
+        y = tl.where(r >= p, y / p, 0.0)
+    elif MODE == 2:  # multiplies them by 1 - p
+        y = tl.where(r >= p, y * (1.0 - p), 0.0)
+    else:
+        y = tl.where(r >= p, y / (1.0 - p), 0.0)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _dropout_more_launcher(mode):
+    def dropout(x, bias, p, seed, out=None):
+        out = torch.empty_like(x) if out is None else out
+        n = x.numel()
+        _dropout_more[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], p, seed, BLOCK_SIZE=BLOCK, MODE=mode)
+        return out
+    return dropout
+
+
+@pytest.mark.parametrize("mode, words", [(1, "divided it by p"), (2, "multiplied it by .1 - p."),
+                                         (3, "tl.rand.seed, offsets. >= p")])
+def test_dropout_checker_names_more_wrong_kernels(mode, words):
+    with pytest.raises(CheckFailure, match=words):
+        chk.check_bias_gelu_dropout(_dropout_more_launcher(mode))

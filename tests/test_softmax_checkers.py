@@ -328,7 +328,7 @@ def test_long_row_checker_passes_the_course_kernel(capsys):
 
 
 @pytest.mark.parametrize("kernel, words", [
-    (_first_tile_only, ""), (_no_correction, ""), (_nan_on_minus_inf, ""),
+    (_first_tile_only, ""), (_no_correction, "rescale s by exp"), (_nan_on_minus_inf, ""),
     (_y_stride_ignored, "y_row_stride"),
     (_one_wide_tile, "lanes at once" if not cu.on_gpu() else "differ|NaN"),   # issue 17: a 4096-wide tile
     (_three_pass, "3 times" if not cu.on_gpu() else None),                     # issue 18 item 15
@@ -414,3 +414,92 @@ def test_the_long_row_answer_of_the_ptx_facts_is_refused():
     from course_utils.tuned import softmax as tuned_softmax
     with pytest.raises(check.CheckFailure, match="tuned.softmax.softmax"):
         checks.check_launcher(lambda x: tuned_softmax.softmax(x))
+
+
+# ------------------------------------------------------------------ more usual mistakes, each named
+
+@triton.jit
+def _long_more(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
+    x_row = x_ptr + tl.program_id(0) * x_row_stride
+    y_row = y_ptr + tl.program_id(0) * y_row_stride
+    if MODE == 1:    # right: a finite start far below any value instead of -inf
+        m = tl.full([BLOCK_SIZE], -1e30, tl.float32)
+    else:
+        m = tl.full([BLOCK_SIZE], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_SIZE], tl.float32)
+    n_tiles = n_cols // BLOCK_SIZE if MODE == 2 else tl.cdiv(n_cols, BLOCK_SIZE)   # 2: the partial tile dropped
+    for t in range(0, n_tiles):
+        cols = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - safe) + tl.exp(x - safe)
+        m = m_new
+    m_row = tl.max(m, 0)
+    s_row = tl.sum(s * tl.exp(m - m_row), 0)
+    for t in range(0, tl.cdiv(n_cols, BLOCK_SIZE)):
+        cols = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        y = tl.exp(x - m_row) if MODE == 3 else tl.exp(x - m_row) / s_row     # 3: no division by the sum
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+class _LongMore:
+    """``kernel[grid](...)`` of _long_more with one MODE, as the checker launches a student's kernel."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: _long_more[grid](*args, MODE=self.mode, **kw)
+
+
+def test_long_row_checker_passes_a_finite_start_below_every_value(capsys):
+    checks.check_long_row_kernel(_LongMore(1))
+    assert "PASS online softmax, long rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode, words", [(2, "got nan"), (3, "without dividing it by the row's sum")])
+def test_long_row_checker_fails_more_wrong_kernels(mode, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_long_row_kernel(_LongMore(mode))
+
+
+def _update_with(m_of, s_scale, tile_m):
+    def update(m, s, tile):
+        m_new = m_of(m, tile)
+        safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        old = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        rescale = torch.nan_to_num(torch.exp(s_scale(m, safe)), nan=0.0, posinf=0.0)
+        return m_new, s * rescale + torch.exp(tile - (old if tile_m == "old" else safe)[:, None]).sum(-1)
+    return update
+
+
+def _max(m, tile):
+    return torch.maximum(m, tile.amax(-1))
+
+
+@pytest.mark.parametrize("update, words", [
+    (_update_with(lambda m, t: t.amax(-1), lambda m, new: m - new, "new"), "running max m"),   # the tile's max only
+    (_update_with(_max, lambda m, new: new - m, "new"), "running sum s"),                     # rescaled the wrong way
+    (_update_with(_max, lambda m, new: m - new, "old"), "running sum s"),                     # tile shifted by old m
+    (lambda m, s, t: _good_update(m, s, t)[::-1], "running max m"),                           # (s, m) returned
+    (lambda m, s, t: _good_update(m.float(), s.float(), t.float()), "float32's precision"),   # m and s in float32
+])
+def test_update_checker_names_more_wrong_rules(update, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_online_update(update)
+
+
+def test_an_unstable_exp_is_named_on_the_first_case_whatever_the_draw(monkeypatch):
+    """Each even row holds a value >= OFFSET: drawn all below 88.7, where exp overflows float32, a 1x1 case
+    passed the unstable kernel (about 1 run in 200) and a later case named the deep row's fault instead."""
+    randn = checks.check.randn
+
+    def low_draw(shape, dtype=torch.float32, **kw):
+        if kw.get("offset") == checks.OFFSET:
+            kw.update(offset=80.0, scale=1.0, outliers=0.0)
+        return randn(shape, dtype, **kw)
+    monkeypatch.setattr(checks.check, "randn", low_draw)
+    with pytest.raises(check.CheckFailure, match=r"\(float32, 1 rows x 1 cols\).*got nan"):
+        checks.check_row_kernel(_unstable_exp)

@@ -391,3 +391,130 @@ def test_make_graphed_capturing_on_the_callers_example_is_refused():
         return run
     with pytest.raises(CheckFailure, match="overwrote example_x.*example_x.clone"):
         check_graphed(make_graphed)
+
+
+# --- more usual mistakes, each named ---------------------------------------------------------------
+
+def in_milliseconds(fn, warmup, reps, sync, clock):
+    return good(fn, warmup, reps, sync, clock) * 1e-3
+
+
+def divided_by_all_calls(fn, warmup, reps, sync, clock):
+    return good(fn, warmup, reps, sync, clock) * reps / (warmup + reps)
+
+
+def clock_around_each_call(fn, warmup, reps, sync, clock):
+    for _ in range(warmup):
+        fn()
+    sync()
+    total = 0.0
+    for _ in range(reps):
+        t0 = clock()
+        fn()
+        total += clock() - t0
+    sync()
+    clock()
+    return total / reps * 1e6
+
+
+def clock_before_the_warmup(fn, warmup, reps, sync, clock):
+    t0 = clock()
+    for _ in range(warmup):
+        fn()
+    sync()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (clock() - t0) / reps * 1e6
+
+
+def one_warmup_call(fn, warmup, reps, sync, clock):
+    fn()
+    sync()
+    t0 = clock()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (clock() - t0) / reps * 1e6
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (in_milliseconds, "right time in milliseconds"),
+    (divided_by_all_calls, "divided by warmup . reps"),
+    (clock_around_each_call, "clock inside the timed loop"),
+    (clock_before_the_warmup, "before you started the clock"),
+    (one_warmup_call, "should call it warmup . reps"),
+])
+def test_time_call_more_wrong_answers_fail_and_say_why(wrong, says):
+    with pytest.raises(CheckFailure, match=says):
+        check_time_call(wrong)
+
+
+def test_time_call_fixed_counts_are_named_when_the_draw_sums_to_110(monkeypatch):
+    """warmup + reps drawn as 6 + 104 = 110 (about 1 draw in 120): fixed counts of 10 and 100 call fn
+    110 times too, and were named '100 call(s) ran between your two clock readings' instead."""
+    import random
+
+    class Draw(random.Random):
+        def randint(self, a, b):
+            return {(3, 8): 6, (80, 200): 104}.get((a, b)) or super().randint(a, b)
+    monkeypatch.setattr(timing.random, "Random", Draw)
+    check_time_call(good)
+    test_time_call_with_the_default_counts_fixed_is_named()
+
+
+def _graphed_variant(run_body):
+    def make(fn, example_x):
+        static_x = example_x.clone()
+        fn(static_x)
+        g = CUDAGraph()
+        with graph(g):
+            static_out = fn(static_x)
+        return lambda x: run_body(x, static_x, g, static_out)
+    return make
+
+
+def _replay_then_copy(x, static_x, g, static_out):
+    if x.shape != static_x.shape or x.dtype != static_x.dtype:
+        raise ValueError("new shape")
+    g.replay()
+    static_x.copy_(x)
+    return static_out.clone()
+
+
+def _assert_shape(x, static_x, g, static_out):
+    assert x.shape == static_x.shape and x.dtype == static_x.dtype
+    static_x.copy_(x)
+    g.replay()
+    return static_out.clone()
+
+
+def _result_into_x(x, static_x, g, static_out):
+    if x.shape != static_x.shape or x.dtype != static_x.dtype:
+        raise ValueError("new shape")
+    static_x.copy_(x)
+    g.replay()
+    return x.copy_(static_out)
+
+
+def _recapture_each_call(fn, example_x):
+    def run(x):
+        if x.shape != example_x.shape or x.dtype != example_x.dtype:
+            raise ValueError("new shape")
+        static_x, g = x.clone(), CUDAGraph()
+        with graph(g):
+            out = fn(static_x)
+        g.replay()
+        return out.clone()
+    return run
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (_graphed_variant(_replay_then_copy), "result for the example input"),
+    (_graphed_variant(_assert_shape), "must raise ValueError.*AssertionError"),
+    (_graphed_variant(_result_into_x), "run.x. changed x"),
+    (_recapture_each_call, "one by one"),
+])
+def test_make_graphed_more_wrong_answers_fail_and_say_why(wrong, says):
+    with pytest.raises(CheckFailure, match=says):
+        check_graphed(wrong)

@@ -76,6 +76,18 @@ def _bgd(m, n, b):
      "one byte per element, not one bit"),
     (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0] + m * n, _bgd(m, n, b)[1]),
      "does not read it back"),
+    (CT.check_chain_bytes, lambda k, n, b: (k * n * b, _chain(k, n, b)[1]), "each op also writes its output"),
+    (CT.check_chain_bytes, lambda k, n, b: (2 * k * n, 2 * n), "multiply by itemsize"),
+    (CT.check_chain_bytes, lambda k, n, b: (2 * (k + 1) * n * b, _chain(k, n, b)[1]), "launches n kernels"),
+    (CT.check_chain_bytes, lambda k, n, b: (_chain(k, n, b)[0], n * b), "still writes its result once"),
+    (CT.check_softmax_bytes, lambda m, n, b: (8 * m * n + 4 * m, 2 * m * n), "counts elements"),
+    (CT.check_softmax_bytes, lambda m, n, b: (10 * m * n * b, 2 * m * n * b), "five ops, five kernels"),
+    (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0] - m * n, _bgd(m, n, b)[1]),
+     "also writes a keep-mask"),
+    (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0] + m * n * (b - 1), _bgd(m, n, b)[1]),
+     "the mask is torch.bool"),
+    (CT.check_bias_gelu_dropout_bytes, lambda m, n, b: (_bgd(m, n, b)[0], _bgd(m, n, b)[1] + m * n),
+     "regenerates the mask"),
 ])
 def test_byte_counts_name_the_usual_mistakes(check, wrong, words):
     with pytest.raises(CheckFailure, match=words):
@@ -93,25 +105,32 @@ def _kt(nbytes, flops, bw, peak, launch):
     (lambda B, F, bw, pk, L: _kt(B, F, bw, pk, 0) + L * 1e-3, "already in microseconds"),
     (lambda B, F, bw, pk, L: _kt(2 * B, F, bw, pk, L), "already counts every read and write"),
     (lambda *a: round(_kt(*a)), "rounded to a whole microsecond"),
+    (lambda B, F, bw, pk, L: B / (bw * 1e9) * 1e6 + F / (pk * 1e12) * 1e6 + L, "not their sum"),
+    (lambda B, F, bw, pk, L: _kt(B, F, bw, pk, 0), "add the launch overhead"),
+    (lambda *a: _kt(*a) * 1e-6, "not seconds"),
+    (lambda B, F, bw, pk, L: min(B / (bw * 1e9), F / (pk * 1e12)) * 1e6 + L, "larger of the two times"),
+    # on a compute-bound kernel this is the time in nanoseconds too: named "not nanoseconds" before
+    (lambda B, F, bw, pk, L: max(B / (bw * 1e9), F / (pk * 1e9)) * 1e6 + L, "TFLOP/s means 1e12 FLOP per second"),
 ])
 def test_kernel_time_names_the_usual_mistakes(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         CT.check_kernel_time(wrong)
 
 
-def _speedup(*, launch=True, peak_dtype=None, nbytes=lambda k: k.total_bytes, add=False, merged=False):
+def _speedup(*, launch=True, peak_dtype=None, nbytes=lambda k: k.total_bytes, add=False, merged=False,
+             one_launch=False):
     def fusion_speedup(comparison, gpu, dtype):
         spec = hardware.lookup(gpu)
         peak, lat = spec.peak_tflops(peak_dtype or dtype), T.LAUNCH_OVERHEAD_US if launch else 0.0
 
         def one(b, f):
             mem, comp = b / (spec.hbm_gbps * 1e9) * 1e6, f / (peak * 1e12) * 1e6
-            return (mem + comp if add else max(mem, comp)) + lat
+            return (mem + comp if add else max(mem, comp)) + (0.0 if one_launch else lat)
 
         def total(t):
             if merged:
                 return one(sum(nbytes(k) for k in t.kernels), sum(k.flops for k in t.kernels))
-            return sum(one(nbytes(k), k.flops) for k in t.kernels)
+            return sum(one(nbytes(k), k.flops) for k in t.kernels) + (lat if one_launch else 0.0)
         return total(comparison.unfused) / total(comparison.fused)
     return fusion_speedup
 
@@ -126,6 +145,9 @@ def test_the_speedup_helper_of_these_tests_is_right(capsys):
     (_speedup(nbytes=lambda k: k.read_bytes), "its reads and its writes"),
     (_speedup(add=True), "max, not their sum"),
     (_speedup(merged=True), "time each kernel on its own"),
+    # without launches a memory-bound fusion's speedup is its traffic ratio: named "the traffic ratio alone" before
+    (_speedup(launch=False), "add each kernel's launch overhead"),
+    (_speedup(one_launch=True), "once per kernel, not once per version"),
 ])
 def test_fusion_speedup_names_the_usual_mistakes(wrong, words):
     with pytest.raises(CheckFailure, match=words):

@@ -69,6 +69,10 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
         hit = cols == target
         if FAULT == "offsets not cols":
             hit = offsets == target
+        if FAULT == "target - 1":   # 1-based thinking
+            hit = cols == target - 1
+        if FAULT == "target + 1":
+            hit = cols == target + 1
         onehot = tl.where(hit, 1.0, 0.0)
         if FAULT == "no onehot":
             onehot = onehot * 0.0
@@ -107,6 +111,8 @@ def test_right_kernel_passes(variant, capsys):
     ("plus onehot", "added instead of subtracted"),
     ("onehot after the scale", "one-hot subtracted after the scaling"),
     ("offsets not cols", "only in the first tile"),
+    ("target - 1", r"one-hot at target - 1"),
+    ("target + 1", r"one-hot at target \+ 1"),
     ("max not lse", "not normalized by lse"),
     ("no dloss", "missing the factor dloss"),
     ("no inv_n_rows", "missing the factor inv_n_rows"),

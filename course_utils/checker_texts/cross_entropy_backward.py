@@ -16,6 +16,10 @@ FAULTS = {  # the first that matches names the fault: a kernel that ignores the 
     "no one-hot": "the target's column: dlogits[target] = p[target] - 1; subtract 1 where cols == target",
     "target column found only in the first tile": "the target is compared with the lanes of the tile, not with "
         "the column index: use cols = start + offsets, and cols == target",
+    "the one-hot at target - 1": "the 1 is subtracted one column before the target's: targets are 0-based "
+        "column indices, so compare cols == target",
+    "the one-hot at target + 1": "the 1 is subtracted one column after the target's: targets are 0-based "
+        "column indices, so compare cols == target",
     "not normalized by lse": "the softmax needs the row's logsumexp: p = exp(x - lse) with the saved lse, "
         "not exp(x - max of the row)",
     "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "

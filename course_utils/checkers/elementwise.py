@@ -44,8 +44,9 @@ def _takes_out(fn: Callable) -> bool:
         return False
 
 
-def _call(case: str, fn: Callable, *args, out=None, inputs=()):
-    """Call the student's function; with ``inputs``, fail on any load outside them (interpreter)."""
+def _call(case: str, fn: Callable, *args, out=None, inputs=(), bias=None):
+    """Call the student's function; with ``inputs``, fail on any load outside them (interpreter); with
+    ``bias`` (one of the inputs, one value per column of the first), name a read past its end first."""
     try:
         with check.track_loads() as loads:
             got = fn(*args, out=out) if out is not None else fn(*args)
@@ -54,8 +55,30 @@ def _call(case: str, fn: Callable, *args, out=None, inputs=()):
     except Exception as e:  # the student's code crashed: say where
         raise CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
     if inputs:
+        if bias is not None:
+            _check_bias_loads(case, loads, list(inputs), bias)
         check.check_loads_inside(case, loads, list(inputs))
     return got
+
+
+def _check_bias_loads(case: str, loads, inputs: list, bias: torch.Tensor) -> None:
+    """A bias indexed like x (by the flat offset, or by the row) reads past its n_cols values, with its load
+    masked: name the index, not a missing mask."""
+    from .loads import span
+
+    addr = loads.flat()
+    if addr.size == 0:
+        return
+    lo, hi = span(bias)
+    reach = lo + inputs[0].numel() * bias.element_size()
+    past = (addr >= hi) & (addr < reach)
+    for t in inputs:
+        t_lo, t_hi = span(t)
+        past &= ~((addr >= t_lo) & (addr < t_hi))
+    if past.any():
+        raise CheckFailure(f"{case}: your kernel loaded {int(past.sum())} element(s) past the end of bias, which "
+                           f"holds one value per column ({bias.numel()} here): index it by the column, "
+                           "cols = offsets % n_cols, not by the flat offset or the row.")
 
 
 def _dname(dtype) -> str:
@@ -148,12 +171,18 @@ def check_gelu(gelu: Callable) -> None:
     """
     _refuse_course("fused GELU", gelu)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):  # the verdict waits for the rounding check below
-        check.check_elementwise(
-            "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0, launches=1,
-            hint="load with the mask, compute in float32 (x.to(tl.float32)), store with the mask; either "
-                 "x / (1 + tl.exp(-2 * a)) (clamp a first, or exp overflows to inf and x / inf = 0 is still "
-                 "right) or tanh built from tl.exp(-2 * |a|), whose argument is never positive.")
+    try:
+        with contextlib.redirect_stdout(printed):  # the verdict waits for the rounding check below
+            check.check_elementwise(
+                "fused GELU", gelu, lambda x: ew.gelu_ref(x, "tanh"), outliers=0.02, outlier_scale=120.0,
+                launches=1,
+                hint="load with the mask, compute in float32 (x.to(tl.float32)), store with the mask; either "
+                     "x / (1 + tl.exp(-2 * a)) (clamp a first, or exp overflows to inf and x / inf = 0 is still "
+                     "right) or tanh built from tl.exp(-2 * |a|), whose argument is never positive.")
+    except CheckFailure as e:
+        if "differ" in str(e):
+            _name_gelu_fault(gelu)
+        raise
     # 16-bit outputs rounded once: the per-dtype tolerance above (2e-3 in fp16) lets a kernel that rounds an
     # intermediate to the input dtype through; x spread over [-9, 9], where GELU bends
     for dtype in env.supported_dtypes():
@@ -164,6 +193,31 @@ def check_gelu(gelu: Callable) -> None:
         got = _call(f"fused GELU ({_dname(dtype)}, n={n})", gelu, x)
         _check_rounded_once(f"fused GELU ({_dname(dtype)}, n={n})", got, ew.gelu_ref(x.double(), "tanh"), dtype)
     print(printed.getvalue(), end="")
+
+
+def _name_gelu_fault(gelu: Callable) -> None:
+    """When GELU's values differ: if they are another usual formula's, on x spread over [-9, 9], say which."""
+    n = 4099
+    x = check.randn((n,), torch.float32, scale=3.0)
+    got = _call(f"fused GELU (float32, n={n})", gelu, x)
+    if not isinstance(got, torch.Tensor) or got.numel() != n:
+        return
+    g, x64 = got.detach().to("cpu", torch.float64).flatten(), x.to("cpu", torch.float64)
+    a = 0.7978845608028654 * (x64 + 0.044715 * x64**3)
+    right = ew.gelu_ref(x64, "tanh")
+    wrong = {
+        "that is the exact GELU, x * Phi(x) with erf: the exercise asks for the tanh approximation, "
+        "0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))": torch.nn.functional.gelu(x64),
+        "that is half of GELU: the sigmoid form x * sigmoid(2a) has no factor 0.5 (the tanh form "
+        "0.5 x (1 + tanh(a)) has one)": 0.5 * right,
+        "that is x * sigmoid(a): tanh(a) = 2 sigmoid(2a) - 1, so GELU = x * sigmoid(2a)": x64 * torch.sigmoid(a),
+        "the cubic term is 0.044715 x^3, not x^2":
+            0.5 * x64 * (1 + torch.tanh(0.7978845608028654 * (x64 + 0.044715 * x64**2))),
+    }
+    atol, rtol = check.tolerance(torch.float32)
+    for fault, w in wrong.items():
+        if torch.allclose(g, w, atol=atol, rtol=rtol):
+            raise CheckFailure(f"fused GELU (float32, n={n}): your values are not the tanh GELU's: {fault}.")
 
 
 def _chain_shapes():
@@ -178,6 +232,34 @@ def _check_no_input_change(case, xs, befores):
             raise CheckFailure(f"{case}: your function changed its input; it must only write the output")
 
 
+def _name_chain_fault(case, got, x64, b64, scale, dtype) -> None:
+    """If ``got`` is not gelu(x + bias) * scale but one of the usual wrong orders, say which."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(x64.shape):
+        return
+    g = got.detach().to("cpu", torch.float64)
+    x64, b64 = x64.cpu(), b64.cpu()
+
+    def gelu(v):
+        return ew.gelu_ref(v, "tanh")
+    right = gelu(x64 + b64) * scale
+    atol, rtol = check.tolerance(dtype)
+    if torch.allclose(g, right, atol=atol, rtol=rtol, equal_nan=False):
+        return
+    rows = torch.arange(x64.numel()).reshape(x64.shape) // x64.shape[-1]
+    wrong = {
+        "the bias is added after the GELU: gelu(x + bias), the bias goes inside": (gelu(x64) + b64) * scale,
+        "the scale is missing: multiply gelu(x + bias) by scale": gelu(x64 + b64),
+        "the scale is applied before the GELU: gelu(x + bias) * scale, not gelu((x + bias) * scale)":
+            gelu((x64 + b64) * scale),
+        "you divided by scale: multiply by it": gelu(x64 + b64) / scale,
+        "the bias is indexed by the row: it holds one value per column, cols = offsets % n_cols":
+            gelu(x64 + b64[rows % b64.numel()]) * scale,
+    }
+    for fault, w in wrong.items():
+        if not torch.allclose(w, right, atol=atol, rtol=rtol) and torch.allclose(g, w, atol=atol, rtol=rtol):
+            raise CheckFailure(f"{case}: your result is not gelu(x + bias) * scale: {fault}.")
+
+
 def check_bias_gelu_scale(fn: Callable) -> None:
     """``fn(x, bias, scale[, out])`` = gelu(x + bias) * scale, bias one value per column, one launch."""
     _refuse_course("bias + GELU + scale", fn)
@@ -188,15 +270,17 @@ def check_bias_gelu_scale(fn: Callable) -> None:
             case = f"bias + GELU + scale ({_dname(dtype)}, shape={shape})"
             x = check.guarded_copy(check.randn(shape, dtype, outliers=0.02))
             b = check.guarded_copy(check.randn((shape[-1],), dtype))
-            scale = rng.choice([-1, 1]) * rng.uniform(0.2, 3.0)
+            # |scale| kept away from 1, where a missing scale or a division by it would pass unseen
+            scale = rng.choice([-1, 1]) * rng.choice([rng.uniform(0.2, 0.8), rng.uniform(1.25, 3.0)])
             before = [x.tensor.clone(), b.tensor.clone()]
             out = check.Guarded(shape, dtype) if with_out else None
             got = _call(case, fn, x.tensor, b.tensor, scale, out=out.tensor if out else None,
-                        inputs=(x.tensor, b.tensor))
+                        inputs=(x.tensor, b.tensor), bias=b.tensor)
             if with_out:
                 got = out.tensor if got is None else got
                 out.check(case)
             expected = ew.bias_gelu_scale_ref(before[0].double(), before[1].double(), scale)
+            _name_chain_fault(case, got, before[0].double(), before[1].double(), scale, dtype)
             check.compare(case, got, expected,
                           hint="bias is indexed by column: cols = offsets % n_cols; add it before the GELU, "
                                "multiply by scale after it, all in float32.")
@@ -211,7 +295,7 @@ def check_bias_gelu_scale(fn: Callable) -> None:
 
 def _dropout_case(fn, case, x, b, p, seed, with_out):
     out = check.Guarded(x.shape, x.dtype) if with_out else None
-    got = _call(case, fn, x, b, p, seed, out=out.tensor if out else None, inputs=(x, b))
+    got = _call(case, fn, x, b, p, seed, out=out.tensor if out else None, inputs=(x, b), bias=b)
     if with_out:
         got = out.tensor if got is None else got
         out.check(case)
@@ -286,6 +370,11 @@ def check_bias_gelu_dropout(fn: Callable) -> None:
                 hint = ""
                 if math.isclose(gv, rv, rel_tol=rtol, abs_tol=atol):
                     hint = " You kept it unscaled: kept elements must be divided by (1 - p)."
+                elif math.isclose(gv, rv / p, rel_tol=rtol, abs_tol=atol):
+                    hint = (" You divided it by p: divide the kept elements by 1 - p, the probability of keeping "
+                            "one, so the expected value is unchanged.")
+                elif math.isclose(gv, rv * (1 - p), rel_tol=rtol, abs_tol=atol):
+                    hint = " You multiplied it by (1 - p): divide the kept elements by (1 - p) instead."
                 raise CheckFailure(f"{case}: element {i} is {gv:.6g}; it must be 0 (dropped) or "
                                    f"gelu(x + bias) / (1 - p) = {kvv:.6g} (kept).{hint}")
             if dtype != torch.float32:  # the kept elements rounded once (the dropped ones are 0 exactly)

@@ -113,6 +113,9 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                                    outlier_scale=OUTLIER)
             # Odd rows sit around -5 instead: there a padding of 0 instead of -inf would win the max.
             x[1::2] -= OFFSET + 5.0
+            # Every even row holds a value >= OFFSET, so exp without the max overflows float32 whatever the draw
+            # (a 1x1 case drawn below 88.7, exp's limit, once passed an unstable kernel to a later case's hint).
+            x[0::2, -1] = x[0::2, -1].clamp(min=OFFSET)
             deep = n_rows - 1 if n_rows >= 2 else None
             if deep is not None:  # all far below 0, no outliers: log-probabilities, scores after a mask
                 x[deep] = check.randn((n_cols,), torch.float32, scale=3.0, offset=DEEP).to(dtype)
@@ -162,7 +165,20 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                         f"reads it {passes} times: one loop keeps the running max and sum together "
                         "(rescaling the sum when the max grows), a second one writes. Separate max and sum "
                         "loops are the three-pass softmax this chapter replaces.")
+            ref = _ref(before)
+            undivided = torch.exp(before.double() - before.double().amax(-1, keepdim=True))
+            atol_d, rtol_d = check.tolerance(dtype)
+            if not torch.allclose(undivided, ref, atol=atol_d, rtol=rtol_d) and \
+                    torch.allclose(y.double(), undivided, atol=atol_d, rtol=rtol_d):
+                raise check.CheckFailure(f"{case}: your kernel wrote exp(x - max) without dividing it by the row's "
+                                         "sum of exp(x - max): softmax is exp(x - m) / s.")
             if deep is not None:
+                # The other rows first, with the exercise's hint: a fault every row shows (a running sum not
+                # rescaled) is named for what it is, not by the deep row's hint on the draws where it shows there
+                # first. A fault only the deep row shows (a max started at 0) still gets the deep row's hint.
+                y_other = y.clone()
+                y_other[deep] = ref[deep].to(dtype)
+                check.compare(case, y_other, ref, dtype=dtype, hint=hint)
                 deep_hint = (f"every value of row {deep} is near {DEEP:g}, so exp(x) underflows to 0 there: only the "
                              "row's own max, subtracted before tl.exp, keeps the sum positive. A max that starts at 0 "
                              "instead of -inf (m = 0.0 before the loop), a padding of 0 that wins the max, or no max "
@@ -245,9 +261,10 @@ def check_online_update(update, name: str = "online softmax update") -> None:
     for rows, cols, tile in cases:
         x = check.randn((rows, cols), torch.float64, device="cpu", scale=5.0, offset=OFFSET * 5, outliers=0.05,
                         outlier_scale=OUTLIER, gen=gen)
-        if cols > tile:  # a row whose first tile is all -inf, and one whose max sits in the last tile
+        if cols > tile:  # a row whose first tile is all -inf, one whose max sits in the last tile, one in the first
             x[0, :tile] = float("-inf")
             x[1, -1] = x[1].max() + 50.0
+            x[2, 0] = x[2].max() + 50.0   # a max only the running m remembers: a tile's own max alone is wrong
         case = f"{name} ({rows} rows x {cols} cols, tiles of {tile})"
         m = torch.full((rows,), float("-inf"), dtype=torch.float64)
         s = torch.zeros(rows, dtype=torch.float64)
@@ -269,6 +286,12 @@ def check_online_update(update, name: str = "online softmax update") -> None:
         m_ref, s_ref = _stats_ref(x)
         hint = ("m_new = max(m, tile.amax(-1)); s_new = s * exp(m - m_new) + exp(tile - m_new).sum(-1). "
                 "While a row has seen only -inf, m_new is -inf and exp(-inf - -inf) is NaN: keep s = 0 there.")
+        f64 = torch.allclose(m, m_ref, atol=1e-10, rtol=1e-10) and torch.allclose(s, s_ref, atol=1e-10, rtol=1e-9)
+        f32 = torch.allclose(m, m_ref, atol=1e-5, rtol=1e-5) and torch.allclose(s, s_ref, atol=1e-5, rtol=1e-5)
+        if f32 and not f64:  # right to float32's 7 digits only: m matches or not depending on the draw, s rarely
+            raise check.CheckFailure(f"{case}: m and s are right to about 7 digits only, float32's precision: "
+                                     "compute in the dtype of m, s and tile (float64 here), with no .float() "
+                                     "or float32 tensor on the way.")
         check.compare(f"{case}: running max m", m, m_ref, dtype=torch.float64, hint=hint)
         check.compare(f"{case}: running sum s", s, s_ref, dtype=torch.float64, rtol=1e-9, hint=hint)
         y = torch.exp(x - m[:, None]) / s[:, None]

@@ -84,14 +84,17 @@ def _diagnose(trace: list[str], warmup: int, reps: int) -> str | None:
         return (f"your timer read the clock you were given {len(clocks)} time(s); read it once before "
                 "the timed calls and once after (use the clock argument, not time.perf_counter: the "
                 "checker's clock is the only one that sees its pretend device)")
-    if len(calls) != warmup + reps:
-        defaults = (" (10 + 100, the defaults: loop over the warmup and reps you were given, not fixed "
-                    "numbers)") if len(calls) == 110 else ""
-        return (f"your timer called fn {len(calls)} times{defaults}; with warmup={warmup} and reps={reps} it "
-                f"should call it warmup + reps = {warmup + reps} times")
     c0, c1 = clocks[0], clocks[-1]
     before = [i for i in calls if i < c0]
     timed = [i for i in calls if c0 < i < c1]
+    # 10 calls before the clock and 100 between its readings are the defaults, whatever the total: a warmup + reps
+    # drawn to sum to 110 (6 + 104) must not turn a timer with fixed counts into "100 calls timed, expected 104"
+    fixed = (len(before), len(timed)) == (10, 100) and (warmup, reps) != (10, 100)
+    if len(calls) != warmup + reps or fixed:
+        defaults = (" (10 + 100, the defaults: loop over the warmup and reps you were given, not fixed "
+                    "numbers)") if (len(before), len(timed)) == (10, 100) else ""
+        return (f"your timer called fn {len(calls)} times{defaults}; with warmup={warmup} and reps={reps} it "
+                f"should call it warmup + reps = {warmup + reps} times")
     if len(before) < warmup:
         return (f"only {len(before)} call(s) ran before you started the clock, expected the {warmup} "
                 "warm-up calls: the first call compiles and initializes, and must not be timed")
@@ -107,6 +110,10 @@ def _diagnose(trace: list[str], warmup: int, reps: int) -> str | None:
         return ("you synchronized inside the timed loop: each call then waits for the previous one, "
                 "so you measure launch + work one after the other instead of calls back to back; "
                 "sync once after the loop")
+    if "clock" in trace[timed[0]:timed[-1]]:
+        return ("you read the clock inside the timed loop: a launch returns before its work is done, so the "
+                "time around one call is its launch alone; read the clock once before the loop and once "
+                "after the final sync")
     return None
 
 
@@ -152,6 +159,9 @@ def check_time_call(time_call) -> None:
                     hint = f" That is the right time in {unit}: return microseconds (multiply accordingly)."
             if not hint and abs(got - expected * reps) <= 0.02 * expected * reps:
                 hint = " That is the time of all reps together: divide by reps."
+            if not hint and abs(got - expected * reps / (warmup + reps)) <= 0.02 * expected:
+                hint = (" That is the timed calls' time divided by warmup + reps: only the reps calls ran "
+                        "between the clock readings, so divide by reps.")
             raise CheckFailure(f"{case}: you returned {got:.4g} us per call, the pretend device took "
                                f"{expected:.4g} us per call.{hint}")
     verdict("time_call", "warm-up, synchronization and per-call time right on 3 pretend devices "
@@ -203,7 +213,9 @@ def check_graphed(make_graphed) -> None:
     x1_before = x1.clone()
     r1 = call(x1, "x")
     require(isinstance(r1, torch.Tensor), f"{name}: run(x) must return a tensor, got {type(r1).__name__}")
-    want1, want_example = fn(x1), fn(example_before)
+    require(torch.equal(x1, x1_before), f"{name}: run(x) changed x; it must only read it (copy x into the "
+            "captured input, and return a copy of the captured output, not x overwritten)")
+    want1, want_example = fn(x1_before), fn(example_before)
     if tuple(r1.shape) == tuple(want1.shape):
         if bool(r1.isnan().all()):
             raise CheckFailure(f"{name}: run(x) returned the output as capture left it (garbage, NaN "
@@ -215,7 +227,6 @@ def check_graphed(make_graphed) -> None:
                                "it (static_x.copy_(x)) before g.replay()")
     check.compare(f"{name}: run(x) against eager fn(x)", r1, want1,
                   hint="copy x into the captured input, replay, return the captured output")
-    require(torch.equal(x1, x1_before), f"{name}: run(x) changed x; it must only read it")
     require(torch.equal(example, example_before), f"{name}: run(x) overwrote example_x, the caller's tensor: "
             "capture on your own copy (static_x = example_x.clone()) and copy each new x into that copy")
     r2 = call(x2, "a second x")

@@ -211,6 +211,7 @@ def check_kernel_time(fn: Callable) -> None:
     for _ in range(6):
         cases.append((rng.randrange(1, 10**10), rng.choice([0, rng.randrange(1, 10**13)]),
                       rng.choice([320, 2039, 3350, 4800]), rng.choice([65, 312, 989]), rng.choice([0, 5, 10])))
+    failed = []   # (args, got, expected, the hints whose mistake gives got)
     for args in cases:
         nbytes, flops, bw, peak, launch = args
         got = _call(what, fn, *args)
@@ -220,7 +221,7 @@ def check_kernel_time(fn: Callable) -> None:
         if math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9):
             continue
         mem, comp = nbytes / (bw * 1e9) * 1e6, flops / (peak * 1e12) * 1e6
-        hint = _diagnose_float(got, {
+        hints = _matching(got, {
             "memory and compute overlap: take max(bytes / bandwidth, flops / peak), not their sum":
                 mem + comp + launch,
             "add the launch overhead (launch_us) once per kernel": max(mem, comp),
@@ -231,22 +232,27 @@ def check_kernel_time(fn: Callable) -> None:
             "return microseconds, not milliseconds": (max(mem, comp) + launch) * 1e-3,
             "return microseconds, not nanoseconds": (max(mem, comp) + launch) * 1e3,
             "GB/s means 1e9 bytes per second, not 2**30": max(nbytes / (bw * 2**30) * 1e6, comp) + launch,
+            "TFLOP/s means 1e12 FLOP per second, not 1e9": max(mem, flops / (peak * 1e9) * 1e6) + launch,
             "launch_us is already in microseconds: add it as it is": max(mem, comp) + launch * 1e-3,
             "nbytes already counts every read and write: divide it by the bandwidth once, do not double it":
                 max(2 * mem, comp) + launch,
         })
-        if not hint and got == round(expected):
-            hint = "that is the time rounded to a whole microsecond: return it unrounded"
+        if got == round(expected):
+            hints.append("that is the time rounded to a whole microsecond: return it unrounded")
+        failed.append((args, got, expected, hints))
+    if failed:
+        # On one kernel two mistakes can give the same number (a compute-bound kernel read in nanoseconds, or with
+        # TFLOP/s taken as 1e9 FLOP/s): name the mistake that explains every kernel the answer got wrong.
+        args, got, expected, hints = failed[0]
+        common = [h for h in hints if all(h in f[3] for f in failed)]
         raise CheckFailure(f"{what}{args}: got {got:.6g} us, expected {expected:.6g} us."
-                           + (f"\nHint: {hint}" if hint else ""))
+                           + (f"\nHint: {common[0]}" if common else ""))
     verdict(what, f"matches max(bytes / bandwidth, flops / peak) + launch on {len(cases)} kernels")
 
 
-def _diagnose_float(got: float, mistakes: dict[str, float]) -> str:
-    for hint, wrong in mistakes.items():
-        if math.isclose(got, wrong, rel_tol=1e-6, abs_tol=1e-12):
-            return hint
-    return ""
+def _matching(got: float, mistakes: dict[str, float]) -> list[str]:
+    """The hints whose wrong value is ``got``, in the order given."""
+    return [hint for hint, wrong in mistakes.items() if math.isclose(got, wrong, rel_tol=1e-6, abs_tol=1e-12)]
 
 
 #: The fusions a student judges in exercise 2.5: name -> comparison.
@@ -268,7 +274,8 @@ def reference_speedup(comparison: T.Comparison, gpu: str, dtype: str = "bfloat16
 
 
 def _model_speedup(comp: T.Comparison, gpu: str, dtype: str, *, launch: bool = True, peak_dtype: str | None = None,
-                   reads_only: bool = False, add: bool = False, merged: bool = False) -> float:
+                   reads_only: bool = False, add: bool = False, merged: bool = False,
+                   one_launch: bool = False) -> float:
     """Exercise 2.5's speedup computed with one of the usual mistakes (see SPEEDUP_FAULTS)."""
     from .. import hardware
     spec = hardware.lookup(gpu)
@@ -276,11 +283,12 @@ def _model_speedup(comp: T.Comparison, gpu: str, dtype: str, *, launch: bool = T
 
     def one(nbytes, flops):
         mem, compute = nbytes / (spec.hbm_gbps * 1e9) * 1e6, flops / (peak * 1e12) * 1e6
-        return (mem + compute if add else max(mem, compute)) + lat
+        return (mem + compute if add else max(mem, compute)) + (0.0 if one_launch else lat)
 
     def total(t):
         ks = [(k.read_bytes if reads_only else k.total_bytes, k.flops) for k in t.kernels]
-        return one(sum(b for b, _ in ks), sum(f for _, f in ks)) if merged else sum(one(b, f) for b, f in ks)
+        return (one(sum(b for b, _ in ks), sum(f for _, f in ks)) if merged else sum(one(b, f) for b, f in ks)) \
+            + (lat if one_launch else 0.0)
     return total(comp.unfused) / total(comp.fused)
 
 
@@ -294,6 +302,8 @@ SPEEDUP_FAULTS = {
         {"add": True},
     "time each kernel on its own and sum the times: every kernel pays its own launch and its own roofline; one "
     "time for all the bytes and FLOPs together is a single kernel's": {"merged": True},
+    "every kernel pays its own launch: add T.LAUNCH_OVERHEAD_US once per kernel, not once per version":
+        {"one_launch": True},
 }
 
 
@@ -303,6 +313,7 @@ def check_fusion_speedup(fn: Callable) -> None:
     refuse_answer_key("fusion_speedup", fn, _answers())
     what = "fusion_speedup"
     n = 0
+    failed = []   # (name, gpu, got, expected, the hints whose mistake gives got)
     for gpu, dtype in (("h100-sxm", "bfloat16"), ("t4", "float16")):
         for name, comp in candidate_fusions().items():
             got = _call(what, fn, comp, gpu, dtype)
@@ -312,15 +323,18 @@ def check_fusion_speedup(fn: Callable) -> None:
             n += 1
             if math.isclose(got, expected, rel_tol=1e-3):
                 continue
-            hint = ""
-            if math.isclose(got, comp.ratio, rel_tol=1e-3):
-                hint = ("that is the traffic ratio alone: time each kernel with your kernel_time_us (flops "
-                        "and launches count too) and divide the sums")
-            elif math.isclose(got, 1 / expected, rel_tol=1e-3):
-                hint = "speedup = unfused time / fused time, not the other way round"
-            else:
-                hint = next((h for h, kw in SPEEDUP_FAULTS.items()
-                             if math.isclose(got, _model_speedup(comp, gpu, dtype, **kw), rel_tol=1e-3)), "")
-            raise CheckFailure(f"{what}({name!r}, {gpu!r}): got {got:.4g}, expected {expected:.4g}."
-                               + (f"\nHint: {hint}" if hint else ""))
+            hints = [h for h, wrong in (
+                ("that is the traffic ratio alone: time each kernel with your kernel_time_us (flops and launches "
+                 "count too) and divide the sums", comp.ratio),
+                ("speedup = unfused time / fused time, not the other way round", 1 / expected),
+                *((h, _model_speedup(comp, gpu, dtype, **kw)) for h, kw in SPEEDUP_FAULTS.items()),
+            ) if math.isclose(got, wrong, rel_tol=1e-3)]
+            failed.append((name, gpu, got, expected, hints))
+    if failed:
+        # On a memory-bound fusion without launches the speedup is the traffic ratio: several mistakes can give
+        # one number. Name the mistake that explains every fusion the answer got wrong.
+        name, gpu, got, expected, hints = failed[0]
+        common = [h for h in hints if all(h in f[4] for f in failed)]
+        raise CheckFailure(f"{what}({name!r}, {gpu!r}): got {got:.4g}, expected {expected:.4g}."
+                           + (f"\nHint: {common[0]}" if common else ""))
     verdict(what, f"matches the time model on {n} fusion(s) on two GPUs")
