@@ -262,11 +262,13 @@ def _chain_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: t
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _chain_launcher(mode):
+def _chain_launcher(mode, kernel=None):
+    kernel = kernel or _chain_variant
+
     def chain(x, bias, scale, out=None):
         out = torch.empty_like(x) if out is None else out
         n = x.numel()
-        _chain_variant[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], scale, BLOCK_SIZE=BLOCK, MODE=mode)
+        kernel[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], scale, BLOCK_SIZE=BLOCK, MODE=mode)
         return out
     return chain
 
@@ -322,12 +324,13 @@ def _dropout_variant(x_ptr, b_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZ
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _dropout_launcher(mode):
+def _dropout_launcher(mode, kernel=None):
+    kernel = kernel or _dropout_variant
+
     def dropout(x, bias, p, seed, out=None):
         out = torch.empty_like(x) if out is None else out
         n = x.numel()
-        _dropout_variant[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], p, seed, BLOCK_SIZE=BLOCK,
-                                                   MODE=mode)
+        kernel[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], p, seed, BLOCK_SIZE=BLOCK, MODE=mode)
         return out
     return dropout
 
@@ -500,12 +503,7 @@ def _chain_more(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.c
 
 
 def _chain_more_launcher(mode):
-    def chain(x, bias, scale, out=None):
-        out = torch.empty_like(x) if out is None else out
-        n = x.numel()
-        _chain_more[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], scale, BLOCK_SIZE=BLOCK, MODE=mode)
-        return out
-    return chain
+    return _chain_launcher(mode, _chain_more)
 
 
 @pytest.mark.parametrize("mode, words", [(1, "past the end of bias" if not cu.on_gpu() else None),
@@ -544,12 +542,7 @@ def _dropout_more(x_ptr, b_ptr, y_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: 
 
 
 def _dropout_more_launcher(mode):
-    def dropout(x, bias, p, seed, out=None):
-        out = torch.empty_like(x) if out is None else out
-        n = x.numel()
-        _dropout_more[(triton.cdiv(n, BLOCK),)](x, bias, out, n, x.shape[-1], p, seed, BLOCK_SIZE=BLOCK, MODE=mode)
-        return out
-    return dropout
+    return _dropout_launcher(mode, _dropout_more)
 
 
 @pytest.mark.parametrize("mode, words", [(1, "divided it by p"), (2, "multiplied it by .1 - p."),
