@@ -462,8 +462,8 @@ def _gelu_more(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, MODE: tl.cons
         y = 0.5 * x / (1.0 + tl.exp(-2.0 * a))
     elif MODE == 2:  # x * sigmoid(a) instead of x * sigmoid(2a)
         y = x / (1.0 + tl.exp(-a))
-    else:
-        y = x / (1.0 + tl.exp(-2.0 * a))
+    else:   # exp in float32 (newer Tritons refuse it in fp16), rounded back to a's dtype
+        y = x / (1.0 + tl.exp((-2.0 * a).to(tl.float32)).to(a.dtype))
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
