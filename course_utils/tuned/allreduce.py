@@ -22,13 +22,9 @@ at 4 GPUs, and a two-shot all-reduce for large messages
    then an all-gather (every row read back from its owner) with the epilogue fused into the gather.
    At W = 2 both move the same bytes and the one-shot saves a barrier; at W = 4 the two-shot halves
    the bytes (traffic.links.all_reduce).
-   **Pushed, not pulled** (``"two-shot-push"``): the owner of a row stores its sum into every rank's
-   buffer, then signals; after the second barrier each rank finishes its rows from its own buffer. The
-   same bytes cross the links, but as stores, which the sender does not wait for, where the pulled
-   gather waits a link's round trip for every load (PyTorch's ``two_shot_all_reduce_`` pushes). No new
-   race: the rows a rank owns are read by that rank alone (before it pushes them, in program order),
-   and every other row of its buffer is written by its owner alone. It costs one more local read of
-   the sum (HBM, not links); whether it pays is for the benchmark to say.
+   ``"two-shot-push"`` (as PyTorch's ``two_shot_all_reduce_``): the owner stores each sum into every
+   rank's buffer (stores the sender need not wait for); after barrier 2 each rank reads its own. A row is
+   read and written by its owner alone, so no new race. Measured by the benchmark, not yet picked by auto.
 4. **No copy where the producer writes into the buffer.** ``ranks.staging(shape)`` is the part of this
    rank's buffer the next call publishes from; an x written there (``torch.matmul(..., out=)``) and
    passed with ``in_buffer=True`` saves the call its copy (2 x nbytes of HBM before the barrier).
@@ -143,11 +139,10 @@ def sum_all_ranks(addrs, offsets, mask, buf_offset, DTYPE: tl.constexpr, WORLD: 
 
 @triton.jit
 def store_all_ranks(addrs, offsets, mask, buf_offset, row, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    """One row stored into every rank's buffer in one (WORLD_P2, BLOCK_N) store: W stores in flight at once."""
-    lanes = tl.arange(0, WORLD_P2)
+    """One row stored into every rank's buffer in one (WORLD_P2, BLOCK_N) store."""
     bases = tl.multiple_of(addrs.to(tl.pointer_type(row.dtype)), 16) + buf_offset
     tl.store(bases[:, None] + offsets[None, :], tl.broadcast_to(row[None, :], (WORLD_P2, row.shape[0])),
-             mask=(lanes < WORLD)[:, None] & mask[None, :])
+             mask=(tl.arange(0, WORLD_P2) < WORLD)[:, None] & mask[None, :])
 
 
 @triton.jit
