@@ -109,15 +109,32 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
+MAX_WARMUP_CALLS = 100_000   # warmup_ms's cap on calls, for a callable that takes no time at all
+
+
+def _warm_for(fn, warmup_ms: float, device) -> None:
+    """Call ``fn`` for about ``warmup_ms`` milliseconds of device time (one call timed, then repeated)."""
+    start, end = device.Event(), device.Event()
+    start.record()
+    fn()
+    end.record()
+    device.synchronize()
+    per_call = max(start.elapsed_time(end), 1e-3)
+    for _ in range(min(math.ceil(warmup_ms / per_call), MAX_WARMUP_CALLS)):
+        fn()
+
+
 def time_ms(fn, *, warmup: int = 10, rep: int = 50, flush_l2: bool = True, cuda_graph: bool = False,
-            device=None, graph_calls: int = 20) -> Timing:
+            device=None, graph_calls: int = 20, warmup_ms: float = 0.0) -> Timing:
     """Time ``fn()`` on the GPU by the course's protocol and return a :class:`Timing`.
 
     ``cuda_graph=True`` captures ``graph_calls`` back-to-back calls of ``fn`` in one CUDA graph,
     times each replay and divides by ``graph_calls``: the host's launch overhead and the gap
     between an event and the kernel after it are gone, which is what a launch-bound size needs
     (say so when you report it; the calls inside one replay share L2). ``device`` is the real GPU
-    when None, or a stand-in with the same interface (``SimulatedGPU``).
+    when None, or a stand-in with the same interface (``SimulatedGPU``). ``warmup_ms``: after the
+    ``warmup`` calls, keep calling ``fn`` for about this long (a clock that follows the load settles in
+    tens of milliseconds, not in ten calls of a short kernel).
     """
     if not callable(fn):
         raise TypeError(f"time_ms needs a callable taking no arguments, got {type(fn).__name__}")
@@ -137,6 +154,8 @@ def time_ms(fn, *, warmup: int = 10, rep: int = 50, flush_l2: bool = True, cuda_
                              "A benchmark times working code: call it once by hand and fix it first.") from e
     for _ in range(warmup - 1):
         fn()
+    if warmup_ms > 0:
+        _warm_for(fn, warmup_ms, device)
     device.synchronize()
     calls = 1
     run = fn
@@ -182,7 +201,8 @@ def median_round(timings: Iterable[Timing]) -> Timing:
 
 
 def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None = None,
-                errors: dict | None = None, before_round: Callable | None = None, **time_kw) -> dict:
+                errors: dict | None = None, before_round: Callable | None = None, rotate: bool = False,
+                **time_kw) -> dict:
     """Time every implementation once per round for ``rounds`` rounds; keep each one's median round.
 
     ``impls`` maps a key (a name, or a tuple such as ``(impl, "graph")``) to the zero-argument
@@ -196,6 +216,9 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
     and left out of later rounds and of the result; when None, the exception propagates.
     ``before_round(i)``: called before round ``i`` (chapter 12's benchmark moves its threads to the fastest
     core of the moment there: a host's cores change speed over minutes).
+    ``rotate=True``: round ``i`` starts at the ``i``-th implementation (B, C, A in the second round), so no
+    one is always timed right after the same neighbour: a power-limited GPU runs a kernel faster just
+    after a lighter one.
     Returns ``{key: Timing}`` in the order of ``impls``.
     """
     if int(rounds) != rounds or rounds < 1:
@@ -210,10 +233,13 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
             raise TypeError(f"time_rounds: {key!r} must be a callable or (callable, timer), got {value!r}")
         plan[key] = (fn, own)
     runs: dict = {key: [] for key in plan}
+    order = list(plan)
     for i in range(int(rounds)):
         if before_round is not None:
             before_round(i)
-        for key, (fn, own) in plan.items():
+        shift = i % len(order) if rotate else 0
+        for key in order[shift:] + order[:shift]:
+            fn, own = plan[key]
             if key not in runs:
                 continue
             try:

@@ -40,6 +40,29 @@ def test_time_rounds_interleaves_and_keeps_the_median_round():
     assert tuple(got["a"].columns()) == bench.TIMING_COLUMNS == ("ms", "ms_p20", "ms_p80")
 
 
+def test_time_rounds_rotate_starts_each_round_one_further():
+    order = []
+    got = bench.time_rounds({k: (lambda k=k: k) for k in "abc"}, rounds=4, rotate=True,
+                            timer=lambda fn, **kw: order.append(fn()) or _fixed(1.0))
+    assert "".join(order) == "abc" + "bca" + "cab" + "abc"  # each one first, last and in the middle
+    assert list(got) == ["a", "b", "c"]  # the result keeps the caller's order
+
+
+def test_time_ms_warmup_ms_calls_for_that_long_on_the_device():
+    gpu = bench.SimulatedGPU(seed=3)
+    k = gpu.kernel(512 << 20)  # far above the launch's few microseconds and L2
+    calls = []
+    fn = lambda: (calls.append(1), k())  # noqa: E731
+    bench.time_ms(fn, warmup=2, rep=3, device=gpu)
+    plain = len(calls)
+    calls.clear()
+    bench.time_ms(fn, warmup=2, rep=3, device=gpu, warmup_ms=50 * gpu.true_ms(k))
+    assert 40 <= len(calls) - plain <= 60  # about 50 calls' worth more (one call timed, with its noise)
+    calls.clear()
+    bench.time_ms(lambda: calls.append(1), warmup=1, rep=1, device=gpu, warmup_ms=1.0)
+    assert len(calls) <= timing.MAX_WARMUP_CALLS + 3  # a callable that takes no device time is capped
+
+
 def test_time_rounds_calls_before_round_ahead_of_each_round():
     order = []
     got = bench.time_rounds({"a": lambda: None, "b": lambda: None}, rounds=2,

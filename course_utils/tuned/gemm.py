@@ -161,13 +161,16 @@ class TileConfig:
 # (results/h100-80gb-hbm3/gemm.csv) the launcher kept 128 x 256 x 64, 3 stages at every MLP shape,
 # where the matmul alone reached 0.95-1.01 of torch.mm and the epilogue (fused / matmul - 1) cost
 # another 6.4-14.2%, against -0.9 to +4.8% for cuBLASLt's (addmm_act / mm - 1). Decode (M <= 64) is
-# memory-bound: pointer tiles of 16 or 64 rows streamed W at 0.94-0.97 of torch.mm there.
+# memory-bound: pointer tiles of 16 or 64 rows streamed W at 0.94-0.97 of torch.mm there. The decode
+# sweep on an H200 (results/h200/gemm_decode_tiles.csv: 19 tiles at M <= 16, 14 at M = 64, CUDA graphs)
+# put pointer tiles 128 columns wide, 128 deep, 4 stages first at every M and dtype: 1.03-1.05x addmm +
+# GELU, where the descriptor tile of 64 rows the launcher had kept at M = 64 ran 0.975x.
 _HOPPER_LARGE = [TileConfig(128, 256, 64, 8, 3, tma=True), TileConfig(128, 256, 64, 8, 4, tma=True, subtile=True),
                  TileConfig(128, 256, 64, 8, 3, group_m=4, tma=True)]
-_HOPPER_DECODE_16 = [TileConfig(16, 64, 128, 4, 6), TileConfig(16, 64, 128, 4, 4, tma=True, per_sm=2),
-                     TileConfig(16, 128, 128, 4, 4, tma=True), TileConfig(16, 64, 256, 4, 3)]
-_HOPPER_DECODE_64 = [TileConfig(64, 128, 128, 4, 4, tma=True), TileConfig(64, 64, 128, 4, 4),
-                     TileConfig(64, 64, 128, 4, 3, tma=True, per_sm=2)]
+_HOPPER_DECODE_16 = [TileConfig(16, 128, 128, 4, 4), TileConfig(16, 64, 128, 4, 6), TileConfig(16, 64, 256, 4, 3),
+                     TileConfig(16, 64, 128, 4, 4, tma=True, per_sm=2)]
+_HOPPER_DECODE_64 = [TileConfig(64, 128, 128, 4, 4), TileConfig(64, 128, 64, 4, 8),
+                     TileConfig(64, 128, 128, 4, 4, tma=True), TileConfig(64, 64, 128, 4, 3, tma=True, per_sm=2)]
 _AMPERE = [TileConfig(128, 128, 32, 4, 4), TileConfig(128, 64, 32, 4, 4)]
 _SMALL = [TileConfig(64, 64, 32, 4, 2)]             # T4 / consumer: 64 KiB shared memory per block
 _FP32 = [TileConfig(64, 64, 32, 4, 2)]              # float32 multiplies in full precision: no tensor cores
@@ -191,7 +194,7 @@ def gemm_configs(info: hardware.DeviceInfo, M: int, N: int, K: int, dtype: torch
     else:
         cands = _SMALL
     budget = int(info.smem_per_block_bytes * 0.95)
-    fits = [c for c in cands if c.smem_bytes(itemsize) <= budget]
+    fits = list(dict.fromkeys(c for c in cands if c.smem_bytes(itemsize) <= budget))
     return fits or [TileConfig(32, 32, 32, 4, 1)]
 
 
