@@ -17,6 +17,7 @@ launch-bound sizes when asked to.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -201,14 +202,14 @@ def median_round(timings: Iterable[Timing]) -> Timing:
 
 
 def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None = None,
-                errors: dict | None = None, before_round: Callable | None = None, rotate: bool = False,
+                errors: dict | None = None, before_round: Callable | None = None, shuffle: bool = True,
                 **time_kw) -> dict:
     """Time every implementation once per round for ``rounds`` rounds; keep each one's median round.
 
     ``impls`` maps a key (a name, or a tuple such as ``(impl, "graph")``) to the zero-argument
     callable to time, or to a pair ``(callable, timer)`` when that entry needs its own timer (a
     CUDA-graph or wall-clock timing beside event timings). ``timer(fn, **time_kw)`` returns a
-    :class:`Timing` (default :func:`time_ms`). Timing A, B, C, A, B, C... instead of A, A, A, B...
+    :class:`Timing` (default :func:`time_ms`). Timing A, B, C, B, A, C... instead of A, A, A, B...
     means a drift of the clocks or of the host over the run reaches every implementation alike, so
     their ratio is what one run can honestly report.
 
@@ -216,9 +217,10 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
     and left out of later rounds and of the result; when None, the exception propagates.
     ``before_round(i)``: called before round ``i`` (chapter 12's benchmark moves its threads to the fastest
     core of the moment there: a host's cores change speed over minutes).
-    ``rotate=True``: round ``i`` starts at the ``i``-th implementation (B, C, A in the second round), so no
-    one is always timed right after the same neighbour: a power-limited GPU runs a kernel faster just
-    after a lighter one.
+    ``shuffle`` (the default): the first round in the given order, each later one in a new order (a permutation
+    seeded by the round's number, so a run can be repeated), so no one is always timed right after the
+    same neighbour: a power-limited GPU runs a kernel faster just after a lighter one (rotating the order
+    would not do: it keeps every neighbour).
     Returns ``{key: Timing}`` in the order of ``impls``.
     """
     if int(rounds) != rounds or rounds < 1:
@@ -233,12 +235,13 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
             raise TypeError(f"time_rounds: {key!r} must be a callable or (callable, timer), got {value!r}")
         plan[key] = (fn, own)
     runs: dict = {key: [] for key in plan}
-    order = list(plan)
     for i in range(int(rounds)):
         if before_round is not None:
             before_round(i)
-        shift = i % len(order) if rotate else 0
-        for key in order[shift:] + order[:shift]:
+        order = list(plan)
+        if shuffle and i > 0:
+            random.Random(i).shuffle(order)
+        for key in order:
             fn, own = plan[key]
             if key not in runs:
                 continue

@@ -32,7 +32,7 @@ def test_time_rounds_interleaves_and_keeps_the_median_round():
         order.append(name)
         return _fixed(next(per_round[name]))
 
-    got = bench.time_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, timer=timer, rep=7)
+    got = bench.time_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, timer=timer, rep=7, shuffle=False)
     assert order == ["a", "b", "a", "b", "a", "b"]  # A, B, A, B...: never A, A, A, B
     assert list(got) == ["a", "b"]
     assert got["a"].median == 2.0 and got["b"].median == 20.0
@@ -40,12 +40,18 @@ def test_time_rounds_interleaves_and_keeps_the_median_round():
     assert tuple(got["a"].columns()) == bench.TIMING_COLUMNS == ("ms", "ms_p20", "ms_p80")
 
 
-def test_time_rounds_rotate_starts_each_round_one_further():
-    order = []
-    got = bench.time_rounds({k: (lambda k=k: k) for k in "abc"}, rounds=4, rotate=True,
-                            timer=lambda fn, **kw: order.append(fn()) or _fixed(1.0))
-    assert "".join(order) == "abc" + "bca" + "cab" + "abc"  # each one first, last and in the middle
-    assert list(got) == ["a", "b", "c"]  # the result keeps the caller's order
+def test_time_rounds_shuffle_changes_each_later_rounds_order_repeatably():
+    def run():
+        order = []
+        got = bench.time_rounds({k: (lambda k=k: k) for k in "abcde"}, rounds=6,  # shuffled by default
+                                timer=lambda fn, **kw: order.append(fn()) or _fixed(1.0))
+        assert list(got) == list("abcde")  # the result keeps the caller's order
+        return ["".join(order[i:i + 5]) for i in range(0, 30, 5)]
+    rounds = run()
+    assert rounds[0] == "abcde" and all(sorted(r) == list("abcde") for r in rounds)
+    assert run() == rounds  # seeded: the same orders every run
+    after_a = {r[r.index("a") + 1] for r in rounds if r[-1] != "a"}
+    assert len(after_a) > 1  # "a" is followed by different neighbours (a rotation would always give "b")
 
 
 def test_time_ms_warmup_ms_calls_for_that_long_on_the_device():

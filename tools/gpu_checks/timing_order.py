@@ -2,8 +2,8 @@
 
 The same tuned attention forward is entered three times (``same#1..3``: one kernel, one binary), beside
 cuDNN's and FlashAttention-2's forward through SDPA, and timed by ``timing.time_rounds``: first in a fixed
-order, then with the order rotated each round (``rotate=True``), then rotated with a warm-up long in
-time (``warmup_ms``). A power-limited GPU that has just run a lighter kernel runs the next one at higher
+order, then in a new order each round (``shuffle=True``), then shuffled with a warm-up long in time
+(``warmup_ms``). A power-limited GPU that has just run a lighter kernel runs the next one at higher
 clocks for a while; if so, the fixed order gives ``same#1`` a lead over ``same#2`` and ``same#3`` that no
 code explains. Prints each entry's median, and the spread of the three copies in each protocol.
 
@@ -48,8 +48,8 @@ def main() -> int:
         print("timing_order.py needs a CUDA GPU", file=sys.stderr)
         return 2
     print(cu.env.banner(), flush=True)
-    protocols = {"fixed order": {}, "rotated": {"rotate": True},
-                 "rotated, 100 ms warm-up": {"rotate": True, "warmup_ms": 100.0}}
+    protocols = {"fixed order": {}, "shuffled": {"shuffle": True},
+                 "shuffled, 100 ms warm-up": {"shuffle": True, "warmup_ms": 100.0}}
     for n, b, causal in CASES:
         fns = impls(n, b, causal)
         for name, kw in protocols.items():
