@@ -17,8 +17,8 @@ launch-bound sizes when asked to.
 from __future__ import annotations
 
 import math
-import random
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -111,16 +111,21 @@ def _name(fn) -> str:
 
 
 MAX_WARMUP_CALLS = 100_000   # warmup_ms's cap on calls, for a callable that takes no time at all
+# time_rounds' warm-up of each entry on a real GPU, in ms: an H200 ran the same attention kernel 8-11% apart
+# when each of three copies was timed after 2 calls, 4% apart after 100 ms (results/h200/timing_order.log)
+ROUND_WARMUP_MS = 100.0
 
 
 def _warm_for(fn, warmup_ms: float, device) -> None:
-    """Call ``fn`` for about ``warmup_ms`` milliseconds of device time (one call timed, then repeated)."""
+    """Call ``fn`` for about ``warmup_ms`` milliseconds: one call timed (device events, and the host's clock
+    for a call that the launch, not the kernel, makes long), then repeated."""
     start, end = device.Event(), device.Event()
+    t0 = time.perf_counter()
     start.record()
     fn()
     end.record()
     device.synchronize()
-    per_call = max(start.elapsed_time(end), 1e-3)
+    per_call = max(start.elapsed_time(end), (time.perf_counter() - t0) * 1e3, 1e-3)
     for _ in range(min(math.ceil(warmup_ms / per_call), MAX_WARMUP_CALLS)):
         fn()
 
@@ -201,15 +206,29 @@ def median_round(timings: Iterable[Timing]) -> Timing:
     return ts[(len(ts) - 1) // 2]
 
 
+def balanced_orders(n: int, rounds: int) -> list[list[int]]:
+    """``rounds`` orders of ``range(n)``, the rows of a Williams square: row ``i`` is 0, 1, n-1, 2, n-2...
+    shifted by ``i``, so from one round to the next every entry comes after a different neighbour (over n
+    rounds, n even, each after every other once) and sits at a different place."""
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    return [[(b + i) % n for b in base] for i in range(rounds)]
+
+
 def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None = None,
-                errors: dict | None = None, before_round: Callable | None = None, shuffle: bool = True,
+                errors: dict | None = None, before_round: Callable | None = None, balance: bool = True,
                 **time_kw) -> dict:
     """Time every implementation once per round for ``rounds`` rounds; keep each one's median round.
 
     ``impls`` maps a key (a name, or a tuple such as ``(impl, "graph")``) to the zero-argument
     callable to time, or to a pair ``(callable, timer)`` when that entry needs its own timer (a
     CUDA-graph or wall-clock timing beside event timings). ``timer(fn, **time_kw)`` returns a
-    :class:`Timing` (default :func:`time_ms`). Timing A, B, C, B, A, C... instead of A, A, A, B...
+    :class:`Timing` (default :func:`time_ms`). Timing A, B, C, B, C, A... instead of A, A, A, B...
     means a drift of the clocks or of the host over the run reaches every implementation alike, so
     their ratio is what one run can honestly report.
 
@@ -217,10 +236,11 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
     and left out of later rounds and of the result; when None, the exception propagates.
     ``before_round(i)``: called before round ``i`` (chapter 12's benchmark moves its threads to the fastest
     core of the moment there: a host's cores change speed over minutes).
-    ``shuffle`` (the default): the first round in the given order, each later one in a new order (a permutation
-    seeded by the round's number, so a run can be repeated), so no one is always timed right after the
-    same neighbour: a power-limited GPU runs a kernel faster just after a lighter one (rotating the order
-    would not do: it keeps every neighbour).
+    ``balance`` (the default): round ``i`` runs in the order of :func:`balanced_orders`' row ``i``, so no
+    entry is always timed right after the same neighbour nor always at the same place: a power-limited GPU
+    runs a kernel faster just after a lighter one. ``balance=False``: every round in the given order.
+    On a real GPU with the default timer each entry first runs for :data:`ROUND_WARMUP_MS` (``warmup_ms=``
+    changes it), so it is timed at the clock its own load settles to, not at the one its neighbour left.
     Returns ``{key: Timing}`` in the order of ``impls``.
     """
     if int(rounds) != rounds or rounds < 1:
@@ -235,13 +255,14 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
             raise TypeError(f"time_rounds: {key!r} must be a callable or (callable, timer), got {value!r}")
         plan[key] = (fn, own)
     runs: dict = {key: [] for key in plan}
-    for i in range(int(rounds)):
+    if timer is None and time_kw.get("device") is None:
+        time_kw.setdefault("warmup_ms", ROUND_WARMUP_MS)
+    keys = list(plan)
+    orders = balanced_orders(len(keys), int(rounds)) if balance else [range(len(keys))] * int(rounds)
+    for i, order in enumerate(orders):
         if before_round is not None:
             before_round(i)
-        order = list(plan)
-        if shuffle and i > 0:
-            random.Random(i).shuffle(order)
-        for key in order:
+        for key in (keys[j] for j in order):
             fn, own = plan[key]
             if key not in runs:
                 continue
@@ -257,5 +278,5 @@ def time_rounds(impls: Mapping, rounds: int = ROUNDS, *, timer: Callable | None 
     return {key: median_round(ts) for key, ts in runs.items()}
 
 
-__all__ = ["L2_FLUSH_BYTES", "ROUNDS", "TIMING_COLUMNS", "BenchmarkError", "Timing", "time_ms", "gbps",
-           "tflops", "median_round", "time_rounds"]
+__all__ = ["L2_FLUSH_BYTES", "ROUNDS", "ROUND_WARMUP_MS", "TIMING_COLUMNS", "BenchmarkError", "Timing", "time_ms",
+           "gbps", "tflops", "median_round", "balanced_orders", "time_rounds"]

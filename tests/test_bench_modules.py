@@ -32,7 +32,7 @@ def test_time_rounds_interleaves_and_keeps_the_median_round():
         order.append(name)
         return _fixed(next(per_round[name]))
 
-    got = bench.time_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, timer=timer, rep=7, shuffle=False)
+    got = bench.time_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, timer=timer, rep=7, balance=False)
     assert order == ["a", "b", "a", "b", "a", "b"]  # A, B, A, B...: never A, A, A, B
     assert list(got) == ["a", "b"]
     assert got["a"].median == 2.0 and got["b"].median == 20.0
@@ -40,18 +40,32 @@ def test_time_rounds_interleaves_and_keeps_the_median_round():
     assert tuple(got["a"].columns()) == bench.TIMING_COLUMNS == ("ms", "ms_p20", "ms_p80")
 
 
-def test_time_rounds_shuffle_changes_each_later_rounds_order_repeatably():
-    def run():
-        order = []
-        got = bench.time_rounds({k: (lambda k=k: k) for k in "abcde"}, rounds=6,  # shuffled by default
-                                timer=lambda fn, **kw: order.append(fn()) or _fixed(1.0))
-        assert list(got) == list("abcde")  # the result keeps the caller's order
-        return ["".join(order[i:i + 5]) for i in range(0, 30, 5)]
-    rounds = run()
-    assert rounds[0] == "abcde" and all(sorted(r) == list("abcde") for r in rounds)
-    assert run() == rounds  # seeded: the same orders every run
-    after_a = {r[r.index("a") + 1] for r in rounds if r[-1] != "a"}
-    assert len(after_a) > 1  # "a" is followed by different neighbours (a rotation would always give "b")
+def test_time_rounds_balances_its_orders_by_default():
+    order = []
+    got = bench.time_rounds({k: (lambda k=k: k) for k in "abcdef"}, rounds=6,
+                            timer=lambda fn, **kw: order.append(fn()) or _fixed(1.0))
+    assert list(got) == list("abcdef")  # the result keeps the caller's order
+    rounds = ["".join(order[i:i + 6]) for i in range(0, 36, 6)]
+    assert all(sorted(r) == list("abcdef") for r in rounds)
+    pairs = [r[j:j + 2] for r in rounds for j in range(5)]
+    assert len(set(pairs)) == len(pairs) == 30  # over 6 rounds each entry follows each other one once
+    assert {r.index(k) for r in rounds for k in "a"} == set(range(6))  # and sits at every place
+
+
+@pytest.mark.parametrize("n, rounds", [(1, 3), (2, 3), (5, 7), (8, 3)])
+def test_balanced_orders_are_permutations(n, rounds):
+    orders = timing.balanced_orders(n, rounds)
+    assert len(orders) == rounds and all(sorted(o) == list(range(n)) for o in orders)
+
+
+def test_time_rounds_warms_each_entry_up_for_a_time_on_a_real_gpu_only(monkeypatch):
+    seen = []
+    monkeypatch.setattr(timing, "time_ms", lambda fn, **kw: seen.append(kw) or _fixed(1.0))
+    timing.time_rounds({"a": lambda: None}, rounds=1)
+    timing.time_rounds({"a": lambda: None}, rounds=1, warmup_ms=5.0)
+    timing.time_rounds({"a": lambda: None}, rounds=1, device=bench.SimulatedGPU(seed=1))
+    assert seen[0] == {"warmup_ms": timing.ROUND_WARMUP_MS} and seen[1] == {"warmup_ms": 5.0}
+    assert "warmup_ms" not in seen[2]  # a simulated GPU is timed as asked
 
 
 def test_time_ms_warmup_ms_calls_for_that_long_on_the_device():

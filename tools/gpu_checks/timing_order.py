@@ -2,7 +2,7 @@
 
 The same tuned attention forward is entered three times (``same#1..3``: one kernel, one binary), beside
 cuDNN's and FlashAttention-2's forward through SDPA, and timed by ``timing.time_rounds``: first in a fixed
-order, then in a new order each round (``shuffle=True``), then shuffled with a warm-up long in time
+order, then in balanced orders (``balance=True``), then balanced with a warm-up long in time
 (``warmup_ms``). A power-limited GPU that has just run a lighter kernel runs the next one at higher
 clocks for a while; if so, the fixed order gives ``same#1`` a lead over ``same#2`` and ``same#3`` that no
 code explains. Prints each entry's median, and the spread of the three copies in each protocol.
@@ -48,15 +48,16 @@ def main() -> int:
         print("timing_order.py needs a CUDA GPU", file=sys.stderr)
         return 2
     print(cu.env.banner(), flush=True)
-    protocols = {"fixed order": {}, "shuffled": {"shuffle": True},
-                 "shuffled, 100 ms warm-up": {"shuffle": True, "warmup_ms": 100.0}}
+    protocols = {"fixed, 2 calls warm-up": {"balance": False, "warmup_ms": 0.0},
+                 "balanced, 2 calls warm-up": {"warmup_ms": 0.0},
+                 "balanced, 100 ms warm-up": {"warmup_ms": 100.0}}
     for n, b, causal in CASES:
         fns = impls(n, b, causal)
         for name, kw in protocols.items():
             t = timing.time_rounds(fns, ROUNDS, warmup=2, rep=8, **kw)
             ms = {key: v.median for key, v in t.items()}
             copies = [ms[f"same#{i}"] for i in (1, 2, 3)]
-            print(f"N={n:>5} causal={causal!s:<5} {name:<24} " + " ".join(f"{k} {v:.3f}" for k, v in ms.items())
+            print(f"N={n:>5} causal={causal!s:<5} {name:<26} " + " ".join(f"{k} {v:.3f}" for k, v in ms.items())
                   + f" | copies' spread {max(copies) / min(copies) - 1:6.1%}, cudnn/same#1 "
                   f"{ms['cudnn'] / ms['same#1']:.3f}, cudnn/same#3 {ms['cudnn'] / ms['same#3']:.3f}", flush=True)
     return 0
