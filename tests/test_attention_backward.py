@@ -214,11 +214,11 @@ def test_gpu_full_sizes(dtype, case):
                f"atomic {cfg} {case}")
 
 
-# A float32 backward compiles slowly: one launch of the first tile configuration of the d=96 case took 55 s on
+# A float32 backward compiles slowly: one launch of a 32 x 64 tile configuration of the d=96 case took 55 s on
 # an H200 with nothing else running, 182 s among make test-gpu's 16 workers; the smallest configuration, 40 s
-# among them (results/h200/test_gpu_s14.log). These full-size cases take the smallest; the timed choice over
-# every float32 configuration (the first included, same BLOCK_D) is test_gradients_match_float64_autograd's.
-# Each launch is its own test, so that make test-gpu runs them side by side.
+# among them (results/h200/test_gpu_s14.log). So float32 has that one tile (backward_configs), which
+# test_gradients_match_float64_autograd's default path runs too. Each launch is its own test, so that make
+# test-gpu runs them side by side.
 F32_CASES = GPU_CASES[3:5]
 
 

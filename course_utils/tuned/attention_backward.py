@@ -74,6 +74,11 @@ _HOPPER_BWD = {
 _SMALL_BWD = {64: [BwdConfig(32, 64, 64, 32, 4, 2)], 128: [BwdConfig(16, 32, 32, 16, 4, 2)],
               256: [BwdConfig(16, 16, 16, 16, 4, 1)]}
 _OTHER_BWD = [BwdConfig(32, 64, 64, 32, 4, 2), BwdConfig(16, 64, 64, 16, 4, 2), BwdConfig(16, 32, 32, 16, 4, 1)]
+# float32: every product in IEEE float32 on the FMA units, no tensor cores, and no speed target. Its compile
+# time grows with the tile: the first of the three tiles above took 55 s for one d=96 launch on an idle H200,
+# and a first float32 call timing all three took 329 s among make test-gpu's workers (results/h200/
+# test_gpu_s17.log). One small tile, no timed choice: the first call is what a float32 user waits for.
+_FP32_BWD = [BwdConfig(16, 32, 32, 16, 4, 1)]
 INTERPRETER_BWD = BwdConfig(16, 32, 32, 16, 4, 1)
 SMALLEST_BWD = _SMALL_BWD[256][0]  # when nothing fits by the estimate (fp32, d=256 on 64 KiB)
 
@@ -84,7 +89,9 @@ def backward_configs(info: hardware.DeviceInfo, head_dim: int, dtype: torch.dtyp
         return [INTERPRETER_BWD]
     itemsize = torch.empty((), dtype=dtype).element_size()
     bd = block_d(head_dim)
-    if info.arch >= 90 and itemsize == 2:
+    if itemsize == 4:
+        cands = _FP32_BWD
+    elif info.arch >= 90:
         cands = _HOPPER_BWD[max(64, bd)]
     elif info.smem_per_block_bytes < 100 * 1024 and itemsize == 2:
         cands = _SMALL_BWD[max(64, bd)]
