@@ -9,8 +9,8 @@ at 4 GPUs, and a two-shot all-reduce for large messages
    adds 1 (release), the waiter polls it until it is at least 1, then subtracts 1 (acquire). A signal
    needs no answer, and one flag serves every barrier of a call (the k-th wait on a peer's flag passes
    once that peer signalled k times). The wait polls each peer's flag with a scalar atomic read, whose
-   value every warp of the program shares (:func:`wait_all` says why a vector load there hangs a GPU).
-   Pads are back to zero after every call, as with the teaching protocol; the counters live in their
+   value every warp of the program shares (``allreduce_barrier.wait_all`` says why a vector load there
+   hangs a GPU). Pads are back to zero after every call, as with the teaching protocol; the counters live in their
    own half of the pads (``Ranks.tuned_pad_offset``), so the two protocols never meet on one flag.
 2. **Every rank's row in flight at once, 16 bytes a load.** A row is loaded from all W buffers in one
    (W, BLOCK_N) load, and the table's addresses are declared 16-byte aligned (``Ranks.tables`` checks
@@ -49,6 +49,7 @@ import triton.language as tl
 
 from ..kernels.allreduce import _rows
 from ..symmetric import Ranks
+from .allreduce_barrier import signal_all, wait_all
 
 ALGORITHMS = ("one-shot", "two-shot", "two-shot-push")
 TWO_SHOT_MIN_WORLD = 3          # at W = 2 both move the same bytes: the one-shot's single barrier wins
@@ -57,55 +58,6 @@ TWO_SHOT_MIN_WORLD = 3          # at W = 2 both move the same bytes: the one-sho
 # sits between them, below a whole MiB so that 1 MiB of rows of 768 (682 rows, 1,024 bytes short) is a two-shot
 TWO_SHOT_MIN_BYTES = 3 * 2**18
 ELEMENTS_PER_THREAD = 32        # of the (W, BLOCK_N) tile: 4 ranks x one 16-byte load of bf16, in fp32 registers
-
-
-# --------------------------------------------------------------------------- the barrier
-
-
-@triton.jit
-def peer_lanes(rank, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    """Lanes 0..WORLD_P2-1, one per rank, and which of them are peers (neither this rank nor padding)."""
-    lanes = tl.arange(0, WORLD_P2)
-    return lanes, (lanes < WORLD) & (lanes != rank)
-
-
-@triton.jit
-def signal_all(pad_table_ptr, rank, slot, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    """Add 1 to flag ``slot + rank`` on every peer's pad at once, with release semantics (the rows this
-    program stored before are visible to whoever sees the count)."""
-    tl.debug_barrier()   # every thread of the program has stored its part of the rows
-    lanes, peer = peer_lanes(rank, WORLD, WORLD_P2)
-    pads = tl.load(pad_table_ptr + lanes, mask=peer, other=0).to(tl.pointer_type(tl.int32))
-    tl.atomic_add(pads + slot + rank, 1, mask=peer, sem="release", scope="sys")
-
-
-@triton.jit
-def wait_all(pad_ptr, rank, slot, max_spins, WORLD: tl.constexpr):
-    """Wait until every peer's flag ``slot + peer`` on this rank's pad is at least 1, then take one from each
-    with acquire semantics (what the peer stored before it signalled is visible after). True if every peer
-    came within ``max_spins`` rounds in all; if not, nothing is taken and the pad is left as it was.
-
-    Every decision here is made on the value of a *scalar* atomic: one thread performs it and Triton hands
-    its value to every thread of the program, so all warps agree. A flag read with a tensor load is loaded
-    again by every warp that holds a copy of its lane, at its own moment: one warp can see the count reach
-    1, leave the loop and take it back to 0 while another warp, which read it a moment earlier, spins on
-    the 0 until ``max_spins`` runs out, and then the two go different ways (tests/test_allreduce_tuned.py
-    reads the PTX for it; the interpreter runs a program as one thread and cannot show it)."""
-    arrived = 0
-    spins = 0
-    for i in tl.static_range(1, WORLD):   # the peers in turn: the slowest one sets the time anyway
-        flag = pad_ptr + slot + (rank + i) % WORLD
-        count = tl.atomic_add(flag, 0, sem="relaxed", scope="sys")   # a read that is never cached or hoisted
-        while (count < 1) & (spins < max_spins):
-            count = tl.atomic_add(flag, 0, sem="relaxed", scope="sys")
-            spins += 1
-        arrived += (count >= 1).to(tl.int32)
-    came = arrived == WORLD - 1
-    if came:
-        for i in tl.static_range(1, WORLD):
-            tl.atomic_add(pad_ptr + slot + (rank + i) % WORLD, -1, sem="acquire", scope="sys")
-    tl.debug_barrier()   # no thread reads a peer's rows before the counts were taken
-    return came
 
 
 # --------------------------------------------------------------------------- rows
