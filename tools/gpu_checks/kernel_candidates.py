@@ -60,11 +60,12 @@ ROUNDS = 3
 # configuration costs two compiles per mask (a few seconds each on an H100 host), so only two
 ATTN_TRIES = [TB.BwdConfig(64, 128, 64, 128, 8, 3), TB.BwdConfig(64, 128, 128, 64, 8, 3, True, tma=True)]
 # Forward tiles timed beside the candidates: attention_tiles_explore.csv has 128 x 128 (8 warps, 3 stages) 2-3%
-# behind 64 x 64 at N=4096 non-causal and 9% causal; N=16384 was never tried. The ws tiles: the unmasked
-# loop warp-specialized by Triton (tl.range(warp_specialize=True)), its loads in their own warps
-FWD_TRIES = [TA.TileConfig(128, 128, 8, 3, 2, True), TA.TileConfig(64, 64, 4, 3, 2, True, ws=True),
-             TA.TileConfig(128, 128, 8, 3, 2, True, ws=True), TA.TileConfig(128, 64, 8, 3, 2, True, ws=True),
-             TA.TileConfig(128, 128, 8, 2, 2, True, ws=True)]
+# behind 64 x 64 at N=4096 non-causal and 9% causal. The warp-specialized tries (TileConfig.ws) were slower in
+# every case on an H200 (results/h200/attention_ws_tries.csv) and are gone; next: 64 rows against 128 keys a
+# tile (half the loop's trips and its per-tile softmax overhead), and a 4th stage
+FWD_TRIES = [TA.TileConfig(128, 128, 8, 3, 2, True), TA.TileConfig(64, 128, 4, 2, 2, True),
+             TA.TileConfig(64, 128, 8, 2, 2, True), TA.TileConfig(64, 64, 4, 4, 2, True)]
+
 
 def rel_err(got, ref) -> float:
     return float((got.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1.0))
