@@ -34,6 +34,10 @@ def slice_faults(a: torch.Tensor, b: torch.Tensor, slices: int) -> list[tuple[st
     bounds = slice_bounds(k, slices)
     out = [("each slice starts at k_start: a loop from 0 sums the first part of K again in every later slice",
             sum(a[:, :stop] @ b[:stop] for _, stop in bounds))]
+    out.append(("each slice's K indices start at k_start: a loop over range(0, k_stop - k_start, BLOCK_K) needs "
+                "k = k_start + k0 + offs_k (without k_start every slice sums the first K columns again); or loop "
+                "over range(k_start, k_stop, BLOCK_K) with k = k0 + offs_k",
+                sum(a[:, :stop - start] @ b[:stop - start] for start, stop in bounds)))
     for block_k in (16, 32, 64, 128, 256):   # the last tile of a slice runs past k_stop, into the next slice
         ends = [min(start + math.ceil((stop - start) / block_k) * block_k, k) for start, stop in bounds]
         out.append(("a slice ends at k_stop: mask the K lanes of both loads with k < k_stop (other=0.0); the "
