@@ -8,9 +8,10 @@ one has a large common offset on the scores; the output is NaN-poisoned inside g
 ``fn`` takes ``out``; under the interpreter every load is recorded, and one from the guard zones past
 q, k or v (a tile's padded rows or keys loaded without their mask) fails, named by input, though the
 numbers may be right; the work must be one launch of the student's own Triton kernel (SDPA, or the
-course's kernel, is the answer key, not an answer). When a case fails, the usual faults (the scale, the
-causal mask, the online update's rescaling and division, tried at every usual key tile) are recomputed in
-float64 and the one that fits the output is named.
+course's kernel, is the answer key, not an answer). When a case fails, the usual faults (the scale, exp2
+without log2(e), the causal mask, hidden or padded keys scored 0, the online update's rescaling, division and
+running max, tried at every usual key tile) are recomputed in float64 and the one that fits the output is
+named; an output NaN everywhere, or NaN in rows and right elsewhere, names the exponent's slip behind it.
 """
 
 from __future__ import annotations
@@ -139,11 +140,12 @@ def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, blo
     return acc if fault == "nodiv" else acc / l[..., None]
 
 
-def _masked_to_zero64(q, k, v, scale: float, block_n: int, block_m: int | None):
-    """Causal attention in float64 as a kernel computes it when its mask sets the hidden scores to 0, not -inf
-    (``tl.where(keep, s, 0.0)``, or ``s * keep``): every key tile of ``block_n`` that row i's loop visits (all of
-    them, or with ``block_m`` those up to its query tile's last row) adds exp(0 - m) for each hidden key, the
-    padded keys past seq too (their scores are -inf before the causal mask sets them to 0; their v is 0)."""
+def _masked_to_zero64(q, k, v, scale: float, block_n: int, block_m: int | None, causal: bool = True):
+    """Attention in float64 as a kernel computes it when the keys it should hide score 0, not -inf: causal, a
+    mask ``tl.where(keep, s, 0.0)`` (or ``s * keep``); not causal, the padded keys past seq left unmasked (k
+    loaded as 0). Every key tile of ``block_n`` that row i's loop visits (all of them, or with ``block_m`` those
+    up to its query tile's last row) adds exp(0 - m) for each such key, the padded keys past seq too (their v
+    is 0)."""
     q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
     n = q.shape[-2]
     pad = -(-n // block_n) * block_n
@@ -153,13 +155,17 @@ def _masked_to_zero64(q, k, v, scale: float, block_n: int, block_m: int | None):
     visited = j < -(-hi // block_n) * block_n
     s = torch.zeros((*q.shape[:-1], pad), dtype=torch.float64)
     s[..., :n] = q @ k.transpose(-1, -2) * scale
-    s = torch.where(j <= i, s, torch.zeros((), dtype=torch.float64))
+    if causal:
+        s = torch.where(j <= i, s, torch.zeros((), dtype=torch.float64))
     s = s.masked_fill(~visited, float("-inf"))
     vp = torch.zeros((*v.shape[:-2], pad, v.shape[-1]), dtype=torch.float64)
     vp[..., :n, :] = v
     return torch.softmax(s, dim=-1) @ vp
 
 
+PADDED_KEYS = ("the keys past seq in the last key tile are not masked out of the softmax: loaded as 0 (other=0.0), "
+               "each scores 0 and adds exp(0 - m) to the row sum. Hide them: s = tl.where(cols[None, :] < n, s, "
+               "float('-inf'))")
 MASKED_TO_ZERO = ("the causal mask sets the hidden scores to 0, not -inf: a score of 0 still weighs exp(0 - m) in "
                   "the softmax (s * mask does the same). Hide them with tl.where(offs_m[:, None] >= cols[None, :], "
                   "s, float('-inf'))")
@@ -274,6 +280,11 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
             for block_m in (None, 16, 32, 64, 128, 256):
                 if fits.add(MASKED_TO_ZERO, _masked_to_zero64(q, k, v, scale, block_n, block_m)):
                     return MASKED_TO_ZERO
+    else:
+        for block_n in (16, 32, 64, 128):
+            if q.shape[-2] % block_n and fits.add(PADDED_KEYS, _masked_to_zero64(q, k, v, scale, block_n, None,
+                                                                                 causal=False)):
+                return PADDED_KEYS
     if fits.best():   # a near fit among these: the online update's candidates below cost far more to compute
         return fits.best()
     if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size

@@ -1,6 +1,7 @@
 """Chapter 9's checks' operands and calls: each operand inside NaN guard zones (:class:`Operand`), the
-loads a student's kernel made held against them (:func:`require_loads_inside`, :func:`require_slice_walked`;
-the interpreter records loads, a GPU does not), and a student's function called with its errors said plainly
+loads a student's kernel made held against them (:func:`require_loads_inside`, which names an operand's strides
+swapped or a K mask k <= K when every load of it fits that slip, and :func:`require_slice_walked`; the
+interpreter records loads, a GPU does not), and a student's function called with its errors said plainly
 (:func:`call`). :mod:`course_utils.checkers.gemm` judges with them. Not a checker itself: every check of
 ``gemm`` refuses the course's answers (``check.refuse_answer_key`` over ``answer_keys``, and the launches'
 kernels) before it hands a student's function to :func:`call` (tests/test_gemm_checkers.py holds that).
@@ -64,8 +65,9 @@ ADDRESSING = {"a": ("a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_a
 
 
 def _addressing_fault(o: Operand, addr: np.ndarray) -> str:
-    """The slip that explains every load of ``o`` outside its elements: its two strides swapped, or (a, b) a K
-    mask that lets index K itself through ('' when neither fits)."""
+    """The slip that explains every load ``addr`` of ``o`` (some outside its elements): its two strides swapped
+    (every load at a transposed address), or (a, b) a K mask that lets index K itself through (every load at an
+    element or at index K); '' when neither fits."""
     if o.view.dim() != 2 or o.name not in ADDRESSING:
         return ""
     size = o.view.element_size()
@@ -76,7 +78,9 @@ def _addressing_fault(o: Operand, addr: np.ndarray) -> str:
     right, how, _ = ADDRESSING[o.name]
     if how is not None:   # first: the element just past a row of a (or a column of b) is another's transpose
         edge = (np.arange(rows) * s0 + cols * s1) if how == "column" else (rows * s0 + np.arange(cols) * s1)
-        if np.isin(off, edge).all():
+        # all of index K read (every row of a, every column of b: a column overrun of b's last row wraps there
+        # too, but onto a few of them), and nothing else outside
+        if np.isin(edge, off).all() and np.isin(off, np.concatenate([(i * s0 + j * s1).ravel(), edge])).all():
             return (f"the K mask of {o.name}'s load lets k = K through (the {how} just past its last): mask with "
                     "k < K, not k <= K")
     if np.isin(off, (i * s1 + j * s0).ravel()).all():
@@ -98,7 +102,7 @@ def require_loads_inside(case: str, loads, operands, what: str) -> None:
         lo, hi = span(o.view)
         inside |= (addr >= lo) & (addr < hi)
     names = [o.name for o in operands if bool((o.holds(addr) & ~inside).any())]
-    slips = [_addressing_fault(o, addr[o.holds(addr) & ~inside]) for o in operands if o.name in names]
+    slips = [_addressing_fault(o, addr[o.holds(addr)]) for o in operands if o.name in names]
     if slips and all(slips):
         raise check.CheckFailure(f"{case}: your kernel loaded {bad} element(s) outside its operands: "
                                  f"{'; '.join(dict.fromkeys(slips))}. A masked-off lane must not load: past the end "

@@ -2,7 +2,8 @@
 :mod:`course_utils.checkers.gemm`): the bias on the wrong axis or masked by M, GELU before the bias, the erf,
 sigmoid or cubic-less forms, the residual's row stride ignored or its mask's M and N swapped, an accumulator
 in float16, a missing K mask and, for the K loop (exercise
-9.1's split-K slice), a slice summed from 0 or past its end and a last partial K tile never summed.
+9.1's split-K slice), a slice summed from 0 or past its end, a slice's K indices without k_start and a last
+partial K tile never summed.
 
 Not a checker itself: nothing here takes a student's function. Every check that uses it first refuses
 the course's answers (``checkers.gemm.refuse_course_answers``: the teaching and tuned kernels and
