@@ -341,3 +341,17 @@ def test_exercise_mistakes_are_named(update, mask, causal, words):
         ca.check_attention(_exercise(update, mask), "exercise", causal=causal)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+def test_rows_never_stored_are_told_from_nan_rows_of_the_update():
+    """A grid of seq // BLOCK_M programs leaves the last rows unwritten (right elsewhere): the grid is named, not
+    the online update's tile max (whose NaN rows are right elsewhere too)."""
+    def floor_grid(q, k, v, causal=False, out=None):
+        b, h, n, d = q.shape
+        out = torch.empty_like(q) if out is None else out
+        _exercise_attn[(max(n // 32, 1), b * h)](q, k, v, out, q.stride(0), q.stride(1), q.stride(2), h, n,
+                                                 d ** -0.5, HEAD_DIM=d, BLOCK_M=32, BLOCK_N=16, CAUSAL=causal,
+                                                 UPDATE_BUG=UPD_OK, MASK=_mask_right)
+        return out
+    with pytest.raises(check.CheckFailure, match="never stored"):
+        ca.check_attention(floor_grid, "grid")

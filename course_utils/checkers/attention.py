@@ -173,6 +173,9 @@ ALL_NAN = ("every element of your output is NaN. If your kernel stores every row
            "the first key tile the running max m_old is -inf, so alpha = exp(m_old - m_new) is 0 there (right), "
            "while exp(m_new - m_old) (alpha inverted) or exp(s - m_old[:, None]) (p taken against the old max) is "
            "exp(+inf) = inf, and inf * 0 is NaN. Use alpha = tl.exp(m_i - m_new) and p = tl.exp(s - m_new[:, None])")
+UNWRITTEN_ROWS = ("the last rows of your output are NaN, and every other element is right: they were never "
+                  "stored. The grid must cover every query tile: triton.cdiv(seq, BLOCK_M) programs along axis 0 "
+                  "(seq // BLOCK_M leaves out the last, partial tile), and the store's mask is offs_m[:, None] < n")
 NAN_ROWS = ("rows of your output are NaN or infinite, and every other element is right: the max subtracted is the "
             "tile's own, tl.max(s, 1), not the running max. In a key tile where every score of a row is masked "
             "(-inf) that gives exp(-inf - (-inf)) = NaN, and where a tile's max lies far below an earlier one, "
@@ -271,6 +274,10 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
     fits = FaultFits(g, atol, rtol, where=finite, right=expected)
     if not bool(finite.all()) and bool(torch.isfinite(expected).all()) and bool(
             torch.isclose(g[finite], expected[finite], atol=atol, rtol=rtol).all()):
+        bad = ~finite.all(-1)   # (batch, heads, seq): the rows with a NaN or an infinity
+        first = int(bad.double().argmax(-1).min())
+        if bool(bad[..., first:].all()) and not bool(bad[..., :first].any()):
+            return UNWRITTEN_ROWS   # the last rows alone: never stored (still the NaN the output was filled with)
         return NAN_ROWS   # right wherever finite: the NaN rows are the fault (every candidate below fits there too)
     for hint, sc, keep_fn in faults:
         if fits.add(hint, _attention64(q, k, v, sc, keep_fn)):
