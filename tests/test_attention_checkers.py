@@ -119,7 +119,7 @@ def test_the_answer_key_is_not_an_answer(answer, says):
 
 
 @pytest.mark.parametrize("bug,causal,pattern", [
-    (NO_KEY_MASK, False, "differ"),
+    (NO_KEY_MASK, False, "keys past seq in the last key tile are not masked"),
     (UNSTABLE_EXP, False, "large-magnitude|offset"),
     (NO_RESCALE, False, "accumulator is not rescaled"),
     (NO_RESCALE, True, "accumulator is not rescaled"),
@@ -230,3 +230,128 @@ def test_the_course_answer_is_refused():
         return A.attention_ref(q, k, v, causal=causal)
     with pytest.raises(check.CheckFailure, match="attention_ref"):
         ca.check_attention(calls_the_reference)
+
+
+# ---- exercises 7.1 and 7.2 as a student writes them: their online_update and causal_mask plugged into the
+# notebook's kernel (its 32 x 16 tiles on the CPU, the causal key loop stopping after the query tile's last row)
+@triton.jit
+def _exercise_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_b, stride_h, stride_n, n_heads, n, sm_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   UPDATE_BUG: tl.constexpr, MASK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    base = (pid_bh // n_heads).to(tl.int64) * stride_b + (pid_bh % n_heads).to(tl.int64) * stride_h
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + base + offs_m[:, None] * stride_n + offs_d[None, :], mask=offs_m[:, None] < n, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    hi = n
+    if CAUSAL:
+        hi = tl.minimum(n, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kv_mask = cols[:, None] < n
+        k = tl.load(k_ptr + base + cols[:, None] * stride_n + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + base + cols[:, None] * stride_n + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale
+        s = tl.where(cols[None, :] < n, s, float("-inf"))
+        if CAUSAL:
+            s = MASK(s, offs_m, cols)
+        m_i, l_i, acc = _update(m_i, l_i, acc, s, v, UPDATE_BUG)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + base + offs_m[:, None] * stride_n + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < n)
+
+
+(UPD_OK, UPD_P_OLD_MAX, UPD_ALPHA_INVERTED, UPD_M_NOT_RETURNED, UPD_EXP2, UPD_TILE_MAX, UPD_ACC_LAST,
+ UPD_L_LAST) = (tl.constexpr(i) for i in range(8))
+
+
+@triton.jit
+def _update(m_i, l_i, acc, s, v, BUG: tl.constexpr):
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if BUG == UPD_TILE_MAX:   # the tile's own max: -inf in a tile that hides every key of a row
+        m_new = tl.max(s, axis=1)
+    if BUG == UPD_EXP2:   # exp2 without the log2(e) factor
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+    else:
+        alpha = tl.exp(m_i - m_new)
+        if BUG == UPD_ALPHA_INVERTED:
+            alpha = tl.exp(m_new - m_i)
+        p = tl.exp(s - m_new[:, None])
+        if BUG == UPD_P_OLD_MAX:
+            p = tl.exp(s - m_i[:, None])
+    l_i = tl.sum(p, axis=1) if BUG == UPD_L_LAST else l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v) if BUG == UPD_ACC_LAST else acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if BUG == UPD_M_NOT_RETURNED:
+        return m_i, l_i, acc
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _mask_right(s, offs_m, cols):
+    return tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _mask_to_zero(s, offs_m, cols):   # the hidden scores set to 0, not -inf
+    return tl.where(offs_m[:, None] >= cols[None, :], s, 0.0)
+
+
+@triton.jit
+def _mask_times(s, offs_m, cols):   # s * mask: the same zeros
+    return s * (offs_m[:, None] >= cols[None, :])
+
+
+@triton.jit
+def _mask_future(s, offs_m, cols):   # the condition of the keys to hide, given to tl.where as the keys to keep
+    return tl.where(offs_m[:, None] < cols[None, :], s, float("-inf"))
+
+
+def _exercise(update=UPD_OK, mask=_mask_right):
+    def fn(q, k, v, causal=False, out=None):
+        b, h, n, d = q.shape
+        out = torch.empty_like(q) if out is None else out
+        _exercise_attn[(triton.cdiv(n, 32), b * h)](q, k, v, out, q.stride(0), q.stride(1), q.stride(2), h, n,
+                                                    d ** -0.5, HEAD_DIM=d, BLOCK_M=32, BLOCK_N=16, CAUSAL=causal,
+                                                    UPDATE_BUG=update, MASK=mask)
+        return out
+    return fn
+
+
+@pytest.mark.parametrize("update, mask, causal, words", [
+    (UPD_P_OLD_MAX, _mask_right, False, ["NaN", "exp(s - m_old[:, None])"]),
+    (UPD_ALPHA_INVERTED, _mask_right, False, ["NaN", "alpha inverted"]),
+    (UPD_M_NOT_RETURNED, _mask_right, False, ["running max is not carried", "return m_new"]),
+    (UPD_EXP2, _mask_right, False, ["tl.exp2 without the log2(e) factor"]),
+    (UPD_TILE_MAX, _mask_right, True, ["NaN", "tile's own, tl.max(s, 1)"]),
+    (UPD_ACC_LAST, _mask_right, False, ["accumulator keeps the last key tile only"]),
+    (UPD_L_LAST, _mask_right, False, ["row sum l keeps the last key tile only"]),
+    (UPD_OK, _mask_to_zero, True, ["hidden scores to 0, not -inf"]),
+    (UPD_OK, _mask_times, True, ["hidden scores to 0, not -inf"]),
+    (UPD_OK, _mask_future, True, ["keeps the future keys (j > i)"]),
+])
+def test_exercise_mistakes_are_named(update, mask, causal, words):
+    """A student's online_update (7.1) or causal_mask (7.2) in the notebook's kernel: each usual slip named."""
+    with pytest.raises(check.CheckFailure) as e:
+        ca.check_attention(_exercise(update, mask), "exercise", causal=causal)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_rows_never_stored_are_told_from_nan_rows_of_the_update():
+    """A grid of seq // BLOCK_M programs leaves the last rows unwritten (right elsewhere): the grid is named, not
+    the online update's tile max (whose NaN rows are right elsewhere too)."""
+    def floor_grid(q, k, v, causal=False, out=None):
+        b, h, n, d = q.shape
+        out = torch.empty_like(q) if out is None else out
+        _exercise_attn[(max(n // 32, 1), b * h)](q, k, v, out, q.stride(0), q.stride(1), q.stride(2), h, n,
+                                                 d ** -0.5, HEAD_DIM=d, BLOCK_M=32, BLOCK_N=16, CAUSAL=causal,
+                                                 UPDATE_BUG=UPD_OK, MASK=_mask_right)
+        return out
+    with pytest.raises(check.CheckFailure, match="never stored"):
+        ca.check_attention(floor_grid, "grid")

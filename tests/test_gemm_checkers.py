@@ -177,7 +177,7 @@ def test_every_exercise_check_refuses_the_course_answers():
 @pytest.mark.parametrize("bug, epilogue, dtypes, words", [
     (NO_K_MASK, False, FP, ["K mask"]),
     (NO_K_MASK, True, FP, ["K mask"]),
-    (FP16_ACC, False, (torch.float16,), ["float32", "ccumulate"]),
+    (FP16_ACC, False, (torch.float16,), ["overflowed", "float32", "ccumulate"]),   # every run: the overflow case first
     (BIAS_ROWS, True, FP, ["wrong axis"]),
     (GELU_FIRST, True, FP, ["GELU is applied before the bias"]),
     (NO_STRIDES, False, FP, ["transposed", "strides"]),
@@ -327,7 +327,12 @@ def _student_prediction(mistake=None):
             mach = traffic.machine_from_ceilings(ceil, launch_us=None if mistake.get("launches") else 0.0)
         slow = traffic.estimate_time(comp.unfused, mach, "bfloat16").us
         fast = traffic.estimate_time(comp.fused, mach, "bfloat16").us
-        return comp.unfused.total_bytes - comp.fused.total_bytes, slow / fast
+        saved = comp.unfused.total_bytes - comp.fused.total_bytes
+        if mistake.get("sign"):
+            saved = comp.fused.total_bytes - comp.unfused.total_bytes
+        speedup = {"inverse": fast / slow, "minus1": slow / fast - 1, "percent": (slow / fast - 1) * 100}.get(
+            mistake.get("speedup"), slow / fast)
+        return saved / mistake.get("unit", 1), speedup
     return predict
 
 
@@ -336,18 +341,23 @@ def _student_group_m(mistake=None):
 
     def choose(m, n, k, block_m, block_n, programs):
         best = None
+        tiles = (lambda x, b: x // b) if mistake.get("floor") else (lambda x, b: -(-x // b))
         for g in mistake.get("groups", (1, 2, 4, 8, 16, 32, 64)):
-            order = G.tile_order(-(-m // block_m), -(-n // block_n), g)
+            order = G.tile_order(tiles(m, block_m), tiles(n, block_n), g)
             nbytes = 0
             step = len(order) if mistake.get("whole_grid") else programs
             for start in range(0, programs if mistake.get("first_only") else len(order), step):
                 wave = order[start:start + step]
                 rows = len({pm for pm, _ in wave}) * block_m
                 cols = len({pn for _, pn in wave}) * block_n
-                nbytes += ((0 if mistake.get("only_b") else rows) + cols) * (1 if mistake.get("no_k") else k) * 2
+                nbytes += ((0 if mistake.get("only_b") else rows) + cols) * (1 if mistake.get("no_k") else k) * \
+                    mistake.get("itemsize", 2)
             if best is None or nbytes < best[1] or (mistake.get("largest") and nbytes == best[1]):
                 best = (g, nbytes)
-        return best
+        if mistake.get("swap"):
+            return best[1], best[0]
+        return best[0], best[1] / mistake.get("unit", 1)
+    return choose
     return choose
 
 
@@ -362,6 +372,9 @@ def test_modelling_exercises_pass_a_correct_answer(capsys):
     ({"trailing": "eager"}, "addmm"), ({"no_residual": True}, "residual is missing"),
     ({"kind": "col"}, "'full'"), ({"datasheet": True}, "measured"), ({"launches": True}, "launch_us=0.0"),
     ({"residual_first": True}, "residual is placed before GELU"), ({"gelu_1_flop": True}, "counts 1 FLOP"),
+    ({"trailing": "fused"}, "not one fused elementwise kernel"), ({"speedup": "inverse"}, "not the inverse"),
+    ({"sign": True}, "opposite sign"), ({"unit": 1e6}, "not megabytes"), ({"unit": 2**20}, "not MiB"),
+    ({"speedup": "minus1"}, "not the fraction of time saved"), ({"speedup": "percent"}, "not a percentage"),
 ])
 def test_prediction_mistakes_are_named(mistake, words):
     from course_utils.checkers import gemm_model as cm
@@ -374,6 +387,8 @@ def test_prediction_mistakes_are_named(mistake, words):
     ({"first_only": True}, "count every wave"), ({"whole_grid": True}, "shared within a wave"),
     ({"groups": (2, 4, 8, 16, 32, 64)}, "GROUP_M = 1 is a candidate too"),
     ({"groups": (1, 2, 4, 8, 16, 32)}, "go up to GROUP_M = 64"),
+    ({"itemsize": 4}, "2 bytes an element"), ({"floor": True}, "ceiling division"), ({"swap": True}, "swapped"),
+    ({"unit": 1e6}, "not megabytes"),
 ])
 def test_group_m_mistakes_are_named(mistake, words):
     from course_utils.checkers import gemm_model as cm
@@ -412,7 +427,8 @@ def test_gelu_flops_are_stated_where_the_student_finds_them():
 
 # ---- exercise 9.1: the K loop of one split-K slice ----
 (SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK, SLICE_REWALK, SLICE_DROP_TAIL, SLICE_ALIGNED,
- SLICE_REWALK_A_MASK, SLICE_REWALK_WHERE) = (tl.constexpr(i) for i in range(9))
+ SLICE_REWALK_A_MASK, SLICE_REWALK_WHERE, SLICE_NO_K_START, SLICE_MASK_LE, SLICE_A_STRIDES_SWAPPED) = (
+    tl.constexpr(i) for i in range(12))
 SPLITS = 2
 
 
@@ -439,9 +455,16 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
             k_first = k_start // BLOCK_K * BLOCK_K
         if BUG == SLICE_DROP_TAIL:   # whole tiles only
             k_end = k_stop - BLOCK_K + 1
+        if BUG == SLICE_NO_K_START:   # a loop over the slice's length, k_start never added to k
+            k_first = 0
+            k_end = k_stop - k_start
         for k0 in range(k_first, k_end, BLOCK_K):
             k = k0 + offs_k
             mask_k = (k >= k_start) & (k < k_stop)
+            if BUG == SLICE_NO_K_START:
+                mask_k = k < k_end
+            if BUG == SLICE_MASK_LE:   # off by one: the element at k_stop too
+                mask_k = (k >= k_start) & (k <= k_stop)
             if BUG == SLICE_PAST_STOP:
                 mask_k = k < K
             if BUG == SLICE_NO_K_MASK:
@@ -451,7 +474,10 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                 mask_b = k < k_stop
             if BUG == SLICE_REWALK_WHERE:    # both loads masked by k < k_stop alone, a zeroed below k_start after
                 mask_a, mask_b = k < k_stop, k < k_stop
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+            s_am, s_ak = stride_am, stride_ak
+            if BUG == SLICE_A_STRIDES_SWAPPED:
+                s_am, s_ak = stride_ak, stride_am
+            a = tl.load(a_ptr + offs_m[:, None] * s_am + k[None, :] * s_ak,
                         mask=(offs_m[:, None] < M) & mask_a[None, :], other=0.0)
             if BUG == SLICE_REWALK_WHERE:
                 a = tl.where((k >= k_start)[None, :], a, 0.0)
@@ -494,6 +520,11 @@ def test_a_correct_slice_loop_passes(variant, capsys):
     pytest.param(SLICE_REWALK_WHERE, ["elements of a in K indices 0 to", "tl.where after the load",
                                       "range(k_start, k_stop, BLOCK_K)"],
                  marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
+    (SLICE_NO_K_START, ["K indices start at k_start", "k = k_start + k0 + offs_k"]),
+    pytest.param(SLICE_MASK_LE, ["lets k = K through", "k < k_stop, not k <= k_stop"],
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
+    pytest.param(SLICE_A_STRIDES_SWAPPED, ["a's two strides are swapped", "offs_m[:, None] * stride_am"],
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
 ])
 def test_slice_loop_faults_are_named(bug, words):
     with pytest.raises(check.CheckFailure) as e:
@@ -503,7 +534,8 @@ def test_slice_loop_faults_are_named(bug, words):
 
 
 # ---- exercise 9.2's epilogue on its own: its load masks, judged on a GPU as under the interpreter ----
-EPI_OK, EPI_NO_ROW_MASK, EPI_NO_COL_MASK, EPI_BIAS_NO_MASK, EPI_NO_OTHER = (tl.constexpr(i) for i in range(5))
+(EPI_OK, EPI_NO_ROW_MASK, EPI_NO_COL_MASK, EPI_BIAS_NO_MASK, EPI_NO_OTHER, EPI_NO_RESIDUAL, EPI_NO_BIAS,
+ EPI_NO_GELU, EPI_RES_TRANSPOSED) = (tl.constexpr(i) for i in range(9))
 
 
 @triton.jit
@@ -512,7 +544,12 @@ def _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, BUG: t
     if BUG == EPI_BIAS_NO_MASK:
         bias_mask = offs_n >= 0
     bias = tl.load(bias_ptr + offs_n, mask=bias_mask, other=0.0).to(tl.float32)
-    y = gelu_math(acc + bias[None, :], True)
+    if BUG == EPI_NO_BIAS:
+        y = gelu_math(acc, True)
+    elif BUG == EPI_NO_GELU:
+        y = acc + bias[None, :]
+    else:
+        y = gelu_math(acc + bias[None, :], True)
     rows = offs_m[:, None] < M
     cols = offs_n[None, :] < N
     if BUG == EPI_NO_ROW_MASK:
@@ -521,9 +558,13 @@ def _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, BUG: t
         cols = offs_n[None, :] >= 0
     if BUG == EPI_NO_OTHER:   # right: masked lanes left undefined (the store drops them)
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=rows & cols).to(tl.float32)
+    elif BUG == EPI_RES_TRANSPOSED:   # the row stride on the columns
+        r = tl.load(r_ptr + offs_m[:, None] + offs_n[None, :] * stride_rm, mask=rows & cols, other=0.0).to(tl.float32)
     else:
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=rows & cols,
                     other=0.0).to(tl.float32)
+    if BUG == EPI_NO_RESIDUAL:
+        return y
     return y + r
 
 
@@ -552,9 +593,31 @@ def _epi_bias_no_mask(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
     return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_BIAS_NO_MASK)
 
 
+@triton.jit
+def _epi_no_residual(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_NO_RESIDUAL)
+
+
+@triton.jit
+def _epi_no_bias(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_NO_BIAS)
+
+
+@triton.jit
+def _epi_no_gelu(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_NO_GELU)
+
+
+@triton.jit
+def _epi_res_transposed(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm):
+    return _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, EPI_RES_TRANSPOSED)
+
+
 def _epilogue(bug):
     return {EPI_OK: _epi_ok, EPI_NO_OTHER: _epi_no_other, EPI_NO_ROW_MASK: _epi_no_row_mask,
-            EPI_NO_COL_MASK: _epi_no_col_mask, EPI_BIAS_NO_MASK: _epi_bias_no_mask}[bug]
+            EPI_NO_COL_MASK: _epi_no_col_mask, EPI_BIAS_NO_MASK: _epi_bias_no_mask,
+            EPI_NO_RESIDUAL: _epi_no_residual, EPI_NO_BIAS: _epi_no_bias, EPI_NO_GELU: _epi_no_gelu,
+            EPI_RES_TRANSPOSED: _epi_res_transposed}[bug]
 
 
 @triton.jit
@@ -606,3 +669,19 @@ def test_a_residual_load_without_its_row_mask_fails_the_residual_check():
     epi = _epilogue(EPI_NO_ROW_MASK)
     with pytest.raises(check.CheckFailure, match="residual load"):
         cg.check_linear_gelu_residual(_epilogue_launcher(epi), dtypes=FP, epilogue=epi)
+
+
+@pytest.mark.parametrize("bug, words", [
+    (EPI_NO_RESIDUAL, ["residual is missing"]),
+    (EPI_NO_BIAS, ["bias is missing"]),
+    (EPI_NO_GELU, ["GELU is missing"]),
+    pytest.param(EPI_RES_TRANSPOSED, ["residual's two strides are swapped", "offs_m[:, None] * stride_rm"],
+                 marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
+])
+def test_epilogue_mistakes_are_named(bug, words):
+    """Exercise 9.2's epilogue as a student writes it, in the exercise's kernel: each slip named."""
+    epi = _epilogue(bug)
+    with pytest.raises(check.CheckFailure) as e:
+        cg.check_linear_gelu_residual(_epilogue_launcher(epi), dtypes=FP, epilogue=epi)
+    for w in words:
+        assert w in str(e.value), str(e.value)

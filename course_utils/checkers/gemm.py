@@ -150,8 +150,10 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
         per_sqrt_k = GEMM_TOLERANCES[dtype][0]
         todo = list(cases())
         if dtype == torch.float16:
+            # first: a float16 accumulator overflows here every time, while the random cases before it would
+            # pass or fail it by luck (a sum that lost precision), naming the same fault two ways
             k = 640 if env.on_gpu() else 576
-            todo.insert(1, ("cancelling sums that pass 65504 in the middle of the K loop", 16, 32, k, False))
+            todo.insert(0, ("cancelling sums that pass 65504 in the middle of the K loop", 16, 32, k, False))
         if with_bias and dtype == torch.float32:
             todo.append((EXACT, 19, 37, 24, False))
         passed = 0
@@ -259,7 +261,7 @@ def check_epilogue_masks(name: str, epilogue) -> None:
 
 def _k_stop(message: str, k_slices: int) -> str:
     """In a K slice the loop's end is k_stop, not K: say so in the K-mask hints."""
-    return message.replace("k < K", "k < k_stop") if k_slices > 1 else message
+    return message.replace("k < K", "k < k_stop").replace("k <= K", "k <= k_stop") if k_slices > 1 else message
 
 
 def check_matmul(fn, name: str = "matmul tile loop", *, dtypes=None, hint: str = "", k_slices: int = 1) -> None:

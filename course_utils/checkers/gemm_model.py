@@ -103,8 +103,36 @@ def _epilogue_fault(post) -> str:
     return ""
 
 
+UNITS = (("megabytes (1e6 bytes)", 1e6), ("MiB (2**20 bytes)", 2**20), ("kilobytes (1e3 bytes)", 1e3),
+         ("gigabytes (1e9 bytes)", 1e9))
+#: (hint, how the student's number relates to the right one) for the bytes saved and the speedup
+BYTES_SLIPS = (
+    ("the bytes saved are the baseline's bytes minus the fused kernel's (positive when fusion saves): yours has "
+     "the opposite sign", lambda b: -b),
+    ("the saving is in bytes, not megabytes (1e6 bytes): return comp.unfused.total_bytes - "
+     "comp.fused.total_bytes as it is", lambda b: b / 1e6),
+    ("the saving is in bytes, not MiB (2**20 bytes): return comp.unfused.total_bytes - comp.fused.total_bytes as "
+     "it is", lambda b: b / 2**20),
+    ("the saving is in bytes, not kilobytes (1e3 bytes)", lambda b: b / 1e3),
+    ("the saving is in bytes, not gigabytes (1e9 bytes)", lambda b: b / 1e9),
+)
+SPEEDUP_SLIPS = (
+    ("the model speedup is the ratio of the times, baseline / fused (1.3 means 1.3x), not the fraction of time "
+     "saved (baseline / fused - 1)", lambda s: s - 1),
+    ("the model speedup is the ratio of the times, baseline / fused (1.3 means 1.3x), not a percentage",
+     lambda s: (s - 1) * 100),
+    ("the model speedup is the ratio of the times, baseline / fused, not the share of time saved "
+     "(1 - fused / baseline)", lambda s: 1 - 1 / s),
+)
+
+
 def _residual_hint(got, want, m, n, k) -> str:
     """The usual mistake whose numbers are the student's: both, else the one that differs."""
+    for i, slips in ((0, BYTES_SLIPS), (1, SPEEDUP_SLIPS)):
+        if _close(got[1 - i], want[1 - i]):   # one number right, the other a slip of units or sign
+            hint = next((h for h, f in slips if _close(got[i], f(want[i]))), "")
+            if hint:
+                return hint
     faults = [(h, residual_prediction(m, n, k, **kw)) for h, kw in RESIDUAL_FAULTS]
     both = [h for h, f in faults if all(_close(g, w) for g, w in zip(got, f))]
     if both:
@@ -142,12 +170,13 @@ def check_residual_prediction(fn, name: str = "predicted saving of the residual 
 
 
 def wave_bytes(m, n, k, block_m, block_n, group_m, programs, itemsize=2, *, only=None, times_k=True,
-               whole_grid=False, first_only=False) -> int:
+               whole_grid=False, first_only=False, floor=False) -> int:
     """Operand bytes the whole grid reads from HBM when it runs in waves of ``programs`` tiles (in grouped
     order) and each wave reads every A row tile (block_m x K) and B column tile (K x block_n) it needs
     once, nothing kept from one wave to the next; the keywords make the usual mistakes."""
     from ..kernels.gemm import tile_order
-    order = tile_order(math.ceil(m / block_m), math.ceil(n / block_n), group_m)
+    tiles = (lambda x, b: x // b) if floor else (lambda x, b: math.ceil(x / b))
+    order = tile_order(tiles(m, block_m), tiles(n, block_n), group_m)
     if whole_grid:
         waves = [order]
     else:
@@ -185,6 +214,9 @@ GROUP_FAULTS = (
      "GROUP_M reads the same bytes, and the smallest, 1, is the answer", {"groups": GROUPS[1:]}),
     ("the candidates go up to GROUP_M = 64 (1, 2, 4, 8, 16, 32, 64): at this shape 64 reads the fewest bytes",
      {"groups": GROUPS[:-1]}),
+    ("the operands are 2 bytes an element (bf16), not 4", {"itemsize": 4}),
+    ("count the tiles with a ceiling division, triton.cdiv(m, block_m) and triton.cdiv(n, block_n): a ragged "
+     "edge is a tile too, read in full", {"floor": True}),
 )
 
 
@@ -204,6 +236,11 @@ def check_group_m(fn, name: str = "GROUP_M from the L2 arithmetic") -> None:
         if int(got[0]) == want[0] and _close(got[1], want[1]):
             continue
         hint = next((h for h, kw in GROUP_FAULTS if tuple(got) == group_choice(m, n, k, bm, bn, programs, **kw)), "")
+        if not hint and int(got[1]) == want[0] and _close(got[0], want[1]):
+            hint = "return (group_m, bytes), in that order: yours are swapped"
+        if not hint and int(got[0]) == want[0]:
+            unit = next((u for u, d in UNITS if _close(got[1], want[1] / d)), "")
+            hint = f"the second value is the operand bytes in bytes, not {unit}" if unit else ""
         raise check.CheckFailure(f"{case}: expected GROUP_M={want[0]} reading {want[1]} bytes over all its waves, "
                                  f"got GROUP_M={got[0]} and {got[1]} bytes." + (f"\nHint: {hint}" if hint else ""))
     check.verdict(name, f"the operand bytes of every wave and the GROUP_M that minimizes them, "

@@ -1,6 +1,7 @@
 """Chapter 9's checks' operands and calls: each operand inside NaN guard zones (:class:`Operand`), the
-loads a student's kernel made held against them (:func:`require_loads_inside`, :func:`require_slice_walked`;
-the interpreter records loads, a GPU does not), and a student's function called with its errors said plainly
+loads a student's kernel made held against them (:func:`require_loads_inside`, which names an operand's strides
+swapped or a K mask k <= K when every load of it fits that slip, and :func:`require_slice_walked`; the
+interpreter records loads, a GPU does not), and a student's function called with its errors said plainly
 (:func:`call`). :mod:`course_utils.checkers.gemm` judges with them. Not a checker itself: every check of
 ``gemm`` refuses the course's answers (``check.refuse_answer_key`` over ``answer_keys``, and the launches'
 kernels) before it hands a student's function to :func:`call` (tests/test_gemm_checkers.py holds that).
@@ -57,6 +58,37 @@ LOAD_FAULTS = {
 }
 
 
+#: the stride names of the operands (the exercise kernels' arguments) and their two index names
+ADDRESSING = {"a": ("a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak", "column", "k"),
+              "b": ("b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn", "row", "k"),
+              "residual": ("r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]", None, None)}
+
+
+def _addressing_fault(o: Operand, addr: np.ndarray) -> str:
+    """The slip that explains every load ``addr`` of ``o`` (some outside its elements): its two strides swapped
+    (every load at a transposed address), or (a, b) a K mask that lets index K itself through (every load at an
+    element or at index K); '' when neither fits."""
+    if o.view.dim() != 2 or o.name not in ADDRESSING:
+        return ""
+    size = o.view.element_size()
+    off = (addr.astype(np.int64) - o.view.data_ptr()) // size
+    rows, cols = o.view.shape
+    s0, s1 = o.view.stride()
+    i, j = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    right, how, _ = ADDRESSING[o.name]
+    if how is not None:   # first: the element just past a row of a (or a column of b) is another's transpose
+        edge = (np.arange(rows) * s0 + cols * s1) if how == "column" else (rows * s0 + np.arange(cols) * s1)
+        # all of index K read (every row of a, every column of b: a column overrun of b's last row wraps there
+        # too, but onto a few of them), and nothing else outside
+        if np.isin(edge, off).all() and np.isin(off, np.concatenate([(i * s0 + j * s1).ravel(), edge])).all():
+            return (f"the K mask of {o.name}'s load lets k = K through (the {how} just past its last): mask with "
+                    "k < K, not k <= K")
+    if np.isin(off, (i * s1 + j * s0).ravel()).all():
+        return (f"{o.name}'s two strides are swapped (each element is addressed as its transpose): address it as "
+                f"{right}")
+    return ""
+
+
 def require_loads_inside(case: str, loads, operands, what: str) -> None:
     """Name the operand a masked-in lane read outside of (interpreter only: a GPU records nothing)."""
     from .loads import outside, span
@@ -70,6 +102,11 @@ def require_loads_inside(case: str, loads, operands, what: str) -> None:
         lo, hi = span(o.view)
         inside |= (addr >= lo) & (addr < hi)
     names = [o.name for o in operands if bool((o.holds(addr) & ~inside).any())]
+    slips = [_addressing_fault(o, addr[o.holds(addr)]) for o in operands if o.name in names]
+    if slips and all(slips):
+        raise check.CheckFailure(f"{case}: your kernel loaded {bad} element(s) outside its operands: "
+                                 f"{'; '.join(dict.fromkeys(slips))}. A masked-off lane must not load: past the end "
+                                 "of a buffer there may be no memory at all.")
     faults = "; ".join(LOAD_FAULTS[n] for n in names) or "a load reads memory that is none of the operands"
     if "ragged K" in what and any(n in ("a", "b") for n in names):
         faults = (f"the K mask is missing on the load of {' and '.join(n for n in names if n in 'ab')}: the last "

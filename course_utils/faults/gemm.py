@@ -2,7 +2,8 @@
 :mod:`course_utils.checkers.gemm`): the bias on the wrong axis or masked by M, GELU before the bias, the erf,
 sigmoid or cubic-less forms, the residual's row stride ignored or its mask's M and N swapped, an accumulator
 in float16, a missing K mask and, for the K loop (exercise
-9.1's split-K slice), a slice summed from 0 or past its end and a last partial K tile never summed.
+9.1's split-K slice), a slice summed from 0 or past its end, a slice's K indices without k_start and a last
+partial K tile never summed.
 
 Not a checker itself: nothing here takes a student's function. Every check that uses it first refuses
 the course's answers (``checkers.gemm.refuse_course_answers``: the teaching and tuned kernels and
@@ -34,6 +35,10 @@ def slice_faults(a: torch.Tensor, b: torch.Tensor, slices: int) -> list[tuple[st
     bounds = slice_bounds(k, slices)
     out = [("each slice starts at k_start: a loop from 0 sums the first part of K again in every later slice",
             sum(a[:, :stop] @ b[:stop] for _, stop in bounds))]
+    out.append(("each slice's K indices start at k_start: a loop over range(0, k_stop - k_start, BLOCK_K) needs "
+                "k = k_start + k0 + offs_k (without k_start every slice sums the first K columns again); or loop "
+                "over range(k_start, k_stop, BLOCK_K) with k = k0 + offs_k",
+                sum(a[:, :stop - start] @ b[:stop - start] for start, stop in bounds)))
     for block_k in (16, 32, 64, 128, 256):   # the last tile of a slice runs past k_stop, into the next slice
         ends = [min(start + math.ceil((stop - start) / block_k) * block_k, k) for start, stop in bounds]
         out.append(("a slice ends at k_stop: mask the K lanes of both loads with k < k_stop (other=0.0); the "
