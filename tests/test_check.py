@@ -196,12 +196,13 @@ def test_unscaled_scores_are_named_through_tf32_rounding():
     unscaled softmax is sharp enough that the rounding leaves a few elements outside the tolerance of the
     unscaled float64 candidate (seen on an H100): the near fit still names it."""
     from course_utils.checkers import attention as ca
+    from course_utils.checkers import attention_faults as af
     # on the CPU wherever the session runs: the emulated rounding, not the device's float32 matmul, is the case
     q, k, v = (t.cpu() for t in ca._inputs(2, 3, 1000, 64, torch.float32, 1.0, 0.0))
     p = torch.softmax(_tf32(q) @ _tf32(k).transpose(-1, -2), dim=-1)
     got = _tf32(p) @ _tf32(v)
     atol, rtol = 5e-3, 5e-3   # ATTN_TOLERANCES' float32 on a GPU (the CPU's are tighter: no TF32 there)
-    unscaled = ca._attention64(q, k, v, 1.0, ca._every)
+    unscaled = af._attention64(q, k, v, 1.0, af._every)
     off = ~torch.isclose(got.double(), unscaled, atol=atol, rtol=rtol)
     assert 0 < int(off.sum()) <= 0.01 * got.numel()   # the case this test is for: an exact fit fails
     assert "scores are not scaled" in ca._diagnose(got, q, k, v, False, atol, rtol)

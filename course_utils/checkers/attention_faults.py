@@ -1,0 +1,244 @@
+"""Chapter 7's usual faults, recomputed in float64 (:func:`diagnose`): when an attention output fails its
+case, the scale, exp2 without log2(e), the causal mask, hidden or padded keys scored 0, the online update's
+rescaling, division and running max are tried at every usual key tile, and the one that fits is named; an
+output NaN everywhere, or NaN in rows and right elsewhere, names the exponent's slip behind it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..faults.fits import FaultFits
+
+
+def _attention64(q, k, v, scale: float, keep) -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64, where row i sees key j only if ``keep(i, j)`` (a row that sees
+    no key is NaN, as 0/0 in a kernel)."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    s = q @ k.transpose(-1, -2) * scale
+    s = s.masked_fill(~keep(torch.arange(n)[:, None], torch.arange(n)[None, :]), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+ONLINE_FAULTS = {
+    "acc": ("the accumulator is not rescaled when the running max grows: acc = acc * alpha[:, None] + "
+            "tl.dot(p, v), with alpha = exp(m_old - m_new), as l is"),
+    "l": ("the row sum l is not rescaled when the running max grows: l = l * alpha + tl.sum(p, 1), with alpha = "
+          "exp(m_old - m_new), as the accumulator is"),
+    "norm": ("the accumulator is divided by l inside the key loop: keep acc unnormalized there and divide once, "
+             "after the last key tile (out = acc / l[:, None])"),
+    "nodiv": "the accumulator is never divided by the row sum: after the key loop, out = acc / l[:, None]",
+    "acc_last": ("the accumulator keeps the last key tile only: add the tile's tl.dot(p, v) to the rescaled "
+                 "accumulator, acc = acc * alpha[:, None] + tl.dot(p, v)"),
+    "l_last": ("the row sum l keeps the last key tile only: add the tile's sum to the rescaled l, l = l * alpha + "
+               "tl.sum(p, 1)"),
+    "m_kept": ("the running max is not carried to the next key tile: return m_new (the max of m_old and the tile's "
+               "scores), not m_old; with m_old = -inf on every tile alpha = exp(m_old - m_new) is 0 and only the "
+               "last key tile counts"),
+}
+
+
+#: the faults whose output depends on where a causal row's key loop stops (its last key tile)
+LOOP_STOP_FAULTS = ("norm", "acc_last", "l_last", "m_kept")
+
+
+def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, block_m: int | None = None):
+    """The online softmax over key tiles of ``block_n`` in float64, with one of :data:`ONLINE_FAULTS`; with
+    ``block_m`` (causal), a row's key loop stops after its query tile's last row, as the exercise's does."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    rows = torch.arange(n)[:, None]
+    stop = (rows // block_m + 1) * block_m if block_m else torch.full_like(rows, n)
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(q.shape[:-1], dtype=torch.float64)  # noqa: E741
+    acc = torch.zeros_like(q)
+    for start in range(0, n, block_n):
+        cols = torch.arange(start, min(start + block_n, n))[None, :]
+        s = q @ k[..., start:start + block_n, :].transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(cols > rows, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new).nan_to_num(0.0)   # exp(-inf - -inf): a row with no key yet has nothing
+        p = torch.exp(s - m_new[..., None]).nan_to_num(0.0)
+        pv = p @ v[..., start:start + block_n, :]
+        new_l = (l if fault == "l" else 0.0 if fault == "l_last" else l * alpha) + p.sum(-1)
+        new_acc = (acc if fault == "acc" else 0.0 if fault == "acc_last" else acc * alpha[..., None]) + pv
+        if fault == "norm":
+            new_acc = new_acc / new_l[..., None]
+        visited = (start < stop)[:, 0]   # the rows whose key loop reaches this tile
+        l = torch.where(visited, new_l, l)  # noqa: E741
+        acc = torch.where(visited[:, None], new_acc, acc)
+        m = m if fault == "m_kept" else torch.where(visited, m_new, m)
+    return acc if fault == "nodiv" else acc / l[..., None]
+
+
+def _masked_to_zero64(q, k, v, scale: float, block_n: int, block_m: int | None, causal: bool = True):
+    """Attention in float64 as a kernel computes it when the keys it should hide score 0, not -inf: causal, a
+    mask ``tl.where(keep, s, 0.0)`` (or ``s * keep``); not causal, the padded keys past seq left unmasked (k
+    loaded as 0). Every key tile of ``block_n`` that row i's loop visits (all of them, or with ``block_m`` those
+    up to its query tile's last row) adds exp(0 - m) for each such key, the padded keys past seq too (their v
+    is 0)."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    pad = -(-n // block_n) * block_n
+    i = torch.arange(n)[:, None]
+    j = torch.arange(pad)[None, :]
+    hi = torch.full_like(i, n) if block_m is None else torch.clamp((i // block_m + 1) * block_m, max=n)
+    visited = j < -(-hi // block_n) * block_n
+    s = torch.zeros((*q.shape[:-1], pad), dtype=torch.float64)
+    s[..., :n] = q @ k.transpose(-1, -2) * scale
+    if causal:
+        s = torch.where(j <= i, s, torch.zeros((), dtype=torch.float64))
+    s = s.masked_fill(~visited, float("-inf"))
+    vp = torch.zeros((*v.shape[:-2], pad, v.shape[-1]), dtype=torch.float64)
+    vp[..., :n, :] = v
+    return torch.softmax(s, dim=-1) @ vp
+
+
+PADDED_KEYS = ("the keys past seq in the last key tile are not masked out of the softmax: loaded as 0 (other=0.0), "
+               "each scores 0 and adds exp(0 - m) to the row sum. Hide them: s = tl.where(cols[None, :] < n, s, "
+               "float('-inf'))")
+MASKED_TO_ZERO = ("the causal mask sets the hidden scores to 0, not -inf: a score of 0 still weighs exp(0 - m) in "
+                  "the softmax (s * mask does the same). Hide them with tl.where(offs_m[:, None] >= cols[None, :], "
+                  "s, float('-inf'))")
+ALL_NAN = ("every element of your output is NaN. If your kernel stores every row, the online update made it: on "
+           "the first key tile the running max m_old is -inf, so alpha = exp(m_old - m_new) is 0 there (right), "
+           "while exp(m_new - m_old) (alpha inverted) or exp(s - m_old[:, None]) (p taken against the old max) is "
+           "exp(+inf) = inf, and inf * 0 is NaN. Use alpha = tl.exp(m_i - m_new) and p = tl.exp(s - m_new[:, None])")
+UNWRITTEN_ROWS = ("the last rows of your output are NaN, and every other element is right: they were never "
+                  "stored. The grid must cover every query tile: triton.cdiv(seq, BLOCK_M) programs along axis 0 "
+                  "(seq // BLOCK_M leaves out the last, partial tile), and the store's mask is offs_m[:, None] < n")
+NAN_ROWS = ("rows of your output are NaN or infinite, and every other element is right: the max subtracted is the "
+            "tile's own, tl.max(s, 1), not the running max. In a key tile where every score of a row is masked "
+            "(-inf) that gives exp(-inf - (-inf)) = NaN, and where a tile's max lies far below an earlier one, "
+            "alpha = exp(m_old - m_new) overflows. Use m_new = tl.maximum(m_i, tl.max(s, 1))")
+
+
+def _online_masked64(q, k, v, scale: float, keep, block_n: int, block_m: int | None):
+    """The right online softmax in float64 under the mask ``keep(i, j)``, NaN where a kernel's is: a row whose
+    running max is still -inf after a key tile (every score it has seen masked) gets exp(-inf - (-inf)) = NaN,
+    which stays. With ``block_m``, a row's key loop stops after its query tile's last row."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    n = q.shape[-2]
+    rows = torch.arange(n)[:, None]
+    stop = (rows // block_m + 1) * block_m if block_m else torch.full_like(rows, n)
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(q.shape[:-1], dtype=torch.float64)  # noqa: E741
+    acc = torch.zeros_like(q)
+    for start in range(0, n, block_n):
+        cols = torch.arange(start, min(start + block_n, n))[None, :]
+        s = (q @ k[..., start:start + block_n, :].transpose(-1, -2) * scale).masked_fill(~keep(rows, cols),
+                                                                                           float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        visited = (start < stop)[:, 0]
+        l = torch.where(visited, l * alpha + p.sum(-1), l)  # noqa: E741
+        acc = torch.where(visited[:, None], acc * alpha[..., None] + p @ v[..., start:start + block_n, :], acc)
+        m = torch.where(visited, m_new, m)
+    return acc / l[..., None]
+
+
+def _every(i, j):
+    return (i >= 0) & (j >= 0)
+
+
+def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
+    """The usual fault that explains ``got``, as a hint ('' when none fits)."""
+    d = q.shape[-1]
+    scale = d ** -0.5
+    right = (lambda i, j: j <= i) if causal else _every
+    faults = [
+        ("the scores are not scaled: multiply q k^T by sm_scale = 1/sqrt(head_dim) before the softmax "
+         "(a factor on p after the exp cancels in acc / l)", 1.0, right),
+        ("the scores are scaled by 1/head_dim: the scale is 1/sqrt(head_dim)", 1.0 / d, right),
+        ("the exponentials are tl.exp2 without the log2(e) factor: exp2(x) = exp(x ln 2), a softmax of the scores "
+         "times ln 2. Use tl.exp, or multiply the scores by log2(e) = 1.4427 before tl.exp2", scale * math.log(2.0),
+         right),
+    ]
+    keep = "s = tl.where(offs_m[:, None] >= cols[None, :], s, float('-inf'))"
+    masks = []
+    if causal:
+        masks = [
+            (f"the causal mask is missing: row i sees the keys j <= i only, {keep}", _every),
+            (f"the causal mask drops the diagonal (j < i): a query sees its own key too, {keep}; with j < i row 0 "
+             "sees no key at all and its 0/0 is NaN", lambda i, j: j < i),
+            (f"the causal mask is reversed (j >= i): row i sees the keys j <= i, the past, {keep}",
+             lambda i, j: j >= i),
+            (f"the causal mask lets a query see the next key (j <= i + 1): {keep}", lambda i, j: j <= i + 1),
+            (f"the causal mask keeps the future keys (j > i) and hides the rest: tl.where(cond, s, float('-inf')) "
+             f"keeps s where cond is True, so cond says which keys a query sees, {keep}", lambda i, j: j > i),
+        ]
+        # a causal key loop that stops after the query tile's last row sees only the keys j < (i // BLOCK_M + 1)
+        # * BLOCK_M: a wrong mask then shows inside that bound only
+        for block_m in (None, 16, 32, 64, 128, 256):
+            for hint, mask in masks:
+                seen = mask if block_m is None else (
+                    lambda i, j, mask=mask, bm=block_m: mask(i, j) & (j < (i // bm + 1) * bm))
+                faults.append((hint, scale, seen))
+    g = got.detach().to("cpu", torch.float64)
+    if bool(torch.isnan(g).all()):
+        return ALL_NAN
+    # NaN where a key tile left a row without any key (a kernel's exp(-inf - -inf)) does not hide the fault:
+    # a candidate fits where the output is finite, if that is at least a quarter of it
+    finite = torch.isfinite(g)
+    if float(finite.double().mean()) < 0.25:
+        # NaN in most rows: a mask that hides every key of a row's first key tiles (exp(-inf - (-inf)) there)
+        # names itself only by a model that makes the same NaN: its NaN where yours is, its numbers elsewhere
+        n = q.shape[-2]
+        i = torch.arange(n)[:, None]
+        for hint, mask in masks if causal else ():
+            for block_n in (16, 32, 64, 128):
+                for block_m in (None, 16, 32, 64, 128, 256):
+                    # the model's NaN rows first (cheap): those that see no key in the first key tile
+                    j = torch.arange(min(block_n, n))[None, :]
+                    stop = n if block_m is None else torch.clamp((i // block_m + 1) * block_m, max=n)
+                    nan_rows = ~(mask(i, j) & (j < stop)).any(1)
+                    if not torch.equal(nan_rows[:, None].expand(n, q.shape[-1]).expand_as(finite), ~finite):
+                        continue
+                    cand = _online_masked64(q, k, v, scale, mask, block_n, block_m)
+                    if torch.equal(torch.isnan(cand), ~finite) and bool(
+                            torch.isclose(g[finite], cand[finite], atol=atol, rtol=rtol).all()):
+                        return hint
+        return ""
+    # the first candidate that fits everywhere names the fault; failing that, one that nearly fits (FaultFits)
+    expected = _attention64(q, k, v, scale, right)
+    fits = FaultFits(g, atol, rtol, where=finite, right=expected)
+    if not bool(finite.all()) and bool(torch.isfinite(expected).all()) and bool(
+            torch.isclose(g[finite], expected[finite], atol=atol, rtol=rtol).all()):
+        bad = ~finite.all(-1)   # (batch, heads, seq): the rows with a NaN or an infinity
+        first = int(bad.double().argmax(-1).min())
+        if bool(bad[..., first:].all()) and not bool(bad[..., :first].any()):
+            return UNWRITTEN_ROWS   # the last rows alone: never stored (still the NaN the output was filled with)
+        return NAN_ROWS   # right wherever finite: the NaN rows are the fault (every candidate below fits there too)
+    for hint, sc, keep_fn in faults:
+        if fits.add(hint, _attention64(q, k, v, sc, keep_fn)):
+            return hint
+    if causal:
+        for block_n in (16, 32, 64, 128):
+            for block_m in (None, 16, 32, 64, 128, 256):
+                if fits.add(MASKED_TO_ZERO, _masked_to_zero64(q, k, v, scale, block_n, block_m)):
+                    return MASKED_TO_ZERO
+    else:
+        for block_n in (16, 32, 64, 128):
+            if q.shape[-2] % block_n and fits.add(PADDED_KEYS, _masked_to_zero64(q, k, v, scale, block_n, None,
+                                                                                 causal=False)):
+                return PADDED_KEYS
+    if fits.best():   # a near fit among these: the online update's candidates below cost far more to compute
+        return fits.best()
+    if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size
+        tiles = (16, 32, 64, 128)
+        for fault, hint in ONLINE_FAULTS.items():
+            for block_n in tiles:
+                if block_n >= q.shape[-2] and fault != "nodiv":
+                    break
+                for block_m in (None, *(t for t in tiles if causal and fault in LOOP_STOP_FAULTS and t >= block_n)):
+                    named = hint if fault == "nodiv" else f"{hint} (it fits key tiles of BLOCK_N = {block_n})"
+                    if fits.add(named, _online64(q, k, v, scale, causal, block_n, fault, block_m)):
+                        return named
+                if fault == "nodiv":
+                    break   # the same for every tile size
+    return fits.best()
