@@ -111,9 +111,6 @@ def _dw_input_hint(got, what, x64, dy64, mean64, rstd64, bounds) -> str:
     """x_hat without the mean or without rstd, dw holding dy's sums, or NaN from the statistics read past their
     end (the check puts NaN there)."""
     if not bool(torch.isfinite(got).all()):
-        if bool(torch.isnan(got[:-1]).all(-1).any()):   # a whole row, not the last run's: never written
-            return (f"some partial {what} rows hold only the NaN the check filled them with: they were never "
-                    f"written. Program pid_m stores its sums in row pid_m, {what}_partial_ptr + pid_m * n_cols + cols.")
         return NAN_STATS_HINT if bool(torch.isnan(got).any()) else ""
     if what != "dw":
         return ""
@@ -150,6 +147,13 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
             {"x_row_stride": x.stride(0), "dy_row_stride": dy.stride(0), "n_cols": n_cols})
     for g, what in ((dw, "dw_partial"), (db, "db_partial")):
         g.check(f"{case}, {what}", "mask the columns of the last block: cols < n_cols")
+    # whole rows of both still NaN, as the check filled them (db reads no statistics: no NaN reaches its sums)
+    unwritten = [p for p in range(n_programs) if all(bool(torch.isnan(g.tensor[p]).all()) for g in (dw, db))]
+    if unwritten:
+        raise check.CheckFailure(
+            f"{case}: partial rows {unwritten[:8]} of dw_partial and db_partial hold only the NaN the check filled "
+            "them with: they were never written. Program pid_m stores its sums in row pid_m, dw_partial_ptr + "
+            "pid_m * n_cols + cols (and db_partial_ptr + pid_m * n_cols + cols).")
     dy64 = dy.to("cpu", torch.float64)
     x_hat = (x64 - mean.cpu().double()[:, None]) * rstd.cpu().double()[:, None]
     bounds = [(s, min(s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]

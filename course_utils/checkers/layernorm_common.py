@@ -84,6 +84,10 @@ EPS_HINT = (f"the small rows (variance about {SMALL ** 2:g}) come out as if eps 
             f"passes eps={EPS:g}. Use the eps argument: rstd = 1 / sqrt(var + eps).")
 
 
+MASKED_LANES_HINT = ("rstd is wrong: do masked lanes add to the variance? Lanes past n_cols hold 0, and 0 - mean is "
+                     "not 0: use tl.where(mask, x - mean, 0.0).")
+
+
 def _chan_m2(x64: torch.Tensor, block: int, late_delta: bool = False) -> torch.Tensor:
     """M2 per row from Welford chunks merged with Chan's formula, in float64; ``late_delta``: the delta^2 term
     taken from the mean after its update (m_b - m), the usual slip."""
@@ -140,6 +144,9 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
     if not right and any(near(want) for want in (1.0 / rstd64, var64 + eps, var64)):
         return ("the rstd you stored is the variance or the standard deviation sqrt(var + eps), not its reciprocal: "
                 "store rstd = 1 / sqrt(var + eps), the factor y (and the backward) multiplies by.")
+    pad = (block - n % block) % block   # padded lanes of the row's last (or only) block
+    if pad and not right and near((var64 + pad * x64[:, n - n % block:].mean(-1) ** 2 / n + eps) ** -0.5):
+        return MASKED_LANES_HINT
     bad = _rel(rstd, rstd64) > rstd_rtol(mean64, rstd64, n, eps)
     if x.shape[0] > 1 and bool(bad[0::2].any()) and not bool(bad[1::2].any()) and \
             bool((_mean_err(mean, mean64, x64) < MEAN_F32).all()):
@@ -153,8 +160,7 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
         return ("the statistics are close but not float32-accurate: are they computed in 16 bits (float16/bfloat16 "
                 "statistics)? Accumulate the sums in float32.")
     if n % block and bool(bad.any()):
-        return ("rstd is wrong: do masked lanes add to the variance? Lanes past n_cols hold 0, and 0 - mean is not 0: "
-                "use tl.where(mask, x - mean, 0.0).")
+        return MASKED_LANES_HINT
     return ""
 
 
