@@ -21,7 +21,10 @@ def _delta(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOC
     if FAULT == "no mask":
         mask = offsets < BLOCK_D
     do_stride = o_row_stride if FAULT == "one stride" else do_row_stride
-    o = tl.load(o_ptr + pid * o_row_stride + offsets, mask=mask, other=0.0)
+    o_stride = do_row_stride if FAULT == "O at dO's stride" else o_row_stride
+    if FAULT == "rows head_dim apart":  # the rows taken as contiguous
+        o_stride, do_stride = head_dim, head_dim
+    o = tl.load(o_ptr + pid * o_stride + offsets, mask=mask, other=0.0)
     do = tl.load(do_ptr + pid * do_stride + offsets, mask=mask, other=0.0)
     if FAULT != "16-bit products":
         o, do = o.to(tl.float32), do.to(tl.float32)
@@ -52,6 +55,8 @@ def test_delta_checker_passes_the_right_kernel(capsys):
     ("16-bit products", "in 16 bits"),
     ("mean not sum", "divided by head_dim"),
     ("O times O", "rowsum\\(O \\* O\\)"),
+    ("O at dO's stride", "differ" if cu.on_gpu() else "rows of o 47 elements apart, the value of do_row_stride"),
+    ("rows head_dim apart", "rows head_dim elements apart"),
 ])
 def test_delta_checker_fails_wrong_kernels(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -74,6 +79,13 @@ def _sigmoid_2a(z):  # GELU's tanh form is z * s with s = sigmoid(2a), a = sqrt(
 
 
 @triton.jit
+def _gelu_grad_cubic_slip(z):  # d/dz of 0.044715 z^3 taken as 0.044715 z^2: the factor 3 forgotten
+    a = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
+    s = 1.0 / (1.0 + tl.exp(-2.0 * a))
+    return s + z * 2.0 * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 0.044715 * z * z)
+
+
+@triton.jit
 def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
                    FAULT: tl.constexpr):
     pid = tl.program_id(0)
@@ -83,7 +95,10 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
         offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    b = tl.load(bias_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+    if FAULT == "bias by row":
+        b = tl.load(bias_ptr + offsets // n_cols, mask=mask).to(tl.float32)
+    else:
+        b = tl.load(bias_ptr + offsets % n_cols, mask=mask).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=mask).to(tl.float32)
     if FAULT == "no bias":
         b = 0.0 * b
@@ -93,6 +108,8 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
         g = gelu_grad(x + b, False)
     elif FAULT == "s only":  # the product rule's second term, z * s', left out
         g = _sigmoid_2a(x + b)
+    elif FAULT == "cubic without its 3":
+        g = _gelu_grad_cubic_slip(tl.minimum(tl.maximum(x + b, -20.0), 20.0))
     else:
         g = gelu_grad(x + b, True)
     if FAULT == "mask repeats every tile":
@@ -100,6 +117,8 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
     else:
         r = tl.rand(seed, offsets)
     scale = 1.0 if FAULT == "no rescale" else 1.0 / (1.0 - p)
+    if FAULT == "times 1 - p":
+        scale = 1.0 - p
     dx = dy * g * scale
     if FAULT == "mask inverted":
         dx = tl.where(r < p, dx, 0.0)
@@ -126,6 +145,9 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
     ("erf derivative", "erf form"),
     ("s only", "product rule"),
     ("mask inverted", "mask is inverted"),
+    ("times 1 - p", "multiplied by 1 - p"),
+    ("cubic without its 3", "3 \\* 0.044715"),
+    ("bias by row", "bias\\[row\\]"),
     # 8 GiB on a GPU: run where nothing else holds the card (make test-gpu's serial bigmem run)
     pytest.param("int32 offsets", "past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* BLOCK_SIZE", marks=pytest.mark.bigmem),
 ])
@@ -180,6 +202,8 @@ def _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: t
     if CAUSAL:
         if FAULT == "top-left":
             keep = keep & (cols[None, :] <= rows[:, None])
+        elif FAULT == "diagonal hidden":
+            keep = keep & (cols[None, :] < rows[:, None] + causal_offset)
         elif FAULT == "offset clamped at 0" or FAULT == "offset clamped, lse -inf kept":
             keep = keep & (cols[None, :] <= rows[:, None] + tl.maximum(causal_offset, 0))
         else:
@@ -188,6 +212,8 @@ def _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL: t
         lse = tl.where(lse == float("-inf"), float("inf"), lse)
     if FAULT == "exp2 of a natural lse":
         p = tl.math.exp2(s - lse[:, None])
+    elif FAULT == "P without lse":
+        p = tl.exp(s)
     else:
         p = tl.exp(s - lse[:, None])
     return tl.where(keep, p, 0.0)
@@ -336,6 +362,8 @@ def test_flash_backward_checker_passes_the_right_kernels(variant, capsys):
     ("causal tile skip off by one", f"q 1x2x{checks.ATTN_CASES[4][3]}x(.|\n)*key loop stops one tile early"),
     ("dQ accumulated in the inputs' dtype", "dQ's sum over the key tiles lost precision"),
     ("no causal mask in the dK/dV pass", "matches P recomputed with no causal mask"),
+    ("diagonal hidden", "hides the diagonal"),
+    ("P without lse", "without subtracting lse"),
     pytest.param("dQ reads k/v head h", "q head h reads k/v head h // group", marks=pytest.mark.skipif(
         cu.on_gpu(), reason="loads are inspected under the interpreter only")),
     pytest.param("dQ pass rows unmasked", "loaded .* outside q",

@@ -25,15 +25,17 @@ INTERPRETER_ONLY = pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected u
 # for the "statistics in bf16" mistake; on a GPU the bf16 version fails the same way), 4 padded lanes
 # in the variance, 5 mean divided by BLOCK_SIZE, 6 rows found with n_cols instead of the stride, 7 eps
 # ignored (a default of 1e-5 written in), 8 the weight loaded without a mask (lanes past n_cols read),
-# 9 the sample variance (divided by n_cols - 1), 10 sqrt(var + eps) stored as rstd (not its reciprocal).
+# 9 the sample variance (divided by n_cols - 1), 10 sqrt(var + eps) stored as rstd (not its reciprocal), 11 y stored
+# with x_row_stride.
 
 
 @pytest.fixture(autouse=True)
 def _replayable_draws(monkeypatch):
-    """These tests assert the hint each fault gets. A fresh draw can, rarely, make one fault look like another
-    (the one-pass variance's error can come out small enough to read as 16-bit statistics), so here each
-    check's draws come from fixed seeds, the same on every run; the checkers still draw fresh inputs for a
-    student."""
+    """These tests assert the hint each fault gets; here each check's draws come from fixed seeds, so that a
+    failure replays. The checkers draw fresh inputs for a student, and name each fault on any draw: a mean's
+    error is measured against its row's scale, not the mean itself (a row centred near 0 once made a float32
+    mean read as a 16-bit one, and 16-bit statistics read as masked lanes), and the padded lanes' variance is
+    recognised by its value, not only by elimination."""
     seeds = iter(range(20261127, 20261127 + 10**6))
 
     def generator(device=None):
@@ -77,7 +79,8 @@ def _forward(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
         w = tl.load(w_ptr + offsets, mask=mask).to(tl.float32)
     b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
     y = (x - mean).to(tl.float32) * rstd * w + b
-    tl.store(y_ptr + pid * y_row_stride + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    y_stride = x_row_stride if MODE == 11 else y_row_stride
+    tl.store(y_ptr + pid * y_stride + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(mean_ptr + pid, mean.to(tl.float32))
     if MODE == 10:
         tl.store(rstd_ptr + pid, 1.0 / rstd)
@@ -129,6 +132,7 @@ def test_forward_check_refuses_a_kernel_that_calls_the_answer_key():
     pytest.param(8, "outside its inputs", marks=INTERPRETER_ONLY),
     (9, "n_cols - 1 \\(the sample variance"),
     (10, "not its reciprocal"),
+    (11, "stored the rows of y 18 elements apart, the value of x_row_stride"),
 ])
 def test_wrong_forward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -198,7 +202,8 @@ def test_untouched_exercise_raises_not_implemented():
 # others store 0 (the sum of the partial rows is right), 7 mean and rstd loaded without the row mask, 8 the
 # accumulators in the input's dtype, 9 dy's rows found with x_row_stride, 10 x's rows found with dy_row_stride,
 # 11 dw sums dy (db's sum), 12 the tile loop drops a run's last, partial tile, 13 dw and db stored swapped,
-# 14 x_hat without rstd (x - mean).
+# 14 x_hat without rstd (x - mean), 15 dw sums x_hat (dy left out), 16 no loop over tiles (a run's first BLOCK_M
+# rows only), 17 the partial rows stored without pid_m (every program writes row 0).
 
 
 @triton.jit
@@ -214,6 +219,8 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
     if MODE == 6:
         end = tl.where(pid_m == 0, n_rows, 0)
     start = first
+    if MODE == 16:
+        end = tl.minimum(end, first + BLOCK_M)
     while start < end - (BLOCK_M - 1 if MODE == 12 else 0):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < (n_rows if MODE == 5 else end)
@@ -242,6 +249,9 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
         elif MODE == 8:
             dw = (dw + tl.sum(dy * x_hat, axis=0)).to(x_ptr.dtype.element_ty).to(tl.float32)
             db = (db + tl.sum(dy, axis=0)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        elif MODE == 15:
+            dw += tl.sum(x_hat, axis=0)
+            db += tl.sum(dy, axis=0)
         else:
             dw += tl.sum(dy * x_hat, axis=0)
             db += tl.sum(dy, axis=0)
@@ -249,8 +259,9 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
     store_mask = cols < BLOCK_N * tl.num_programs(1) if MODE == 3 else col_mask
     if MODE == 13:
         dw, db = db, dw
-    tl.store(dw_partial_ptr + pid_m * n_cols + cols, dw, mask=store_mask)
-    tl.store(db_partial_ptr + pid_m * n_cols + cols, db, mask=store_mask)
+    row = 0 if MODE == 17 else pid_m
+    tl.store(dw_partial_ptr + row * n_cols + cols, dw, mask=store_mask)
+    tl.store(db_partial_ptr + row * n_cols + cols, db, mask=store_mask)
 
 
 def _dw_mode(mode):
@@ -287,6 +298,9 @@ def test_dw_db_check_refuses_the_answer_key(kernel):
     (12, "misses the rows of its run's last, partial tile"),
     (13, "the two stores are swapped"),
     (14, "times the row's rstd too"),
+    (15, "dw matches sum\\(x_hat\\)"),
+    (16, "the first BLOCK_M rows of its run only"),
+    (17, "never written"),
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -343,7 +357,8 @@ def test_fresh_inputs_every_call():
 # MODE: 0 right, 1 eps ignored (1e-6 written in), 2 LayerNorm's formula (mean subtracted, mean(g) term),
 # 3 dx = g * rstd (the x_hat * mean(g * x_hat) term forgotten), 4 means divided by BLOCK_SIZE, 5 the weight
 # loaded without a mask, 6 dy's rows found with x_row_stride, 7 the weight left out (g = dy), 8 the weight
-# multiplied in at the end, 9 x_hat * sum(g * x_hat) not divided by n_cols.
+# multiplied in at the end, 9 x_hat * sum(g * x_hat) not divided by n_cols, 10 the last factor rstd left out,
+# 11 the sum taken over dy * x_hat (the weight left out of it alone), 12 dx stored with x_row_stride.
 
 
 @triton.jit
@@ -373,9 +388,14 @@ def _rms_dx(dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride, d
         dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n) * rstd * w
     elif MODE == 9:
         dx = (g - x_hat * tl.sum(g * x_hat, axis=0)) * rstd
+    elif MODE == 10:
+        dx = g - x_hat * tl.sum(g * x_hat, axis=0) / n
+    elif MODE == 11:
+        dx = (g - x_hat * tl.sum(tl.where(mask, dy, 0.0) * x_hat, axis=0) / n) * rstd
     else:
         dx = (g - x_hat * tl.sum(g * x_hat, axis=0) / n) * rstd
-    tl.store(dx_ptr + pid * dx_row_stride + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    dx_stride = x_row_stride if MODE == 12 else dx_row_stride
+    tl.store(dx_ptr + pid * dx_stride + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _rms_mode(mode):
@@ -407,6 +427,9 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
     (7, "dx leaves out the weight"),
     (8, "w multiplies dx at the end"),
     (9, "not divided by n_cols"),
+    (10, "misses its last factor rstd"),
+    (11, "is over dy \\* x_hat"),
+    (12, "stored the rows of dx 18 elements apart, the value of x_row_stride"),
 ])
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -430,7 +453,8 @@ def test_a_stride_mixup_is_named_from_the_output_alone():
 # 1 one-pass sums of x and x^2 over the chunks (E[x^2] - E[x]^2), 2 the last, partial chunk counted as
 # BLOCK_SIZE lanes, 3 its padded lanes in the chunk's M2, 4 Chan's merge without the delta^2 term, 5 three passes
 # (the mean, then the centered squares, then y: right numbers, not Welford), 6 delta^2 taken from the mean after
-# its update, 7 eps outside the square root, 8 eps added after it.
+# its update, 7 eps outside the square root, 8 eps added after it, 9 w and b loaded at the first chunk's columns
+# in every chunk of the y pass, 10 the statistics of the row's first chunk alone (no loop for them).
 
 
 @triton.jit
@@ -441,7 +465,7 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
     count = 0.0
     mean = 0.0
     m2 = 0.0
-    for start in tl.range(0, n_cols, BLOCK_SIZE):
+    for start in tl.range(0, BLOCK_SIZE if MODE == 10 else n_cols, BLOCK_SIZE):
         mask = start + offsets < n_cols
         x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
         if MODE == 1 or MODE == 5:
@@ -478,6 +502,8 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
             x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
             xc = tl.where(mask, x - mean, 0.0)
             m2 += tl.sum(xc * xc, axis=0)
+    if MODE == 10:
+        m2 = m2 * n_cols / count   # the first chunk's variance, as if it were the row's
     if MODE == 7:
         rstd = 1.0 / (tl.sqrt(m2 / n_cols) + eps)
     elif MODE == 8:
@@ -487,8 +513,9 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
     for start in tl.range(0, n_cols, BLOCK_SIZE):
         mask = start + offsets < n_cols
         x = tl.load(x_ptr + pid * x_row_stride + start + offsets, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + start + offsets, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + start + offsets, mask=mask, other=0.0).to(tl.float32)
+        wb = offsets if MODE == 9 else start + offsets
+        w = tl.load(w_ptr + wb, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + wb, mask=mask, other=0.0).to(tl.float32)
         y = (x - mean) * rstd * w + b
         tl.store(y_ptr + pid * y_row_stride + start + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(mean_ptr + pid, mean)
@@ -511,6 +538,8 @@ def test_chunked_welford_kernel_passes_the_chunked_check(capsys):
                                          (4, "Chan's merge lost its delta"),
                                          (6, "delta from the mean after its update"),
                                          (7, "eps is outside the square root"), (8, "eps is outside the square root"),
+                                         (9, "w and b read at the first chunk's columns"),
+                                         (10, "first chunk alone"),
                                          pytest.param(5, "reads each element of x 3.00 times", marks=INTERPRETER_ONLY)])
 def test_wrong_chunked_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -520,5 +549,5 @@ def test_wrong_chunked_kernels_fail_naming_the_fault(mode, words):
 def test_chunked_check_fails_one_pass_sums_and_a_whole_row_kernel():
     with pytest.raises(check.CheckFailure, match="one-pass variance"):
         checks.check_forward_kernel(_chunked_mode(1), chunk=64)
-    with pytest.raises(check.CheckFailure, match="differ"):
+    with pytest.raises(check.CheckFailure, match="first chunk alone"):
         checks.check_forward_kernel(_mode(0), chunk=64)  # the whole row in one block: only its first chunk

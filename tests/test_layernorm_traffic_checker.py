@@ -14,16 +14,21 @@ def _student(mistake: str = ""):
     def count(n_rows, n_cols, itemsize, rows_per_program):
         m, n, b = n_rows, n_cols, itemsize
         runs = m // rows_per_program if mistake == "floor" else -(-m // rows_per_program)
+        if mistake == "divide":
+            runs = m / rows_per_program
         stats = 0 if mistake == "stats" else 2 * m * (2 if mistake == "stat16" else 4)
         partial = (1 if mistake == "dw only" else 2) * runs * n * (2 if mistake == "partial16" else 4)
         moves = 1 if mistake == "partials once" else 2
         weight = 0 if mistake == "weight" else n * b
-        out = 0 if mistake == "outputs" else 2 * n * b
+        out = 0 if mistake == "outputs" else 2 * n * (4 if mistake == "outputs32" else b)
         once = (2 if mistake == "no dx" else 3) * m * n * b + weight + stats + out
         ours = once + (0 if mistake == "no partials" else moves * partial)
         reread = 2 * m * n * b + (0 if mistake == "no stats reread" else stats)
         theirs = once if mistake == "no reread" else once + reread
-        return ours, theirs
+        if mistake == "swapped":
+            return theirs, ours
+        unit = {"MB": 1e6, "GiB": 2**30}.get(mistake, 1)
+        return (ours / unit, theirs / unit) if unit != 1 else (ours, theirs)
     return count
 
 
@@ -65,6 +70,11 @@ def test_a_function_that_calls_the_traffic_model_is_refused():
     ("no reread", "GammaBeta kernel reads x and dy again"),
     ("no dx", "dx is written"),
     ("no stats reread", "reads mean and rstd again too"),
+    ("divide", "counts a fraction of a row"),
+    ("outputs32", "not as float32"),
+    ("swapped", "the two counts are swapped"),
+    ("MB", "in MB \\(1e6 bytes\\)"),
+    ("GiB", "in GiB \\(2\\*\\*30 bytes\\)"),
 ])
 def test_each_mistake_fails_naming_it(mistake, words):
     with pytest.raises(check.CheckFailure, match=words):

@@ -83,6 +83,10 @@ def _delta_diagnose(kernel, dtype) -> str:
     if fits((o64[:read.shape[0]] * read).sum(-1), read.shape[0]):
         return ("delta is what dO read with O's row stride gives: each tensor has its own row stride, "
                 "dO's row pid at do_ptr + pid * do_row_stride.")
+    if fits((_read_with_stride(o, head_dim) * _read_with_stride(do, head_dim)).sum(-1)):
+        return ("delta is what O and dO read with their rows head_dim elements apart give, as if they were "
+                "contiguous: the check's rows are further apart. Row pid of O is at o_ptr + pid * o_row_stride, "
+                "of dO at do_ptr + pid * do_row_stride.")
     if fits(right / head_dim):
         return "delta is the row's sum divided by head_dim (a mean): D is the plain sum, tl.sum(o * do)."
     if fits((o64 * o64).sum(-1)) or fits((do64 * do64).sum(-1)):
@@ -111,7 +115,15 @@ def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = row
             with check.track_loads() as loads:
                 _launch(kernel, (n_rows,), (o, do, delta.tensor, head_dim, o.stride(0), do.stride(0)),
                         {"BLOCK_D": triton.next_power_of_2(head_dim)}, case, signature)
-            check.check_loads_inside(case, loads, [o, do])
+            try:
+                check.check_loads_inside(case, loads, [o, do])
+            except check.CheckFailure:   # a row stride that reaches past a tensor's end: named as such
+                from .layernorm_common import _stride_fault
+                fault = _stride_fault(loads, {"o": o, "do": do}, {"o_row_stride": o.stride(0),
+                                                                  "do_row_stride": do.stride(0), "head_dim": head_dim})
+                if fault:
+                    raise check.CheckFailure(f"{case}: {fault}") from None
+                raise
             delta.check(case, hint)
             expected = (o.double() * do.double()).sum(-1)
             # float32 products summed over head_dim terms: a few float32 ulps of the largest term each
@@ -180,6 +192,17 @@ def _diagnose(kernel, block_size: int, p: float) -> str:
                 "tl.rand(seed, offsets) >= p (an element survives with probability 1 - p).")
     if matches(dy * grad * kept):
         return "dx is right on kept elements up to a factor 1 - p: multiply kept elements by 1 / (1 - p)."
+    if matches(dy * grad * kept * (1 - p)):
+        return ("kept elements are multiplied by 1 - p: the forward scaled them by 1 / (1 - p) (inverted dropout), "
+                "so the backward divides by 1 - p too.")
+    x = z - b
+    if matches(dy * _gelu_grad64(x + b[:x.shape[0], None]) * kept / (1 - p)):
+        return ("z = x + bias[row]: the bias is indexed by the element's column, bias[offsets % n_cols], not by its "
+                "row (offsets // n_cols).")
+    cubic = s + z * 2 * s * (1 - s) * 0.7978845608028654 * (1 + 0.044715 * z ** 2)
+    if matches(dy * cubic * kept / (1 - p)):
+        return ("the derivative of the cubic term lost its 3: a = sqrt(2/pi) * (z + 0.044715 z^3), so "
+                "da/dz = sqrt(2/pi) * (1 + 3 * 0.044715 z^2).")
     if matches(dy * grad / (1 - p)) or matches(dy * grad):
         return "no element of dx is dropped: regenerate the forward's mask, keep = tl.rand(seed, offsets) >= p."
     dropped = ~keep.bool()

@@ -114,6 +114,12 @@ def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
             "no causal mask (the dK/dV pass must mask P as the dQ pass does: key j visible from query i when "
             "j <= i + causal_offset)":
                 dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep))) if causal else None,
+            "a causal mask that hides the diagonal: key j is visible from query i when j <= i + causal_offset "
+            "(<=, not <)":
+                dict(p=lambda s, lse, keep: _masked_p(s, lse, keep & torch.ones_like(keep).tril(N_kv - N - 1)))
+                if causal else None,
+            "P = exp(S) without subtracting lse: P = exp(Q K^T * sm_scale - lse), the forward's normalization":
+                dict(p=lambda s, lse, keep: _masked_p(s, torch.zeros_like(lse), keep)),
             "no softmax scale in S = Q K^T * sm_scale":
                 dict(p=lambda s, lse, keep: _masked_p(s / scale, lse, keep)),
             "a softmax scale applied twice in S = Q K^T * sm_scale":

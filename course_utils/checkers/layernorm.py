@@ -30,6 +30,7 @@ from .layernorm_common import (
     diagnose_stats,
     refuse,
     rstd_rtol,
+    store_stride_fault,
 )
 from .loads import LOADS_SEEN
 
@@ -47,6 +48,20 @@ def _y_atol(dtype, n_cols, mean64, rstd64, w) -> float:
     """y's tolerance: the dtype's, plus log2(N) float32 roundings of |mean| (offset rows) times rstd * |w|."""
     cond = float((mean64.abs() * rstd64).max()) * float(w.abs().max())
     return check.tolerance(dtype)[0] + max(1.0, n_cols.bit_length()) * F32_EPS * cond
+
+
+def _y_hint(y, x64, mean64, rstd64, w, b, block) -> str:
+    """y's hint: names w and b read at the first chunk's columns in every chunk (rows longer than a block)."""
+    n = x64.shape[-1]
+    if block < n:
+        cols = torch.arange(n) % block
+        w64, b64 = w.cpu().double()[cols], b.cpu().double()[cols]
+        want = (x64 - mean64[:, None]) * rstd64[:, None] * w64 + b64
+        got = y.to("cpu", torch.float64)
+        if bool(((got - want).abs() / want.abs().amax(-1, keepdim=True).clamp_min(1e-30) < 1e-2).all()):
+            return ("y matches w and b read at the first chunk's columns in every chunk: load them at the chunk's "
+                    "own columns, w_ptr + start + offsets (and b_ptr + start + offsets), as x.")
+    return "y = (x - mean) * rstd * w + b, stored in y's dtype (y.to(y_ptr.dtype.element_ty))."
 
 
 def _check_passes(case: str, loads, x: torch.Tensor, chunk) -> None:
@@ -89,9 +104,16 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             check.require(not loads.widths or max(loads.widths) <= block, f"{case}: your kernel loads "
                           f"{max(loads.widths or [0])} lanes at once, launched with BLOCK_SIZE={block}: loop over "
                           "the row in chunks of tl.arange(0, BLOCK_SIZE).")
-            for g, what in ((y, "y"), (mean, "mean"), (rstd, "rstd")):
-                g.check(f"{case}, {what}", "mask the store of y; one mean and one rstd per row, at pid")
             x64, mean64, rstd64 = _stats64(before)
+            y64 = (x64 - mean64[:, None]) * rstd64[:, None] * w.cpu().double() + b.cpu().double()
+            for g, what in ((y, "y"), (mean, "mean"), (rstd, "rstd")):
+                try:
+                    g.check(f"{case}, {what}", "mask the store of y; one mean and one rstd per row, at pid")
+                except check.CheckFailure:
+                    fault = store_stride_fault(y, y64, "y", {"x_row_stride": x.stride(0)}) if g is y else ""
+                    if fault:
+                        raise check.CheckFailure(f"{case}: {fault}") from None
+                    raise
             hint = diagnose_stats(mean.tensor, rstd.tensor, before, block=block) or fwd_hint
             check.compare(f"{case}: mean", mean.tensor, mean64, dtype=torch.float32, atol=1e-4, rtol=1e-5, hint=hint)
             rtol = rstd_rtol(mean64, rstd64, n_cols)
@@ -100,9 +122,8 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
                 row = int(off.nonzero()[0])
                 check.compare(f"{case}: rstd (row {row})", rstd.tensor[row:row + 1], rstd64[row:row + 1],
                               dtype=torch.float32, atol=0.0, rtol=float(rtol[row]), hint=hint)
-            y64 = (x64 - mean64[:, None]) * rstd64[:, None] * w.cpu().double() + b.cpu().double()
             check.compare(f"{case}: y", y.tensor, y64, dtype=dtype, atol=_y_atol(dtype, n_cols, mean64, rstd64, w),
-                          hint="y = (x - mean) * rstd * w + b, stored in y's dtype (y.to(y_ptr.dtype.element_ty)).")
+                          hint=_y_hint(y.tensor, x64, mean64, rstd64, w, b, block))
             xg.check(f"{case}, the input buffer")
             if not torch.equal(x, before):
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y, mean, rstd")

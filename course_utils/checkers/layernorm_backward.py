@@ -18,6 +18,7 @@ from .layernorm_common import (
     _launch,
     _stats64,
     refuse,
+    store_stride_fault,
 )
 from .loads import LOADS_SEEN
 
@@ -66,6 +67,10 @@ def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype=torch.fl
         return (f"each partial {what} row misses the rows of its run's last, partial tile: the tile loop stops before "
                 "a tile that runs past the run's end (as while start + BLOCK_M <= end does). Loop while start < end "
                 "and mask the tile's rows with rows < end.")
+    first = [(s, min(s + block_m, s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]
+    if block_m < rows_per_program and close(got, _run_sums(v, first)):
+        return (f"each partial {what} row holds the sum of the first BLOCK_M rows of its run only: loop over the run "
+                "in tiles of BLOCK_M rows, for start in tl.range(first, end, BLOCK_M), adding every tile's sums.")
     if close(got.sum(0), total):
         return (f"the partial {what} rows add up to the right sums but are not each run's own: program pid_m stores "
                 "the sum over rows [pid_m * rows_per_program, ...) in row pid_m.")
@@ -110,6 +115,8 @@ def _dw_input_hint(got, what, x64, dy64, mean64, rstd64, bounds) -> str:
     if what != "dw":
         return ""
     fits = lambda want: torch.allclose(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max().clamp_min(1.0)))  # noqa: E731
+    if fits(_run_sums((x64 - mean64[:, None]) * rstd64[:, None], bounds)):
+        return "dw matches sum(x_hat): dw sums dy * x_hat, the upstream gradient times x_hat."
     if fits(_run_sums(dy64 * x64 * rstd64[:, None], bounds)):
         return "dw matches sum(dy * x * rstd): x_hat = (x - mean) * rstd subtracts the row's mean first."
     if fits(_run_sums(dy64 * (x64 - mean64[:, None]), bounds)):
@@ -140,6 +147,13 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
             {"x_row_stride": x.stride(0), "dy_row_stride": dy.stride(0), "n_cols": n_cols})
     for g, what in ((dw, "dw_partial"), (db, "db_partial")):
         g.check(f"{case}, {what}", "mask the columns of the last block: cols < n_cols")
+    # whole rows of both still NaN, as the check filled them (db reads no statistics: no NaN reaches its sums)
+    unwritten = [p for p in range(n_programs) if all(bool(torch.isnan(g.tensor[p]).all()) for g in (dw, db))]
+    if unwritten:
+        raise check.CheckFailure(
+            f"{case}: partial rows {unwritten[:8]} of dw_partial and db_partial hold only the NaN the check filled "
+            "them with: they were never written. Program pid_m stores its sums in row pid_m, dw_partial_ptr + "
+            "pid_m * n_cols + cols (and db_partial_ptr + pid_m * n_cols + cols).")
     dy64 = dy.to("cpu", torch.float64)
     x_hat = (x64 - mean.cpu().double()[:, None]) * rstd.cpu().double()[:, None]
     bounds = [(s, min(s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]
@@ -180,14 +194,16 @@ RMS_HINT = ("recompute rstd = 1 / sqrt(sum(x * x) / n_cols + eps) in float32; wi
             "dx = (g - x_hat * sum(g * x_hat) / n_cols) * rstd (RMSNorm has no mean: no mean(g) term).")
 
 
-def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None, c1_n=None):
-    """dx of RMSNorm in float64 (``layer_norm``/``c1``/``n``/``c1_n``: the known wrong formulas, to name them)."""
+def _rms_dx64(x64, dy64, w64, eps, *, layer_norm=False, c1=True, n=None, c1_n=None, c1_dy=False, last_rstd=True):
+    """dx of RMSNorm in float64 (``layer_norm``/``c1``/``n``/``c1_n``/``c1_dy``/``last_rstd``: the known wrong
+    formulas, to name them)."""
     n = n or x64.shape[-1]
     xc = x64 - x64.mean(-1, keepdim=True) if layer_norm else x64
     rstd = 1.0 / torch.sqrt((xc * xc).sum(-1, keepdim=True) / n + eps)
     x_hat, g = xc * rstd, dy64 * w64
-    dx = g - (x_hat * (g * x_hat).sum(-1, keepdim=True) / (c1_n or n) if c1 else 0.0)
-    return (dx - g.mean(-1, keepdim=True) if layer_norm else dx) * rstd
+    dx = g - (x_hat * ((dy64 if c1_dy else g) * x_hat).sum(-1, keepdim=True) / (c1_n or n) if c1 else 0.0)
+    dx = dx - g.mean(-1, keepdim=True) if layer_norm else dx
+    return dx * rstd if last_rstd else dx
 
 
 def _read_with_stride(t: torch.Tensor, stride: int) -> torch.Tensor:
@@ -224,6 +240,12 @@ def _rms_diagnose(got, x64, dy64, w64, x=None, dy=None) -> str:
     if fits(_rms_dx64(x64, dy64, torch.ones_like(w64), EPS) * w64):
         return ("w multiplies dx at the end: the weight belongs inside, g = dy * w, and g * x_hat is summed over the "
                 "row; dx = (g - x_hat * sum(g * x_hat) / n_cols) * rstd.")
+    if fits(_rms_dx64(x64, dy64, w64, EPS, c1_dy=True)):
+        return ("the sum in x_hat * mean(g * x_hat) is over dy * x_hat: the weight belongs in it too, g = dy * w is "
+                "the gradient that reaches x_hat, in both terms of dx.")
+    if fits(_rms_dx64(x64, dy64, w64, EPS, last_rstd=False)):
+        return ("dx misses its last factor rstd: x_hat = x * rstd, so dx = (g - x_hat * mean(g * x_hat)) * rstd, "
+                "the chain rule through x_hat's factor rstd.")
     if n > 1 and fits(_rms_dx64(x64, dy64, w64, EPS, c1_n=1)):
         return ("the term x_hat * sum(g * x_hat) is not divided by n_cols: it is x_hat times the MEAN of g * x_hat, "
                 "sum(g * x_hat) / n_cols.")
@@ -250,9 +272,15 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
                                                          BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, RMS_HINT,
                     (x, dy, w), {"x": x, "dy": dy}, {"x_row_stride": x.stride(0), "dy_row_stride": dy.stride(0),
                                                      "dx_row_stride": dx.tensor.stride(0), "n_cols": n_cols})
-            dx.check(f"{case}, dx", "store dx with mask=offsets < n_cols, row pid at dx_ptr + pid * dx_row_stride")
             x64, dy64, w64 = (t.to("cpu", torch.float64) for t in (x, dy, w))
             want = _rms_dx64(x64, dy64, w64, EPS)
+            try:
+                dx.check(f"{case}, dx", "store dx with mask=offsets < n_cols, row pid at dx_ptr + pid * dx_row_stride")
+            except check.CheckFailure:
+                fault = store_stride_fault(dx, want, "dx", {"x_row_stride": x.stride(0), "dy_row_stride": dy.stride(0)})
+                if fault:
+                    raise check.CheckFailure(f"{case}: {fault}") from None
+                raise
             # per row (rows differ in scale by 1e4), the size of the terms dx subtracts: float32 rounds those
             rstd = 1.0 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + EPS)
             g, x_hat = dy64 * w64, x64 * rstd

@@ -59,6 +59,17 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return ((g - want).abs() / want.abs().clamp_min(1e-12)).nan_to_num(float("inf"))
 
 
+def _mean_err(mean: torch.Tensor, want: torch.Tensor, x64: torch.Tensor) -> torch.Tensor:
+    """Per row, |mean - want| over the row's largest |x|: the scale of the terms the mean's sum rounds. (Relative
+    to the mean itself it would read a float32 mean of a row centred near 0 as inaccurate.) A float32 sum is off by
+    about log2(N) float32 roundings of that scale, under 1e-6; a 16-bit one by about 1e-3."""
+    return (mean.to("cpu", torch.float64) - want).abs() / x64.abs().amax(-1).clamp_min(1e-30)
+
+
+#: a mean off by more than this (relative to its row's largest |x|) was not summed in float32
+MEAN_F32 = 1e-5
+
+
 def rstd_rtol(mean64: torch.Tensor, rstd64: torch.Tensor, n_cols: int, eps: float = EPS) -> torch.Tensor:
     """Per row, how far a right float32 two-pass rstd can be from float64's (relative): the float32 mean is
     off by about log2(N) roundings of |mean|, d, so the variance by about d^2 (plus log2(N) roundings of var);
@@ -71,6 +82,10 @@ def rstd_rtol(mean64: torch.Tensor, rstd64: torch.Tensor, n_cols: int, eps: floa
 
 EPS_HINT = (f"the small rows (variance about {SMALL ** 2:g}) come out as if eps were 1e-5, 1e-6 or 0: the check "
             f"passes eps={EPS:g}. Use the eps argument: rstd = 1 / sqrt(var + eps).")
+
+
+MASKED_LANES_HINT = ("rstd is wrong: do masked lanes add to the variance? Lanes past n_cols hold 0, and 0 - mean is "
+                     "not 0: use tl.where(mask, x - mean, 0.0).")
 
 
 def _chan_m2(x64: torch.Tensor, block: int, late_delta: bool = False) -> torch.Tensor:
@@ -99,7 +114,13 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
                 "65504): convert x with x.to(tl.float32) before the sums.")
     n = x.shape[-1]
     block = block or triton.next_power_of_2(n)
-    if n < block and bool((_rel(mean, mean64 * n / block) < 1e-4).all()):
+    first = x64[:, :block]
+    if block < n and any(bool((_mean_err(mean, want, x64) < MEAN_F32).all()) for want in (first.mean(-1),
+                                                                                      first.sum(-1) / n)):
+        return (f"the mean is that of the row's first chunk alone (its first {block} columns): the statistics' pass "
+                "loops over every chunk of the row, for start in tl.range(0, n_cols, BLOCK_SIZE), merging each "
+                "chunk's count, mean and M2 into the row's.")
+    if n < block and bool((_mean_err(mean, mean64 * n / block, x64) < MEAN_F32).all()):
         return "the mean counts BLOCK_SIZE lanes (a whole block, or a partial last chunk as full): divide by n_cols."
     no_mean = 1.0 / torch.sqrt((x64 ** 2).mean(-1) + eps)
     if bool((_rel(rstd, no_mean) < 1e-3).all()):
@@ -123,20 +144,23 @@ def diagnose_stats(mean: torch.Tensor, rstd: torch.Tensor, x: torch.Tensor, eps:
     if not right and any(near(want) for want in (1.0 / rstd64, var64 + eps, var64)):
         return ("the rstd you stored is the variance or the standard deviation sqrt(var + eps), not its reciprocal: "
                 "store rstd = 1 / sqrt(var + eps), the factor y (and the backward) multiplies by.")
+    pad = (block - n % block) % block   # padded lanes of the row's last (or only) block
+    if pad and not right and near((var64 + pad * x64[:, n - n % block:].mean(-1) ** 2 / n + eps) ** -0.5):
+        return MASKED_LANES_HINT
     bad = _rel(rstd, rstd64) > rstd_rtol(mean64, rstd64, n, eps)
     if x.shape[0] > 1 and bool(bad[0::2].any()) and not bool(bad[1::2].any()) and \
-            bool((_rel(mean, mean64) < 1e-5).all()):
+            bool((_mean_err(mean, mean64, x64) < MEAN_F32).all()):
         return ("rstd is wrong only on the rows around 1000 (the even rows), where sum(x^2)/n - mean^2 keeps only "
                 "float32 noise: the one-pass variance. Subtract the mean first, then sum the squares.")
     m2_chunks = sum(((c - c.mean(-1, keepdim=True)) ** 2).sum(-1) for c in x64.split(block, -1))  # Chan's delta^2 lost
     if block < n and bool((_rel(rstd, (m2_chunks / n + eps) ** -0.5) < 1e-3).all()):
         return "rstd is the chunks' own M2 summed: Chan's merge lost its delta^2 * n_a * n_b / n term."
-    if bool(((r := _rel(mean, mean64)) < 1e-2).all() and ((r > 1e-5).any() or (_rel(rstd, rstd64) < 5e-2).all())):
+    if bool(((r := _mean_err(mean, mean64, x64)) < 1e-2).all() and ((r > MEAN_F32).any() or
+                                                                     (_rel(rstd, rstd64) < 5e-2).all())):
         return ("the statistics are close but not float32-accurate: are they computed in 16 bits (float16/bfloat16 "
                 "statistics)? Accumulate the sums in float32.")
     if n % block and bool(bad.any()):
-        return ("rstd is wrong: do masked lanes add to the variance? Lanes past n_cols hold 0, and 0 - mean is not 0: "
-                "use tl.where(mask, x - mean, 0.0).")
+        return MASKED_LANES_HINT
     return ""
 
 
@@ -158,6 +182,26 @@ def _stride_fault(loads, rows: dict, strides: dict) -> str:
                 return (f"your kernel reads the rows of {name} {other} elements apart, the value of {arg}; {name}'s "
                         f"rows are {own} apart: address row r of {name} as {name}_ptr + r * {name}_row_stride. Each "
                         "tensor has its own row stride.")
+    return ""
+
+
+def store_stride_fault(out, want64: torch.Tensor, name: str, strides: dict) -> str:
+    """'' unless the guarded 2-D output ``out`` (a :class:`check.Guarded`) holds ``want64``'s rows at another row
+    stride, one of ``strides`` (``{argument: value}``): the rows a kernel stored with that stride, as many as fit
+    before the buffer's end guard, each within 1e-2 of its row's largest value."""
+    n_rows, n_cols = out.tensor.shape
+    own = out.tensor.stride(0)
+    flat = out.buffer[check.GUARD:].to("cpu", torch.float64)
+    for arg, st in strides.items():
+        k = min(n_rows, (flat.numel() - n_cols) // st + 1) if st > 0 else 0
+        if st == own or k < 2:
+            continue
+        got = torch.stack([flat[r * st:r * st + n_cols] for r in range(k)])
+        scale = want64[:k].abs().amax(-1, keepdim=True).clamp_min(1e-30)
+        if bool(((got - want64[:k]).abs() / scale < 1e-2).all()):
+            return (f"your kernel stored the rows of {name} {st} elements apart, the value of {arg}; {name}'s rows "
+                    f"are {own} apart: store row r at {name}_ptr + r * {name}_row_stride. Each tensor has its own "
+                    "row stride.")
     return ""
 
 
