@@ -47,11 +47,10 @@ def attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_src, v_src, kv_row,
                          lo, hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset, qk_scale,
                          BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                          TMA: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, WS: tl.constexpr = False):
+                         NUM_STAGES: tl.constexpr):
     """Key/value tiles [lo, hi), unmasked or (MASKED) with the ragged/causal mask; k_src/v_src are
-    pointers (TMA=0) or descriptors (rows from ``kv_row``; they zero-fill the padded head dim); WS: warp
-    specialization (loads in their own warps)."""
-    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WS):
+    pointers (TMA=0) or descriptors (rows from ``kv_row``; they zero-fill the padded head dim)."""
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         if TMA > 0:
@@ -96,7 +95,7 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, TMA: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, Q_REGS: tl.constexpr,
-                          EVEN_D: tl.constexpr, WS: tl.constexpr = False):
+                          EVEN_D: tl.constexpr):
     """TMA=0: pointers; 1: descriptors per head, made on the device; 2: made on the host (flattened)."""
     # fp64 from torch.compile: math in float32
     qk_scale, q_scale = tl.cast(qk_scale, tl.float32), tl.cast(q_scale, tl.float32)
@@ -149,7 +148,7 @@ def attn_fwd_tuned_kernel(q_src, k_src, v_src, o_ptr, lse_ptr,
         hi = tl.minimum(start_m + BLOCK_M + causal_offset, n_kv)
     acc, l_i, m_i = attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row, stride_kn, stride_kd, stride_vn,
                                          stride_vd, 0, full_hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset,
-                                         qk_scale, BLOCK_N, False, CAUSAL, TMA, EVEN_D, DOT_PRECISION, NUM_STAGES, WS)
+                                         qk_scale, BLOCK_N, False, CAUSAL, TMA, EVEN_D, DOT_PRECISION, NUM_STAGES)
     # Stage 2: the diagonal tiles (causal) or the ragged last tile -- masked.
     acc, l_i, m_i = attn_fwd_tuned_tiles(acc, l_i, m_i, q, k_in, v_in, kv_row, stride_kn, stride_kd, stride_vn,
                                          stride_vd, full_hi, hi, offs_m, offs_n, offs_d, n_kv, head_dim, causal_offset,
@@ -173,7 +172,6 @@ class TileConfig:
     num_stages: int
     tma: int = 0  # 0 pointers, 1 tensor descriptors made on the device, 2 made on the host
     q_regs: bool = False  # fold the power-of-two part of the scale into q (q then sits in registers)
-    ws: bool = False  # warp-specialize the unmasked loop (Triton's tl.range(warp_specialize=True))
 
     @property
     def use_tma(self) -> bool:
@@ -297,7 +295,7 @@ def _launch_plan(cfg: TileConfig, q, k, v, o, lse, causal):
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, CAUSAL=bool(causal),
                     STORE_LSE=lse is not None, TMA=_tma_mode(cfg, q, k, v),
                     DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-                    NUM_STAGES=cfg.num_stages, Q_REGS=cfg.q_regs, EVEN_D=D == BD, WS=cfg.ws,
+                    NUM_STAGES=cfg.num_stages, Q_REGS=cfg.q_regs, EVEN_D=D == BD,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         plan = _LAUNCH_PLANS[key] = (meta["TMA"], (triton.cdiv(N, cfg.block_m) * B * H,), meta)
     return plan

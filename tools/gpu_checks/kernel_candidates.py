@@ -60,8 +60,8 @@ ROUNDS = 3
 # configuration costs two compiles per mask (a few seconds each on an H100 host), so only two
 ATTN_TRIES = [TB.BwdConfig(64, 128, 64, 128, 8, 3), TB.BwdConfig(64, 128, 128, 64, 8, 3, True, tma=True)]
 # Forward tiles timed beside the candidates: attention_tiles_explore.csv has 128 x 128 (8 warps, 3 stages) 2-3%
-# behind 64 x 64 at N=4096 non-causal and 9% causal. The warp-specialized tries (TileConfig.ws) were slower in
-# every case on an H200 (results/h200/attention_ws_tries.csv) and are gone; next: 64 rows against 128 keys a
+# behind 64 x 64 at N=4096 non-causal and 9% causal. The warp-specialized tries (TileConfig.ws at ae746ed) were
+# slower in every case on an H200 (results/h200/attention_ws_tries.csv) and are gone; next: 64 rows against 128 keys a
 # tile (half the loop's trips and its per-tile softmax overhead), and a 4th stage
 FWD_TRIES = [TA.TileConfig(128, 128, 8, 3, 2, True), TA.TileConfig(64, 128, 4, 2, 2, True),
              TA.TileConfig(64, 128, 8, 2, 2, True), TA.TileConfig(64, 64, 4, 4, 2, True)]
@@ -291,8 +291,7 @@ def attn_check(fwd_cfgs, bwd_cfgs, peers, dtype, smoke) -> list[dict]:
 
 def short(c) -> str:
     if isinstance(c, TA.TileConfig):
-        return (f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages} tma{c.tma}" + (" qregs" if c.q_regs else "")
-                + (" ws" if c.ws else ""))
+        return (f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages} tma{c.tma}" + (" qregs" if c.q_regs else ""))
     return f"{c.block_m1}x{c.block_n1}/{c.block_m2}x{c.block_n2} w{c.num_warps} s{c.num_stages}" + \
         (" atomic" if c.atomic_dq else "") + (" tma" if c.tma else "")
 
