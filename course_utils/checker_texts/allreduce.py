@@ -24,6 +24,11 @@ FAULTS = {
                               "once and read old data. The waiting rank resets its flag (atomic_cas(flag, 1, 0))",
     "averaged instead of summed": "the result is the mean over the ranks, the sum divided by WORLD: the "
                                   "all-reduce sums (a data-parallel step divides once, elsewhere)",
+    "own rows left out": "the sum holds the peers' rows but not your own: the all-reduce sums every rank's "
+                         "buffer, yours included, for r in tl.static_range(WORLD)",
+    "x added instead of the residual": "s holds the sum plus your x again, not the residual: the residual row is "
+                                       "at r_ptr (the same offset), x_ptr is your part of the sum",
+    "y and s swapped": "s holds the normalized row: store s = sum + residual at s_ptr and y = RMSNorm(s) * w at y_ptr",
     "residual added twice": "s holds the sum plus twice the residual: add r_ptr's row once, s = sum + residual",
     "residual not added": "s is the ranks' sum alone: add the residual row (r_ptr, at the same offset) to the "
                           "float32 sum before you store s",

@@ -45,7 +45,9 @@ def _fail(case: str, fault: str) -> None:
 
 
 def _shapes():
-    return env.pick(gpu=((1, 1), (7, 100), (300, 1000), (33, 4099)), cpu=((1, 1), (5, 37), (7, 100)))
+    # one column last: there every RMSNorm is +-w, so a fault of the norm matched another's too in some runs (4 of
+    # 21 named both); a wider case first names it alone, and the one column still judges a right answer
+    return env.pick(gpu=((7, 100), (300, 1000), (33, 4099), (1, 1)), cpu=((5, 37), (7, 100), (1, 1)))
 
 
 def _programs(n_rows: int) -> int:
@@ -116,8 +118,11 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
             early += [_rmsnorm(e + r, w) for e in early] + [early[0] + r]
         candidates += [("norm applied before the sum", e) for e in early]
     if kind == "s":
+        s_n = (total + r).to(dtype).double()
         candidates += [("residual added twice", total + t["r"].double().cpu()),
-                       ("residual not added", total - t["r"].double().cpu())]
+                       ("residual not added", total - t["r"].double().cpu()),
+                       ("x added instead of the residual", total + x[rank] - r),
+                       ("y and s swapped", _rmsnorm(s_n, w) - r)]     # got is s minus the residual
     if kind == "y":
         s_n = (total + r).to(dtype).double()
         block = 1 << max(s_n.shape[-1] - 1, 0).bit_length()
@@ -128,7 +133,8 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
         candidates += [("only the own buffer read", x[rank]), ("only the own buffer read", len(x) * x[rank]),
                        ("wrong peer offset", x[rank] + sum(other_half[p] for p in peers)),
                        ("barrier before the writes", x[rank] + sum(stale[p] for p in peers)),
-                       ("averaged instead of summed", total / len(x))]
+                       ("averaged instead of summed", total / len(x)),
+                       ("own rows left out", total - x[rank])]
     matched = list(dict.fromkeys(fault for fault, want in candidates
                                  if bool(torch.isclose(got, want, atol=atol * 4, rtol=rtol * 4, equal_nan=True).all())))
     if len(matched) == 1:
