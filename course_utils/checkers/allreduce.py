@@ -14,7 +14,8 @@ Flag ``pid * WORLD + src`` of rank r's pad says "rank src's program pid has publ
 src (release), reset 1 -> 0 by r when it waits (acquire). Every call draws fresh inputs, poisons the
 outputs with NaN inside guard zones, and runs a schedule a GPU could run: first rank 0's reduce half
 *before any rank published* (a correct kernel's wait gives up after ``max_spins`` tries and writes
-nothing), then every publish, then every reduce in reverse order; then it checks that the pads are
+nothing), then every publish (rank 1's reduce once more when rank 1 alone has published: it must give up
+too, or it waited on the peers' pads for its own flags), then every reduce in reverse order; then it checks that the pads are
 all zero again. Several calls back to back, with new data and alternating buffer halves. A wrong
 answer is matched against the usual faults, each named; under the interpreter the loads of that early
 reduce are recorded too, so a kernel that reads the peers' buffers before its wait (and keeps the
@@ -224,11 +225,19 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
                                  "signal pads: it may only reset a flag that was 1 (atomic_cas(flag, 1, 0)).")
     for rank in list(range(1, w)) + [0]:
         _launch(kernel, fused, ranks, rank, True, False, t, rank, n_rows, n_cols, offset, case)
+        if rank == 1:
+            _alone_published(kernel, fused, ranks, t, n_rows, n_cols, offset, case)
     pads_ok = _pads_hold_every_flag(ranks, _programs(n_rows))
     for rank in reversed(range(w)):
         _launch(kernel, fused, ranks, rank, False, True, t, rank, n_rows, n_cols, offset, case)
     for g in (t["y"] + t["s"] if fused else t["out"]):
-        g.check(case, HINT)
+        try:
+            g.check(case, HINT)
+        except check.CheckFailure:
+            if bool(g.tensor.isnan().any()):   # holes inside and stores past the end: not a mask, the rows' stride
+                _fail(case + ": your stores went past the output's end and left elements inside it unwritten",
+                      "rows BLOCK_N apart")
+            raise
     atol, rtol = check.tolerance(dtype)
     if fused:
         y64, s64 = _reference_fused(t, dtype)
@@ -254,6 +263,24 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
                                      "overwrites rows a slower peer is still reading).\nHint: " + HINT)
     if any(bool(p.any()) for p in ranks.pads):
         _fail(case + ", after the call", "signal pad never reset")
+
+
+def _alone_published(kernel, fused, ranks, t, n_rows, n_cols, offset, case) -> None:
+    """Rank 1's reduce, launched when rank 1 alone has published: its own pad holds no flag yet, so a right kernel
+    gives up and reads, writes and resets nothing. One that waits for the flags it set itself on the peers' pads
+    finds them there and reads the peers' old rows (a schedule where every rank published first hides it)."""
+    w = ranks.world_size
+    pads_before = [p.clone() for p in ranks.pads]
+    with check.track_loads() as loads:
+        _launch(kernel, fused, ranks, 1, False, True, t, 1, n_rows, n_cols, offset, case)
+    where = case + ", rank 1's reduce launched when rank 1 alone had published"
+    early = _peer_reads(loads, ranks, rank=1)
+    if early:
+        _fail(where + f": it loaded {early} element(s) of the peers' buffers", "waits on the peers' pads")
+    if not all(bool(o.isnan().all()) for o in _outputs(t, fused)[1::w]):
+        _fail(where + ": it wrote its output", "waits on the peers' pads")
+    if not all(torch.equal(a, b) for a, b in zip(pads_before, ranks.pads)):
+        _fail(where + ": it changed the signal pads", "waits on the peers' pads")
 
 
 def _order_verdict() -> str:
