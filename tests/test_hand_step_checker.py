@@ -69,7 +69,8 @@ def student(fault: str = "none"):
             dres_in = dx + dres if dres is not None else dx
         if fault == "dres passed through":
             dres_in = dres if dres is not None else torch.zeros_like(dx)
-        do2 = linear_backward(d_proj, saved.o2, blk.proj, "proj")
+        do2 = linear_backward(d_proj, saved.o.reshape(saved.o2.shape) if fault == "proj from o" else saved.o2,
+                              blk.proj, "proj")
         B, H, N, hd = saved.o.shape
         do = do2.view(B, H, N, hd) if fault == "do not transposed" else do2.view(B, N, H, hd).transpose(1, 2)
         dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, fault != "not causal", scale)
@@ -114,6 +115,8 @@ def test_right_block_backward_passes(capsys):
     ("qkv from h2", r"blk.qkv.weight.grad is taken from saved.h2: the qkv GEMM's input is saved.h1"),         # (c)
     ("fc from h1", r"blk.fc.weight.grad is taken from saved.h1: the fc GEMM's input is saved.h2"),            # (c)
     ("out from acc", r"blk.out.weight.grad is taken from saved.acc: the out GEMM's input is saved.f"),        # (c)
+    ("proj from o", r"blk.proj.weight.grad is taken from saved.o reshaped without its transpose: the proj GEMM's "
+                    "input is saved.o2"),                                                                  # (c)
     ("out bias missing", r"blk.out.bias.grad was not written \(it is None\)(.|\n)*ds summed over the rows"),   # (d)
     ("qkv bias averaged", "blk.qkv.bias.grad is averaged over the rows: db is dy summed over all 72 rows"),    # (d)
     ("proj bias over the batch",                                                                          # (d)

@@ -160,7 +160,8 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
         dy = ref[f"dy.{lin}"].reshape(-1, r.shape[0])
         if r.shape[0] == r.shape[1]:
             cands["transposed: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"] = r.t()
-        inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc}
+        inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc,
+                  "saved.o reshaped without its transpose": sv.o}   # (B, H, N, hd) read as (B * N, d)
         right = {"out": "saved.f", "fc": "saved.h2", "proj": "saved.o2", "qkv": "saved.h1"}[lin]
         for label, x in inputs.items():
             if label != right and x.numel() == rows * r.shape[1]:
