@@ -17,11 +17,12 @@ outputs with NaN inside guard zones, and runs a schedule a GPU could run: first 
 nothing), then every publish (rank 1's reduce once more when rank 1 alone has published: it must give up
 too, or it waited on the peers' pads for its own flags), then every reduce in reverse order; then it
 checks that the pads are all zero again. Several calls back to back, with new data and alternating
-buffer halves. A wrong answer is matched against the usual faults, each named; under the interpreter
-the loads of those early reduces are recorded too, so a kernel that reads the peers' buffers before its
-wait (and keeps the result only if the wait succeeds) is caught as well. Every rank must get the same
-bits (a rank-dependent order of the sum is named), and a sum accumulated in x's dtype is named on its exact bits, below the
-tolerance; a reduce that wrote nothing is told apart by the pads as they stood after every publish.
+buffer halves. A wrong answer is matched against the usual faults, each named; under the interpreter the
+loads of those early reduces are recorded too, so a kernel that reads the peers' buffers before its wait
+(and keeps the result only if the wait succeeds) is caught as well. Every rank must get the same bits (a
+rank-dependent order of the sum is named), and a sum accumulated in x's dtype is named on its exact
+bits, below the tolerance; a reduce that wrote nothing is told apart by the pads as they stood after
+every publish.
 What the interpreter cannot see, since it runs one program at a time: a missing release or acquire
 (``sem="relaxed"``), or a signal placed before the stores of the same half. Those show on GPUs, in
 the stress loop of benchmarks/multigpu.py.
