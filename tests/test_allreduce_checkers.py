@@ -35,7 +35,7 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
     if PUBLISH:
         if FAULT != "barrier before the writes":
             for row in tl.range(pid, n_rows if FAULT != "no row loop" else pid + 1, tl.num_programs(0)):
-                base = tl.cast(row, tl.int64) * n_cols
+                base = tl.cast(row, tl.int64) * (BLOCK_N if FAULT == "row stride BLOCK_N" else n_cols)
                 x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
                 if FAULT == "norm applied before the sum":
                     x = x / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps) * w
@@ -72,6 +72,8 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     slot = pad + peer
                     if FAULT == "one flag per rank":
                         slot = _peer_pad(pad_table_ptr, rank) + peer
+                    if FAULT == "waits on the peers' pads":   # the flag it set itself on the peer's pad
+                        slot = _peer_pad(pad_table_ptr, peer) + pid * WORLD + rank
                     old = tl.atomic_cas(slot, 1, new, sem="acquire", scope="sys")
                     tries = 0
                     while (old != 1) & (tries < max_spins):
@@ -79,9 +81,11 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                         tries += 1
                     ready += tl.where(old == 1, 0, 1)
             tl.debug_barrier()
+        if FAULT == "wait result ignored":     # waits, then reduces whether or not every flag came
+            ready = ready * 0
         if ready == 0:
             for row in tl.range(pid, n_rows if FAULT != "no row loop" else pid + 1, tl.num_programs(0)):
-                base = tl.cast(row, tl.int64) * n_cols
+                base = tl.cast(row, tl.int64) * (BLOCK_N if FAULT == "row stride BLOCK_N" else n_cols)
                 if FAULT == "barrier before the writes":
                     tl.store(mine + base + cols, tl.load(x_ptr + base + cols, mask=mask), mask=mask)
                 acc = tl.zeros((BLOCK_N,), tl.float32)
@@ -102,7 +106,7 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     buf = tl.load(buf_table_ptr + src).to(tl.pointer_type(dtype)) + peer_offset
                     if FAULT == "sum in x's dtype":
                         acc += tl.load(buf + base + cols, mask=mask, other=0.0)
-                    elif FAULT == "own rows first":
+                    elif FAULT == "own rows first" or FAULT == "own rows left out":
                         if r != rank:
                             acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
                     else:
@@ -114,13 +118,15 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     if row == pid:
                         acc = early   # the first row as it was read before the flags came
                 if FUSED:
-                    res = tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+                    res = tl.load((x_ptr if FAULT == "x added instead of the residual" else r_ptr) + base + cols,
+                                  mask=mask, other=0.0).to(tl.float32)
                     if FAULT == "residual added twice":
                         res = res * 2
                     if FAULT == "residual not added":
                         res = res * 0
                     s = (acc + res).to(dtype)
-                    tl.store(s_ptr + base + cols, s, mask=mask)
+                    s_dst, y_dst = (y_ptr, s_ptr) if FAULT == "y and s swapped" else (s_ptr, y_ptr)
+                    tl.store(s_dst + base + cols, s, mask=mask)
                     sf = s.to(tl.float32)
                     if FAULT == "norm of the sum without the residual":
                         sf = acc
@@ -132,7 +138,7 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                         y = sf / (tl.sum(sf * sf, axis=0) / n + eps)
                     if FAULT != "weight missing":
                         y = y * w
-                    tl.store(y_ptr + base + cols, y.to(dtype), mask=mask)
+                    tl.store(y_dst + base + cols, y.to(dtype), mask=mask)
                 elif FAULT == "no store mask":
                     tl.store(y_ptr + base + cols, acc.to(dtype))
                 else:
@@ -189,14 +195,22 @@ def test_norm_before_the_sum_is_named():
     ("no row loop", False), ("no row loop", True),                             # one row per program
     ("wrong flag index", False), ("one flag per rank", False),                 # the flags at other slots
     ("waits for its own flag", False),                                         # a wait no peer answers
+    ("waits on the peers' pads", False), ("waits on the peers' pads", True),   # takes the flags it set itself
     ("residual added twice", True), ("residual not added", True),
     ("norm of the sum without the residual", True), ("mean over BLOCK_N", True), ("weight missing", True),
     ("no sqrt", True),                                                         # any other wrong scale per row
+    ("own rows left out", False), ("own rows left out", True),                 # the peers' rows alone
+    ("wait result ignored", False),                                            # waits, then reduces anyway
+    ("no store mask", False),                                                  # lanes past n_cols stored
+    ("row stride BLOCK_N", False), ("row stride BLOCK_N", True),               # rows a tile apart, not n_cols
+    ("y and s swapped", True), ("x added instead of the residual", True),
 ])
 def test_more_faults_are_named(fault, fused):
     words = {"averaged": "averaged instead of summed", "own rows first": "ranks summed in different orders",
              "no row loop": "rows past the grid never written", "one flag per rank": "wrong flag index",
-             "waits for its own flag": "reduce never ran", "no sqrt": "the row's RMS is wrong"}.get(fault, fault)
+             "waits for its own flag": "reduce never ran", "no sqrt": "the row's RMS is wrong",
+             "wait result ignored": "no barrier", "no store mask": "wrote outside its buffer",
+             "row stride BLOCK_N": "rows BLOCK_N apart"}.get(fault, fault)
     check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
     with pytest.raises(check.CheckFailure, match=words):
         check_fn(bound(fault, fused))

@@ -40,7 +40,8 @@ def student(fault: str = "none"):
     def block_backward(blk, saved, dh, dres, ln_next, n_head, scale):
         """No autograd here: x.backward() is what this replaces."""   # words in comments and strings are fine
         ds, ln_next.weight.grad, ln_next.bias.grad = Nm.add_layer_norm_bwd(
-            dh, None if fault == "dres dropped" else dres, saved.s2, ln_next.weight, saved.mean2, saved.rstd2)
+            dh, None if fault == "dres dropped" else dres, saved.s2, ln_next.weight,
+            *((saved.mean1, saved.rstd1) if fault == "ln_next with ln2's statistics" else (saved.mean2, saved.rstd2)))
         if fault == "dres added twice":                 # dres given to the backward and added again
             ds = ds + dres if dres is not None else ds
         if fault == "ln grads swapped":
@@ -56,8 +57,9 @@ def student(fault: str = "none"):
         dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(
             df, saved.h1 if fault == "fc from h1" else saved.h2, blk.fc.weight, blk.fc.bias,
             saved.f if fault == "gelu from f" else saved.acc)
+        stats = (saved.mean2, saved.rstd2) if fault == "ln2 with ln_next's statistics" else (saved.mean1, saved.rstd1)
         dx, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(
-            dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
+            dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s1, blk.ln2.weight, *stats)
         d_proj, dres_in = dx, dx
         if fault == "attention branch without ds":      # the branch given LayerNorm 2's part alone
             d_proj, _, _ = Nm.add_layer_norm_bwd(dh2, None, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
@@ -67,7 +69,8 @@ def student(fault: str = "none"):
             dres_in = dx + dres if dres is not None else dx
         if fault == "dres passed through":
             dres_in = dres if dres is not None else torch.zeros_like(dx)
-        do2 = linear_backward(d_proj, saved.o2, blk.proj, "proj")
+        do2 = linear_backward(d_proj, saved.o.reshape(saved.o2.shape) if fault == "proj from o" else saved.o2,
+                              blk.proj, "proj")
         B, H, N, hd = saved.o.shape
         do = do2.view(B, H, N, hd) if fault == "do not transposed" else do2.view(B, N, H, hd).transpose(1, 2)
         dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, fault != "not causal", scale)
@@ -112,12 +115,18 @@ def test_right_block_backward_passes(capsys):
     ("qkv from h2", r"blk.qkv.weight.grad is taken from saved.h2: the qkv GEMM's input is saved.h1"),         # (c)
     ("fc from h1", r"blk.fc.weight.grad is taken from saved.h1: the fc GEMM's input is saved.h2"),            # (c)
     ("out from acc", r"blk.out.weight.grad is taken from saved.acc: the out GEMM's input is saved.f"),        # (c)
+    ("proj from o", r"blk.proj.weight.grad is taken from saved.o reshaped without its transpose: the proj GEMM's "
+                    "input is saved.o2"),                                                                  # (c)
     ("out bias missing", r"blk.out.bias.grad was not written \(it is None\)(.|\n)*ds summed over the rows"),   # (d)
     ("qkv bias averaged", "blk.qkv.bias.grad is averaged over the rows: db is dy summed over all 72 rows"),    # (d)
     ("proj bias over the batch",                                                                          # (d)
      r"assign a gradient(.|\n)*at: lin.bias.grad = dy.sum\(0\)(.|\n)*db = dy summed over all B\*N rows"),
     ("do not transposed", r"do not laid out as o: .*do = do2.view\(B, N, n_head, head_dim\).transpose"),   # (e)
     ("ln grads swapped", "ln_next's weight and bias gradients swapped"),
+    ("ln2 with ln_next's statistics", r"blk.ln2.weight.grad is computed with the other LayerNorm's statistics"
+                                      r"(.|\n)*\(saved.mean1, saved.rstd1\)"),
+    ("ln_next with ln2's statistics", r"ln_next.weight.grad is computed with the other LayerNorm's statistics"
+                                      r"(.|\n)*\(saved.mean2, saved.rstd2\)"),
     ("returns None", r"returned NoneType: return the pair \(dh_in, dres_in\)"),                           # (f)
     ("returns float32", r"dh_in is \(3, 24, 32\) torch.float32 on \S+; expected a \(3, 24, 32\) tensor of "
                         "torch.float16"),

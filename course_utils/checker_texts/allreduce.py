@@ -24,6 +24,11 @@ FAULTS = {
                               "once and read old data. The waiting rank resets its flag (atomic_cas(flag, 1, 0))",
     "averaged instead of summed": "the result is the mean over the ranks, the sum divided by WORLD: the "
                                   "all-reduce sums (a data-parallel step divides once, elsewhere)",
+    "own rows left out": "the sum holds the peers' rows but not your own: the all-reduce sums every rank's "
+                         "buffer, yours included, for r in tl.static_range(WORLD)",
+    "x added instead of the residual": "s holds the sum plus your x again, not the residual: the residual row is "
+                                       "at r_ptr (the same offset), x_ptr is your part of the sum",
+    "y and s swapped": "s holds the normalized row: store s = sum + residual at s_ptr and y = RMSNorm(s) * w at y_ptr",
     "residual added twice": "s holds the sum plus twice the residual: add r_ptr's row once, s = sum + residual",
     "residual not added": "s is the ranks' sum alone: add the residual row (r_ptr, at the same offset) to the "
                           "float32 sum before you store s",
@@ -48,6 +53,12 @@ FAULTS = {
     "wrong flag index": "after every rank published, the pads did not hold one flag at pid * WORLD + src on "
                         "every peer's pad for each sender src and program pid: the publisher sets flag pid * WORLD "
                         "+ rank (its own rank, not the peer's) on each peer's pad, one flag per program",
+    "waits on the peers' pads": "your reduce went ahead when only your own rank had published: it took the flags "
+                                "you set on the peers' pads, not the peers' flags on yours. Wait on your own pad "
+                                "(tl.load(pad_table_ptr + rank)) for flag pid * WORLD + p of every peer p",
+    "rows BLOCK_N apart": "your rows were BLOCK_N apart, not n_cols: rows are contiguous, n_cols apart, in x, "
+                          "out and the buffers, so a row's offsets are row * n_cols + cols (cols < n_cols masked); "
+                          "BLOCK_N is only the tile's width",
     "reduce never ran": "every rank had published and the pads held every flag, yet the reduce wrote nothing: "
                         "it waited for a flag no peer sets (your own rank's, p == rank, or another slot than "
                         "pid * WORLD + p on your own pad) and gave up after max_spins",

@@ -34,10 +34,10 @@ TIMER_FAULTS = {
                                           "while the host launched fn(), and that launch time is in your events. "
                                           "Queue the flush, record start, call fn(), record end, without a "
                                           "synchronize in the loop (one after it)",
-    "flush before each repetition": "this kernel's working set fits in L2 and you flushed it {flushes} times for "
-                                    "{reps} timed calls: unflushed, a repetition runs from L2 (too fast) or, "
-                                    "with nothing queued before its start event, waits for fn's launch (too "
-                                    "slow). Call gpu.flush_l2() before each repetition's start event",
+    "flush before each repetition": "{working_set}you flushed it {flushes} times for {reps} timed calls: "
+                                    "unflushed, a repetition runs from L2 (too fast) or, with nothing queued "
+                                    "before its start event, waits for fn's launch (too slow). Call "
+                                    "gpu.flush_l2() before each repetition's start event",
     "minimum": "your number is below the kernel's true time with every repetition warm, synchronized and "
                "flushed: the minimum (or a low percentile) keeps the luckiest repetition. Report the median",
 }

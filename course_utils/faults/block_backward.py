@@ -114,6 +114,7 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     g, zero = {}, torch.zeros(sv.s2.shape, dtype=torch.float64)
     dres64 = zero if dres is None or fault == "dres dropped" else _f64(dres)
     d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(sv.s2, ln_next, dh, eps)
+    g["dy.ln_next"] = _f64(dh)
     ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
     if fault == "dres added twice":
         ds = ds + dres64
@@ -123,6 +124,7 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     dacc = _gelu_pre(df, sv.h2, blk.fc)
     dh2, g["fc.weight"], g["fc.bias"] = _linear(dacc, sv.h2, blk.fc.weight)
     d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(sv.s1, blk.ln2, dh2, eps)
+    g["dy.ln2"] = dh2
     ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
     d_proj = d_ln2 if fault == "attention branch without ds" else ds1
     g["dres_in"] = {"dres_in without the attention branch": d_s1_above, "dres returned unchanged": dres64,
@@ -158,7 +160,8 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
         dy = ref[f"dy.{lin}"].reshape(-1, r.shape[0])
         if r.shape[0] == r.shape[1]:
             cands["transposed: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"] = r.t()
-        inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc}
+        inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc,
+                  "saved.o reshaped without its transpose": sv.o}   # (B, H, N, hd) read as (B * N, d)
         right = {"out": "saved.f", "fc": "saved.h2", "proj": "saved.o2", "qkv": "saved.h1"}[lin]
         for label, x in inputs.items():
             if label != right and x.numel() == rows * r.shape[1]:
@@ -167,6 +170,14 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
     if kind == "bias":
         cands[f"averaged over the rows: db is dy summed over all {rows} rows, not their mean"] = r / rows
     if lin in ("ln_next", "ln2"):
+        if kind == "weight":   # add_layer_norm_bwd given the other LayerNorm's mean and rstd: x_hat = (s - mean) * rstd
+            s_, mine, theirs = ((sv.s1, "saved.mean1, saved.rstd1", (sv.mean2, sv.rstd2)) if lin == "ln2" else
+                                (sv.s2, "saved.mean2, saved.rstd2", (sv.mean1, sv.rstd1)))
+            n = s_.shape[-1]
+            mean, rstd = (_f64(t).reshape(-1, 1) for t in theirs)
+            x_hat = (_f64(s_).reshape(-1, n) - mean) * rstd
+            cands[f"computed with the other LayerNorm's statistics: {lin}'s backward normalizes its own sum with "
+                  f"its own mean and rstd ({mine})"] = (ref[f"dy.{lin}"].reshape(-1, n) * x_hat).sum(0)
         other = f"{lin}.{'bias' if kind == 'weight' else 'weight'}"
         cands[f"{lin}'s weight and bias gradients swapped: add_layer_norm_bwd returns (dx, dw, db)"] = ref[other]
     for why, c in cands.items():
