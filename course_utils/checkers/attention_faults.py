@@ -45,16 +45,21 @@ ONLINE_FAULTS = {
 LOOP_STOP_FAULTS = ("norm", "acc_last", "l_last", "m_kept")
 
 
-def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, block_m: int | None = None):
-    """The online softmax over key tiles of ``block_n`` in float64, with one of :data:`ONLINE_FAULTS`; with
-    ``block_m`` (causal), a row's key loop stops after its query tile's last row, as the exercise's does."""
+def _online_start(q, k, v, block_m: int | None):
+    """float64 copies of q, k, v on the CPU, n, the row indices, where each row's key loop stops (after its query
+    tile's last row with ``block_m``), and the online softmax's starting m, l and accumulator."""
     q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
     n = q.shape[-2]
     rows = torch.arange(n)[:, None]
     stop = (rows // block_m + 1) * block_m if block_m else torch.full_like(rows, n)
     m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
-    l = torch.zeros(q.shape[:-1], dtype=torch.float64)  # noqa: E741
-    acc = torch.zeros_like(q)
+    return q, k, v, n, rows, stop, m, torch.zeros(q.shape[:-1], dtype=torch.float64), torch.zeros_like(q)
+
+
+def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, block_m: int | None = None):
+    """The online softmax over key tiles of ``block_n`` in float64, with one of :data:`ONLINE_FAULTS`; with
+    ``block_m`` (causal), a row's key loop stops after its query tile's last row, as the exercise's does."""
+    q, k, v, n, rows, stop, m, l, acc = _online_start(q, k, v, block_m)  # noqa: E741
     for start in range(0, n, block_n):
         cols = torch.arange(start, min(start + block_n, n))[None, :]
         s = q @ k[..., start:start + block_n, :].transpose(-1, -2) * scale
@@ -121,13 +126,7 @@ def _online_masked64(q, k, v, scale: float, keep, block_n: int, block_m: int | N
     """The right online softmax in float64 under the mask ``keep(i, j)``, NaN where a kernel's is: a row whose
     running max is still -inf after a key tile (every score it has seen masked) gets exp(-inf - (-inf)) = NaN,
     which stays. With ``block_m``, a row's key loop stops after its query tile's last row."""
-    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
-    n = q.shape[-2]
-    rows = torch.arange(n)[:, None]
-    stop = (rows // block_m + 1) * block_m if block_m else torch.full_like(rows, n)
-    m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
-    l = torch.zeros(q.shape[:-1], dtype=torch.float64)  # noqa: E741
-    acc = torch.zeros_like(q)
+    q, k, v, n, rows, stop, m, l, acc = _online_start(q, k, v, block_m)  # noqa: E741
     for start in range(0, n, block_n):
         cols = torch.arange(start, min(start + block_n, n))[None, :]
         s = (q @ k[..., start:start + block_n, :].transpose(-1, -2) * scale).masked_fill(~keep(rows, cols),
