@@ -1,8 +1,7 @@
 """The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
-
-Over 350 lines by design, not split by job: each internal's assumption, its check and its one use belong in
+(Over 350 lines by design, not split by job: each internal's assumption, its check and its one use belong in
 this one file, and ``tests/test_triton_internals.py`` holds the rule that no other file under course_utils
-touches them (a split would spread the internals the rule keeps in one place).
+touches them; a split would spread the internals the rule keeps in one place.)
 
 A student's call never comes here: kernels launch through ``kernel[grid](...)`` only. What needs
 internals is tooling:

@@ -196,7 +196,7 @@ def test_unscaled_scores_are_named_through_tf32_rounding():
     unscaled softmax is sharp enough that the rounding leaves a few elements outside the tolerance of the
     unscaled float64 candidate (seen on an H100): the near fit still names it."""
     from course_utils.checkers import attention as ca
-    from course_utils.checkers import attention_faults as af
+    from course_utils.faults import attention as af
     # on the CPU wherever the session runs: the emulated rounding, not the device's float32 matmul, is the case
     q, k, v = (t.cpu() for t in ca._inputs(2, 3, 1000, 64, torch.float32, 1.0, 0.0))
     p = torch.softmax(_tf32(q) @ _tf32(k).transpose(-1, -2), dim=-1)

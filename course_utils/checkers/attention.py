@@ -22,9 +22,9 @@ import re
 import torch
 
 from .. import check, env
+from ..faults.attention import _diagnose
 from ..kernels.attention import attention_ref
 from . import answer_keys
-from .attention_faults import _diagnose
 from .loads import in_guards
 
 

@@ -1,7 +1,12 @@
-"""Chapter 7's usual faults, recomputed in float64 (:func:`diagnose`): when an attention output fails its
-case, the scale, exp2 without log2(e), the causal mask, hidden or padded keys scored 0, the online update's
-rescaling, division and running max are tried at every usual key tile, and the one that fits is named; an
-output NaN everywhere, or NaN in rows and right elsewhere, names the exponent's slip behind it.
+"""Chapter 7's usual faults, recomputed in float64 and named (:func:`_diagnose`, used by
+:mod:`course_utils.checkers.attention`): when an attention output fails its case, the scale, exp2 without
+log2(e), the causal mask, hidden or padded keys scored 0, the online update's rescaling, division and running
+max are tried at every usual key tile, and the one that fits is named; an output NaN everywhere, or NaN in
+rows and right elsewhere, names the exponent's slip behind it.
+
+Not a checker itself: nothing here takes a student's function. ``checkers.attention.check_attention`` first
+refuses the course's answers (the teaching and tuned kernels, SDPA, the reference) and counts launches of the
+student's own kernel; ``tests/test_attention_checkers.py`` proves both.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import math
 
 import torch
 
-from ..faults.fits import FaultFits
+from .fits import FaultFits
 
 
 def _attention64(q, k, v, scale: float, keep) -> torch.Tensor:
