@@ -476,6 +476,22 @@ def test_rows_view_gives_a_row_stride_only_for_evenly_strided_rows():
                                                                        b.double(), 1e-5), **TOL)
 
 
+@pytest.mark.parametrize("layout", ["column slice", "transposed"])
+def test_layer_norm_backward_reads_strided_rows_in_place_or_copies_them(layout):
+    """layer_norm's backward launches on x and dy at their own row strides (a column slice: no copy) or on a
+    copy (rows not evenly strided), each layout with its own cached plan; gradients match float64."""
+    base = check.randn((3, 7, 24))
+    x = base[:, :, :16] if layout == "column slice" else check.randn((7, 3, 16)).transpose(0, 1)
+    x = x.detach().requires_grad_()
+    w, b = (check.randn((16,)).requires_grad_() for _ in range(2))
+    dy = check.randn((3, 7, 40))[:, :, 3:19]                      # a strided gradient too
+    got = torch.autograd.grad(ops.layer_norm(x, w, b), (x, w, b), dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    want = torch.autograd.grad(F.layer_norm(x64, (16,), w64, b64, 1e-5), (x64, w64, b64), dy.double())
+    for what, g, e in zip(("dx", "dw", "db"), got, want):
+        check.compare(f"layer_norm {what} ({layout})", g, e, atol=TOL["atol"] * 20, rtol=TOL["rtol"] * 10)
+
+
 def test_no_autograd_node_when_nothing_needs_a_gradient():
     """With nothing to differentiate the ops run their forward directly (no autograd.Function, as aten
     records no node); with a tensor that requires grad they record one, and both give the same output."""

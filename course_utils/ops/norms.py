@@ -73,27 +73,53 @@ def _fake_fwd(x, weight, bias, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
 
 
+def _ln_bwd_plan(dy, x, weight, mean, rstd):
+    """Checked once per (shapes, strides, dtypes, device): the chosen plan's launch (timed on the first call,
+    chapter 10's candidates) and the row strides of x and dy (None: not evenly strided, copied per call).
+    While torch.compile traces, or with deterministic algorithms on, the first candidate, not kept."""
+    key = ("ln_bwd", x.shape, x.stride(), dy.shape, dy.stride(), x.dtype, dy.dtype, weight.dtype, x.device)
+    plan = PLANS.get(key)
+    if plan is not None:
+        return plan
+    n = A.check("layer_norm backward", x, weight, ("dy", dy, x.shape), max_cols=T.MAX_BLOCK_N)
+    n_rows = x.numel() // n if n else 0
+    cands = T.backward_candidates(max(n_rows, 1), n, x.element_size(), hardware.device_info(x))
+    fixed = torch.are_deterministic_algorithms_enabled() or _lib.tracing(x) or n_rows == 0
+    if not fixed:
+        x2, dy2 = A.rows_of(x, n), A.rows_of(dy, n)
+        dx2 = x.new_empty((n_rows, n))
+        cands = [T._choose(cands, key, lambda p: T._finish_backward(p, dx2, dy2, x2, weight, mean, rstd, False,
+                                                                     False))]
+    plan = (T.backward_launch(cands[0], n, rms=False), n, n_rows, _rows_view(x, n), _rows_view(dy, n))
+    if not fixed:
+        PLANS[key] = plan
+    return plan
+
+
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
                    rstd: torch.Tensor):
-    key = ("ln_bwd", x.shape, x.stride(), dy.shape, dy.stride(), x.dtype, dy.dtype, weight.dtype, x.device)
-    plan = T._PINNED or PLANS.get(key)   # a plan pinned by tuned.layernorm.backward_plan() wins
-    if plan is None:
-        n = A.check("layer_norm backward", x, weight, ("dy", dy, x.shape), max_cols=T.MAX_BLOCK_N)
+    if T._PINNED is not None:   # a plan pinned by tuned.layernorm.backward_plan() (a check timing one)
+        return _ln_bwd_pinned(dy, x, weight, mean, rstd)
+    launch, n, n_rows, xs, dys = _ln_bwd_plan(dy, x, weight, mean, rstd)
+    dx = x.new_empty(x.shape)
+    if n_rows == 0:
+        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
+    if xs is None:
+        x, xs = A.rows_of(x, n), n
+    if dys is None:
+        dy, dys = A.rows_of(dy, n), n
+    dw, db = T.launch_backward(launch, dx, dy, x, weight, mean, rstd, n_rows, n, xs, dys)
+    return (dx, *T.column_sum_pair(dw, db, weight.dtype))
+
+
+def _ln_bwd_pinned(dy, x, weight, mean, rstd):
+    A.check("layer_norm backward", x, weight, ("dy", dy, x.shape), max_cols=T.MAX_BLOCK_N)
     n = x.shape[-1]
     x2, dy2 = A.rows_of(x, n), A.rows_of(dy, n)
-    n_rows = x2.shape[0]
     dx = x.new_empty(x.shape)
     if x.numel() == 0:
         return dx, torch.zeros_like(weight), torch.zeros_like(weight)
-    dx2 = dx.view(n_rows, n)
-    if plan is None:
-        cands = T.backward_candidates(n_rows, n, x.element_size(), hardware.device_info(x))
-        if torch.are_deterministic_algorithms_enabled() or _lib.tracing(x):
-            plan = cands[0]   # as chapter 10's launcher: no timed choice, so no run-to-run plan change
-        else:
-            plan = PLANS[key] = T._choose(cands, key, lambda p: T._finish_backward(p, dx2, dy2, x2, weight, mean,
-                                                                                   rstd, False, False))
-    _, dw, db = T._finish_backward(plan, dx2, dy2, x2, weight, mean, rstd, False, False)
+    _, dw, db = T._finish_backward(T._PINNED, dx.view(x2.shape), dy2, x2, weight, mean, rstd, False, False)
     return dx, dw, db
 
 
