@@ -1,6 +1,7 @@
 """LayerNorm, RMSNorm and softmax backward (chapter 10): ours against PyTorch, torch.compile and Liger.
 
-Every case is M x N with M chosen so that x is 256 MiB, N in NS, in fp32 and bf16. GB/s count the
+Every case of the sweep is M x N with M chosen so that x is 1 GiB (``SWEEP_BYTES``), N in NS, in fp32 and
+bf16 (the tuning runs: 256 MiB). GB/s count the
 minimum traffic: forward reads x and writes y (2MN elements); forward + backward adds reading x and
 dy and writing dx (5MN in all); softmax backward reads y and dy and writes dx (3MN). The copy row is
 a device-to-device copy of x (the ceiling). Liger-Kernel's rows are skipped, with a note, when the
@@ -31,7 +32,13 @@ from course_utils.tuned import layernorm_autograd as TA
 from course_utils.tuned import softmax_backward as TSB
 
 TITLE = "LayerNorm and RMSNorm, forward and backward; softmax backward"
-INPUT_BYTES = 256 * 2**20
+INPUT_BYTES = 256 * 2**20   # the tuning runs' x
+# The sweep's x. At 256 MiB a forward + backward took 0.35 to 1.1 ms, and a call from Python through autograd
+# costs the host about 0.25 ms (the course's LayerNorm at a tiny shape, training_overhead.csv; Liger-Kernel's
+# and torch.compile's are Python autograd Functions too), on the H200 of 2026-11-29 (16 cores): in slow spells
+# the loop ran at the host's pace, and one row's 20th and 80th percentile times were up to 45% apart. At 1 GiB
+# the GPU's time is 4x longer and the host's the same.
+SWEEP_BYTES = 2**30
 NS = (1024, 2048, 4096, 8192, 16384)
 DTYPES = (torch.float32, torch.bfloat16)
 ROUNDS = 3          # interleaved rounds: every implementation once per round, the median round kept
@@ -50,8 +57,8 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def rows_for(n_cols: int, dtype: torch.dtype) -> int:
-    return max(1, INPUT_BYTES // (n_cols * dtype.itemsize))
+def rows_for(n_cols: int, dtype: torch.dtype, nbytes: int = INPUT_BYTES) -> int:
+    return max(1, nbytes // (n_cols * dtype.itemsize))
 
 
 def liger():
@@ -132,8 +139,8 @@ def _with_design(run, design):
     return timed
 
 
-def _inputs(n, dtype, grad: bool):
-    m = rows_for(n, dtype)
+def _inputs(n, dtype, grad: bool, nbytes: int = INPUT_BYTES):
+    m = rows_for(n, dtype, nbytes)
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dtype)
     b = (0.1 * torch.randn(n, device="cuda")).to(dtype)
@@ -161,7 +168,7 @@ def sweep(quick: bool = False, partial: Path | None = None):
             torch.compiler.reset()
             compiled.clear()
             EAGER_RUNS.clear()
-            m, x, w, b, dy = _inputs(n, dtype, grad=True)
+            m, x, w, b, dy = _inputs(n, dtype, grad=True, nbytes=SWEEP_BYTES)
             out = torch.empty_like(x)
             impls = {("copy", "copy"): lambda: out.copy_(x.detach())}  # noqa: B023 (called at once)
             for op in ops:

@@ -222,6 +222,19 @@ def test_host_overhead_table_has_every_op():
     assert (table[["course_fwd_bwd_us", "aten_fwd_bwd_us"]][:-1] > 0).all().all()
 
 
+def test_host_overhead_table_times_every_op_and_the_floor_in_the_same_rounds(monkeypatch):
+    """One interleaved timing per mode (forward, forward + backward) holding each op's three calls and the
+    floor's two: the floor's extra, added to an op's aten time, comes from the same slow and fast spells."""
+    from course_utils.ops import overhead as O
+    sizes = []
+    real = O._interleaved_us
+    monkeypatch.setattr(O, "_interleaved_us", lambda fns, *a, **k: sizes.append(len(fns)) or real(fns, *a, **k))
+    table = ops.host_overhead_table(n_calls=1, seq=4, d_model=8, vocab=8)
+    assert sizes == [3 * len(ops.OPS) + 2, 3 * len(ops.OPS) + 2, 2]   # the last: the bare launch against add_
+    assert table.set_index("op").loc[O.FLOOR_ROW, ["course_us", "aten_us", "course_fwd_bwd_us",
+                                                   "aten_fwd_bwd_us"]].gt(0).all()
+
+
 def test_the_host_bound_past_the_floor_adds_the_floors_extra_to_aten():
     """course / (aten + floor's extra), the larger of forward and forward + backward; the floor rows get none, and
     a table recorded before the floor row gets NaN (judged against 1.5x aten alone)."""

@@ -183,9 +183,10 @@ def _per_call_us(fn, n_calls: int, sync) -> float:
     return host / n_calls * 1e6
 
 
-#: interleaved rounds a row of :func:`host_overhead_table`: a lent host's cores slow down and speed up over
-#: seconds (chapter 12, section 9), so the course's call, the registered op and aten's are timed in turn,
-#: round after round, and each keeps its median: a slow spell falls on all three, not on whichever ran then
+#: interleaved rounds of :func:`host_overhead_table`: a lent host's cores slow down and speed up over seconds
+#: (chapter 12, section 9), so every op's three calls and the floor's two are timed in turn, round after round,
+#: and each keeps its median: a slow spell falls on all of them, not on whichever ran then (an op's bound adds
+#: the floor's extra to its aten time, so the two must come from the same spells)
 ROUNDS = 5
 
 
@@ -213,17 +214,11 @@ def _with_backward(fn):
     return call
 
 
-def _floor_row(n_calls: int, device, sync) -> dict:
-    """:data:`FLOOR_ROW`: ``_OneLaunchEachWay`` against ``torch.neg``, forward alone and forward + backward."""
-    row = {"op": FLOOR_ROW, "torch_ops_us": float("nan"), "torch_ops_fwd_bwd_us": float("nan")}
-    for grad in (False, True):
-        x = torch.zeros(4, device=device, requires_grad=grad)
-        fns = [lambda: _OneLaunchEachWay.apply(x), lambda: torch.neg(x)]
-        with torch.set_grad_enabled(grad):
-            c, a = _interleaved_us([_with_backward(f) for f in fns] if grad else fns, n_calls, sync)
-        row.update({"course_fwd_bwd_us": c, "aten_fwd_bwd_us": a} if grad else {"course_us": c, "aten_us": a})
-    row["course_over_aten"] = max(row["course_us"] / row["aten_us"], row["course_fwd_bwd_us"] / row["aten_fwd_bwd_us"])
-    return row
+def _floor_fns(device, grad: bool) -> list:
+    """:data:`FLOOR_ROW`'s pair, ``_OneLaunchEachWay`` and ``torch.neg``, forward alone or forward + backward."""
+    x = torch.zeros(4, device=device, requires_grad=grad)
+    fns = [lambda: _OneLaunchEachWay.apply(x), lambda: torch.neg(x)]
+    return [_with_backward(f) for f in fns] if grad else fns
 
 
 def over_aten_past_the_floor(table):
@@ -252,7 +247,8 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
     """A ``pandas.DataFrame``, one row per op: host microseconds per call from Python of the course's
     wrapper, of ``torch.ops.course.<op>`` and of the aten counterpart (the same outputs), forward alone
     (``*_us``) and forward + backward through autograd (``*_fwd_bwd_us``), on tiny shapes (launch-bound:
-    the loop's time is the host's), the three timed in turn over :data:`ROUNDS` rounds, medians kept.
+    the loop's time is the host's), all of them and the floor timed in turn over :data:`ROUNDS` rounds, medians
+    kept.
     ``course_over_aten`` is the larger of the two ratios. On the interpreter the numbers are the
     interpreter's run time, not launch overhead: run it on a GPU."""
     import pandas as pd
@@ -261,23 +257,27 @@ def host_overhead_table(n_calls: int = 200, *, batch: int = 1, seq: int = 16, d_
     device = _device(device)
     dtype = dtype or (torch.bfloat16 if env.on_gpu() else torch.float16)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rows = []
+    rows: dict = {}
     for grad in (False, True):
         t = _block_inputs(batch, seq, d_model, n_head, vocab, dtype, dtype, device, requires_grad=grad)
         seed = torch.zeros(1, dtype=torch.int64, device=device)
         calls = [dict(_block_calls(t, ops, seed)), dict(_block_calls(t, _Dispatcher, seed)), _aten_calls(t)]
-        for i, name in enumerate(calls[0]):
-            fns = [_with_backward(c[name]) if grad else c[name] for c in calls]
-            with torch.set_grad_enabled(grad):
-                us = _interleaved_us(fns, n_calls, sync)
-            cols = ("course_fwd_bwd_us", "torch_ops_fwd_bwd_us", "aten_fwd_bwd_us") if grad else \
-                ("course_us", "torch_ops_us", "aten_us")
-            if not grad:
-                rows.append({"op": name})
-            rows[i].update(dict(zip(cols, us)))
+        names = list(calls[0])
+        # every op's three calls and the floor's two in the same rounds: a slow spell of the host falls on
+        # all of them, not on the op timed then (the floor's extra is added to each op's aten time)
+        fns = [_with_backward(c[name]) if grad else c[name] for name in names for c in calls]
+        with torch.set_grad_enabled(grad):
+            us = _interleaved_us(fns + _floor_fns(device, grad), n_calls, sync)
+        cols = ("course_fwd_bwd_us", "torch_ops_fwd_bwd_us", "aten_fwd_bwd_us") if grad else \
+            ("course_us", "torch_ops_us", "aten_us")
+        for i, name in enumerate(names):
+            rows.setdefault(name, {"op": name}).update(zip(cols, us[3 * i:3 * i + 3]))
+        floor = rows.setdefault(FLOOR_ROW, {"op": FLOOR_ROW, "torch_ops_us": float("nan"),
+                                            "torch_ops_fwd_bwd_us": float("nan")})
+        floor.update(zip(cols[::2], us[-2:]))
+    rows = list(rows.values())   # the ops in order, then the floor
     for r in rows:
         r["course_over_aten"] = max(r["course_us"] / r["aten_us"], r["course_fwd_bwd_us"] / r["aten_fwd_bwd_us"])
-    rows.append(_floor_row(n_calls, device, sync))
     with torch.no_grad():
         one = torch.zeros(1, device=device)
         c, a = _interleaved_us([lambda: touch_kernel[(1,)](one), lambda: one.add_(1.0)], n_calls, sync)
