@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Run make targets on a GPU host whose python3 already has torch and triton but no Jupyter stack
-# (the course's lent H100/H200): install the carried wheels (../shared/gpu/wheels.sh .whl) into
-# /tmp/site, then run each target with PY=python3, logging to $OUT (or /tmp) as we go.
-#   bash tools/gpu_run.sh bench test-gpu
+# Run make targets (or benchmark topics) on a GPU host whose python3 already has torch and triton but no Jupyter
+# stack (the course's lent H100/H200): install the carried wheels (../shared/gpu/wheels.sh .whl, plus any peer such
+# as liger-kernel) into /tmp/site, then run each step with PY=python3, logging to $OUT (or /tmp) as it goes.
+#   bash tools/gpu_run.sh bench test-gpu                 # make targets
+#   STEP_LIMIT=300 bash tools/gpu_run.sh topic:layernorm topic:training   # benchmarks.run --only <topic>
+# Each step gets at most STEP_LIMIT seconds (default: none), so one slow step cannot take the others' time.
+# Every file the steps write under results/ comes back in $OUT/results.tgz: a lent machine returns only a few
+# files from $OUT, and a run records more (the CSVs, plots, targets). summary.txt has each step's exit and time.
 set -uo pipefail
 out=${OUT:-/tmp}
 if [ -d .whl ]; then
@@ -11,12 +15,25 @@ if [ -d .whl ]; then
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+marker=$(mktemp)
+sleep 1   # files written in the same second as the marker count as new
 status=0
-for target in "$@"; do
+for step in "$@"; do
   start=$(date +%s)
-  make --no-print-directory "$target" PY=python3 2>&1 | tee "$out/$target.log"
-  rc=${PIPESTATUS[0]}
-  echo "== make $target: exit $rc in $(( $(date +%s) - start )) s"
+  limit=()
+  [ -n "${STEP_LIMIT:-}" ] && limit=(timeout "$STEP_LIMIT")
+  if [[ $step == topic:* ]]; then
+    name=${step#topic:}
+    "${limit[@]}" make --no-print-directory bench PY=python3 BENCH_ARGS="--only $name --no-progress" \
+      > "$out/bench_$name.log" 2>&1
+    rc=$?
+  else
+    "${limit[@]}" make --no-print-directory "$step" PY=python3 2>&1 | tee "$out/$step.log"
+    rc=${PIPESTATUS[0]}
+  fi
+  echo "== $step: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
   [ "$rc" -eq 0 ] || status=$rc
 done
+new=$(find results -type f -newer "$marker" | sort)
+[ -n "$new" ] && tar czf "$out/results.tgz" $new && echo "results.tgz: $(echo "$new" | wc -l) files"
 exit $status
