@@ -1,7 +1,7 @@
 """LayerNorm, RMSNorm and softmax backward (chapter 10): ours against PyTorch, torch.compile and Liger.
 
 Every case of the sweep is M x N with M chosen so that x is 1 GiB (``SWEEP_BYTES``), N in NS, in fp32 and
-bf16 (the tuning runs: 256 MiB). GB/s count the
+bf16 (the tuning, atomics and parts runs: 256 MiB). GB/s count the
 minimum traffic: forward reads x and writes y (2MN elements); forward + backward adds reading x and
 dy and writing dx (5MN in all); softmax backward reads y and dy and writes dx (3MN). The copy row is
 a device-to-device copy of x (the ceiling). Liger-Kernel's rows are skipped, with a note, when the
@@ -36,8 +36,8 @@ INPUT_BYTES = 256 * 2**20   # the tuning runs' x
 # The sweep's x. At 256 MiB a forward + backward took 0.35 to 1.1 ms, and a call from Python through autograd
 # costs the host about 0.25 ms (the course's LayerNorm at a tiny shape, training_overhead.csv; Liger-Kernel's
 # and torch.compile's are Python autograd Functions too), on the H200 of 2026-11-29 (16 cores): in slow spells
-# the loop ran at the host's pace, and one row's 20th and 80th percentile times were up to 45% apart. At 1 GiB
-# the GPU's time is 4x longer and the host's the same.
+# the loop ran at the host's pace, and one row's 20th and 80th percentile times were up to 75% apart (ours: 69%;
+# results/h200/layernorm_256mib_s18.csv). At 1 GiB the GPU's time is 4x longer and the host's the same.
 SWEEP_BYTES = 2**30
 NS = (1024, 2048, 4096, 8192, 16384)
 DTYPES = (torch.float32, torch.bfloat16)
