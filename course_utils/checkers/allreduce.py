@@ -22,7 +22,8 @@ loads of those early reduces are recorded too, so a kernel that reads the peers'
 (and keeps the result only if the wait succeeds) is caught as well. Every rank must get the same bits (a
 rank-dependent order of the sum is named), and a sum accumulated in x's dtype is named on its exact
 bits, below the tolerance; a reduce that wrote nothing is told apart by the pads as they stood after
-every publish.
+every publish. The fused check's rows cycle through drawn, quiet (mean(s^2) = eps) and loud (s about 1024)
+ones, where eps outside the square root and the norm's statistics taken in x's dtype show and are named.
 What the interpreter cannot see, since it runs one program at a time: a missing release or acquire
 (``sem="relaxed"``), or a signal placed before the stores of the same half. Those show on GPUs, in
 the stress loop of benchmarks/multigpu.py.
