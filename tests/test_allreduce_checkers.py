@@ -128,12 +128,16 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     s_dst, y_dst = (y_ptr, s_ptr) if FAULT == "y and s swapped" else (s_ptr, y_ptr)
                     tl.store(s_dst + base + cols, s, mask=mask)
                     sf = s.to(tl.float32)
+                    if FAULT == "statistics in x's dtype":   # the stored s squared and averaged as it is
+                        sf = s
                     if FAULT == "norm of the sum without the residual":
                         sf = acc
                     n = n_cols
                     if FAULT == "mean over BLOCK_N":
                         n = BLOCK_N
                     y = sf / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps)
+                    if FAULT == "eps outside the square root":
+                        y = sf / (tl.sqrt(tl.sum(sf * sf, axis=0) / n) + eps)
                     if FAULT == "no sqrt":
                         y = sf / (tl.sum(sf * sf, axis=0) / n + eps)
                     if FAULT != "weight missing":
@@ -199,6 +203,8 @@ def test_norm_before_the_sum_is_named():
     ("residual added twice", True), ("residual not added", True),
     ("norm of the sum without the residual", True), ("mean over BLOCK_N", True), ("weight missing", True),
     ("no sqrt", True),                                                         # any other wrong scale per row
+    ("eps outside the square root", True),                                     # shows on rows of mean square eps
+    ("statistics in x's dtype", True),                                         # float16 squares of a loud row: inf
     ("own rows left out", False), ("own rows left out", True),                 # the peers' rows alone
     ("wait result ignored", False),                                            # waits, then reduces anyway
     ("no store mask", False),                                                  # lanes past n_cols stored

@@ -40,6 +40,13 @@ FAULTS = {
     "the row's RMS is wrong": "y is s * w times another factor per row than 1 / sqrt(mean(s^2) + eps): s is right, "
                               "so the norm's scale is off. mean(s^2) = tl.sum(s * s) / n_cols over the stored s "
                               "(lanes past n_cols loaded as 0.0), then the square root, with eps inside it",
+    "eps outside the square root": "y divides by sqrt(mean(s^2)) + eps, not by sqrt(mean(s^2) + eps): where a "
+                                   "row's mean square is as small as eps the two differ by up to sqrt(2). eps "
+                                   "goes under the root: 1 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)",
+    "statistics in x's dtype": "mean(s^2) was taken on s in x's dtype: the squares of the check's loud rows (a "
+                               "massive activation in the residual stream, as large models carry) overflow "
+                               "float16's 65504, so their y came out 0. Cast the stored s to float32 "
+                               "(s.to(tl.float32)) before squaring and summing; only the stores are in x's dtype",
     "sum in x's dtype": "the sum was accumulated in x's dtype, rounding after every rank's add: accumulate in "
                         "float32 (tl.zeros((BLOCK_N,), tl.float32), each load .to(tl.float32)) and round once, "
                         "at the store",

@@ -22,7 +22,8 @@ loads of those early reduces are recorded too, so a kernel that reads the peers'
 (and keeps the result only if the wait succeeds) is caught as well. Every rank must get the same bits (a
 rank-dependent order of the sum is named), and a sum accumulated in x's dtype is named on its exact
 bits, below the tolerance; a reduce that wrote nothing is told apart by the pads as they stood after
-every publish.
+every publish. The fused check's rows cycle through drawn, quiet (mean(s^2) = eps) and loud (s about 1024)
+ones, where eps outside the square root and the norm's statistics taken in x's dtype show and are named.
 What the interpreter cannot see, since it runs one program at a time: a missing release or acquire
 (``sem="relaxed"``), or a signal placed before the stores of the same half. Those show on GPUs, in
 the stress loop of benchmarks/multigpu.py.
@@ -40,6 +41,19 @@ from . import answer_keys
 from .loads import span
 
 CALLS = 3            # back-to-back calls: the second reuses the pads, the third the first call's half
+# The fused check's rows cycle through three kinds (row % ROW_CYCLE): drawn as they come (s's RMS about 3 to 4),
+# quiet and loud. Drawn rows alone let two wrong norms through, within the tolerance:
+# - quiet: x and the residual scaled so that mean(s^2) equals eps; eps outside the square root
+#   (1 / (sqrt(ms) + eps)) then scales y by up to sqrt(2) against 1 / sqrt(ms + eps), where on drawn rows
+#   (ms about 10) the two differ by about 3e-7, relative.
+# - loud: s about LOUD_MEAN all along the row, as where a large model's residual stream carries a massive
+#   activation: its squares (about 1e6) overflow float16 (65504), so statistics taken on s in x's dtype become inf
+#   and y becomes 0, where float32's are exact to 1e-7. Every rank's x and the residual carry an equal share of
+#   the offset: terms of one sign, so s and s - r keep float32's relative precision (large terms of both signs
+#   would leave s, or s - r that the faults are matched on, the small difference of large numbers).
+ROW_CYCLE, QUIET_ROW, LOUD_ROW = 3, 1, 2    # row 0 drawn: the one-row cases stay as they were
+QUIET_RMS = EPS ** 0.5
+LOUD_MEAN = 1024.0
 
 
 def _shapes():
@@ -75,17 +89,29 @@ def _outputs(t, fused):
     return [g.tensor for g in (t["y"] + t["s"] if fused else t["out"])]
 
 
+def _rms(v: torch.Tensor) -> torch.Tensor:
+    return v.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _fused_operands(world, dtype, n_rows, n_cols):
+    """Every rank's x and the residual, drawn in float32, quiet rows scaled, loud rows offset, rounded to dtype."""
+    xs = [check.randn((n_rows, n_cols), torch.float32, scale=2.0).double() for _ in range(world)]
+    r = check.randn((n_rows, n_cols), torch.float32).double()
+    kind = (torch.arange(n_rows, device=r.device) % ROW_CYCLE).unsqueeze(-1)
+    scale = torch.where(kind == QUIET_ROW, QUIET_RMS / _rms(sum(xs) + r), 1.0)
+    share = torch.where(kind == LOUD_ROW, LOUD_MEAN / (world + 1), 0.0)
+    return [(v * scale + share).to(dtype) for v in xs], (r * scale + share).to(dtype)
+
+
 def _inputs(ranks, dtype, n_rows, n_cols, fused):
     w = ranks.world_size
-    t = {"x": [check.randn((n_rows, n_cols), dtype, scale=2.0) for _ in range(w)]}
-    if fused:
-        t["r"] = check.randn((n_rows, n_cols), dtype)
-        t["w"] = check.randn((n_cols,), dtype, offset=1.0, scale=0.5)
-        t["y"] = [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]
-        t["s"] = [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]
-    else:
-        t["out"] = [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]
-    return t
+    if not fused:
+        return {"x": [check.randn((n_rows, n_cols), dtype, scale=2.0) for _ in range(w)],
+                "out": [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]}
+    xs, r = _fused_operands(w, dtype, n_rows, n_cols)
+    return {"x": xs, "r": r, "w": check.randn((n_cols,), dtype, offset=1.0, scale=0.5),
+            "y": [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)],
+            "s": [check.Guarded((n_rows, n_cols), dtype) for _ in range(w)]}
 
 
 def _pads_hold_every_flag(ranks, programs) -> bool:

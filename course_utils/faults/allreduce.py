@@ -1,6 +1,7 @@
 """The usual faults of chapter 13's all-reduce exercises, recomputed in float64 and named (used by
 :mod:`course_utils.checkers.allreduce`): a reduce that never ran or left rows unwritten, the norm before the
-sum, the residual twice, missing or in x's place, y and s swapped, the weight or the row's RMS wrong, only
+sum, the residual twice, missing or in x's place, y and s swapped, the weight or the row's RMS wrong (eps outside
+the square root or statistics of s taken in x's dtype, named on the checker's quiet and loud rows), only
 the own buffer read, a wrong peer offset, a barrier before the writes, an average, the own rows left out,
 a sum accumulated in x's dtype (on its exact bits), and ranks that summed in different orders.
 
@@ -22,8 +23,22 @@ def _fail(case: str, fault: str) -> None:
     raise check.CheckFailure(f"{case}: {fault}: {FAULTS[fault]}.\nHint: {HINT}")
 
 
-def _rmsnorm(s, w):
-    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * w
+def _rmsnorm(s, w, mean_square=None):
+    """RMSNorm(s) * w; ``mean_square`` per row where it is not s's own, exact one."""
+    ms = s.pow(2).mean(-1, keepdim=True) if mean_square is None else mean_square
+    return s * torch.rsqrt(ms + EPS) * w
+
+
+def _mean_square_in(s, dtype):
+    """mean(s^2) per row as a kernel gets it that squares and averages s in ``dtype`` (float16, bfloat16): each
+    square, the row's sum and the division rounded to dtype (inf past its range: float16 ends at 65504). The sum
+    itself is exact here; a GPU's tree of float16 adds rounds more, well within the 4x tolerance of a match."""
+    low = s.to(dtype)
+    return ((low * low).double().sum(-1, keepdim=True).to(dtype) / s.shape[-1]).double()
+
+
+def _eps_outside_sqrt(s, w):
+    return s / (s.pow(2).mean(-1, keepdim=True).sqrt() + EPS) * w
 
 
 def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, programs=1, pads_ok=True):
@@ -60,7 +75,10 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
         block = 1 << max(s_n.shape[-1] - 1, 0).bit_length()
         candidates += [("norm of the sum without the residual", _rmsnorm(total, w)),
                        ("weight missing", _rmsnorm(s_n, 1.0)),
-                       ("mean over BLOCK_N", s_n * torch.rsqrt(s_n.pow(2).sum(-1, keepdim=True) / block + EPS) * w)]
+                       ("mean over BLOCK_N", s_n * torch.rsqrt(s_n.pow(2).sum(-1, keepdim=True) / block + EPS) * w),
+                       ("eps outside the square root", _eps_outside_sqrt(s_n, w))]
+        if dtype != torch.float32:   # in float32 they are the right statistics
+            candidates += [("statistics in x's dtype", _rmsnorm(s_n, w, _mean_square_in(s_n, dtype)))]
     if kind in ("out", "s"):
         candidates += [("only the own buffer read", x[rank]), ("only the own buffer read", len(x) * x[rank]),
                        ("wrong peer offset", x[rank] + sum(other_half[p] for p in peers)),
