@@ -41,7 +41,7 @@ def student(fault: str = "none"):
         """No autograd here: x.backward() is what this replaces."""   # words in comments and strings are fine
         ds, ln_next.weight.grad, ln_next.bias.grad = Nm.add_layer_norm_bwd(
             dh, None if fault == "dres dropped" else dres, saved.s1 if fault == "ln_next from s1" else saved.s2,
-            ln_next.weight,
+            blk.ln2.weight if fault == "ln_next with ln2's weight" else ln_next.weight,
             *((saved.mean1, saved.rstd1) if fault == "ln_next with ln2's statistics" else (saved.mean2, saved.rstd2)))
         if fault == "dres added twice":                 # dres given to the backward and added again
             ds = ds + dres if dres is not None else ds
@@ -63,7 +63,7 @@ def student(fault: str = "none"):
         stats = (saved.mean2, saved.rstd2) if fault == "ln2 with ln_next's statistics" else (saved.mean1, saved.rstd1)
         dx, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(
             dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s2 if fault == "ln2 from s2" else saved.s1,
-            blk.ln2.weight, *stats)
+            ln_next.weight if fault == "ln2 with ln_next's weight" else blk.ln2.weight, *stats)
         d_proj, dres_in = dx, dx
         if fault == "attention branch without ds":      # the branch given LayerNorm 2's part alone
             d_proj, _, _ = Nm.add_layer_norm_bwd(dh2, None, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
@@ -126,6 +126,8 @@ def test_right_block_backward_passes(capsys):
     ("gelu from f as rows", r"GELU's backward given f: linear_gelu_bwd was given saved.f, GELU's output"),   # (c)
     ("ln_next from s1", r"ln_next.weight.grad is computed from the other LayerNorm's sum \(saved.s1\)"
                         r"(.|\n)*saved.s2, with its own saved.mean2, saved.rstd2"),
+    ("ln_next with ln2's weight", r"ln_next's backward given LayerNorm 2's weight: .*saved.s2, ln_next.weight"),
+    ("ln2 with ln_next's weight", r"LayerNorm 2's backward given ln_next's weight: .*saved.s1, blk.ln2.weight"),
     ("ln2 from s2", r"blk.ln2.weight.grad is computed from the other LayerNorm's sum \(saved.s2\)"
                     r"(.|\n)*saved.s1, with its own saved.mean1, saved.rstd1"),
     ("proj from o", r"blk.proj.weight.grad is taken from saved.o reshaped without its transpose: the proj GEMM's "

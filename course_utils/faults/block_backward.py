@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 GELU_GIVEN_F = "GELU's backward given f"
+LN_NEXT_GIVEN_LN2_WEIGHT = "ln_next's backward given LayerNorm 2's weight"
+LN2_GIVEN_LN_NEXT_WEIGHT = "LayerNorm 2's backward given ln_next's weight"
 ORDER = ("ln_next.weight", "ln_next.bias", "out.weight", "out.bias", "fc.weight", "fc.bias", "ln2.weight",
          "ln2.bias", "proj.weight", "proj.bias", "qkv.weight", "qkv.bias", "dh_in", "dres_in")
 # {mistake: what went wrong and what to do}; reference(..., fault=mistake) gives the gradients it makes
@@ -56,6 +58,14 @@ FLOW_FAULTS = {
     GELU_GIVEN_F: "linear_gelu_bwd was given saved.f, GELU's output, as its acc: GELU's derivative is taken at "
         "its input, the pre-activation acc = h2 @ W.T that the forward saved (the bias is added inside), so pass "
         "saved.acc: linear_gelu_bwd(df, saved.h2, blk.fc.weight, blk.fc.bias, saved.acc)",
+    # the weight scales only dx, so the LayerNorm's own dw and db are right and the first wrong tensor is the
+    # GEMM after it: named here, by all the gradients, rather than as that GEMM's mistake
+    LN_NEXT_GIVEN_LN2_WEIGHT: "add_layer_norm_bwd for ln_next was given blk.ln2.weight: its dx is the gradient "
+        "through ln_next's own scale, add_layer_norm_bwd(dh, dres, saved.s2, ln_next.weight, saved.mean2, "
+        "saved.rstd2)",
+    LN2_GIVEN_LN_NEXT_WEIGHT: "add_layer_norm_bwd for LayerNorm 2 was given ln_next.weight: its dx is the "
+        "gradient through LayerNorm 2's own scale, add_layer_norm_bwd(dh2, ds, saved.s1, blk.ln2.weight, "
+        "saved.mean1, saved.rstd1)",
 }
 
 
@@ -70,9 +80,11 @@ def _vjp(fn, inputs, dy):
         return torch.autograd.grad(fn(*xs), xs, _f64(dy))
 
 
-def _layer_norm(s, ln, dy, eps):
-    """(ds, dw, db) of LayerNorm(s) with ln's weight and bias."""
-    return _vjp(lambda s, w, b: F.layer_norm(s, (s.shape[-1],), w, b, eps), (s, ln.weight, ln.bias), dy)
+def _layer_norm(s, ln, dy, eps, weight=None):
+    """(ds, dw, db) of LayerNorm(s) with ln's weight and bias; ``weight`` in place of ln's makes ds what a
+    backward given the wrong LayerNorm's weight returns (dw and db do not read the weight)."""
+    w = ln.weight if weight is None else weight
+    return _vjp(lambda s, w, b: F.layer_norm(s, (s.shape[-1],), w, b, eps), (s, w, ln.bias), dy)
 
 
 def _linear(dy, x, weight):
@@ -118,7 +130,8 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     each GEMM's dy (``"dy.out"`` ...); ``fault`` (a key of :data:`FLOW_FAULTS`) makes that mistake."""
     g, zero = {}, torch.zeros(sv.s2.shape, dtype=torch.float64)
     dres64 = zero if dres is None or fault == "dres dropped" else _f64(dres)
-    d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(sv.s2, ln_next, dh, eps)
+    d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(
+        sv.s2, ln_next, dh, eps, blk.ln2.weight if fault == LN_NEXT_GIVEN_LN2_WEIGHT else None)
     g["dy.ln_next"] = _f64(dh)
     ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
     if fault == "dres added twice":
@@ -129,7 +142,8 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     acc = sv.f if fault == GELU_GIVEN_F else _f64(sv.h2) @ _f64(blk.fc.weight).t()
     dacc = _gelu_pre(df, acc, blk.fc)
     dh2, g["fc.weight"], g["fc.bias"] = _linear(dacc, sv.h2, blk.fc.weight)
-    d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(sv.s1, blk.ln2, dh2, eps)
+    d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(
+        sv.s1, blk.ln2, dh2, eps, ln_next.weight if fault == LN2_GIVEN_LN_NEXT_WEIGHT else None)
     g["dy.ln2"] = dh2
     ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
     d_proj = d_ln2 if fault == "attention branch without ds" else ds1
