@@ -40,7 +40,8 @@ def student(fault: str = "none"):
     def block_backward(blk, saved, dh, dres, ln_next, n_head, scale):
         """No autograd here: x.backward() is what this replaces."""   # words in comments and strings are fine
         ds, ln_next.weight.grad, ln_next.bias.grad = Nm.add_layer_norm_bwd(
-            dh, None if fault == "dres dropped" else dres, saved.s2, ln_next.weight,
+            dh, None if fault == "dres dropped" else dres, saved.s1 if fault == "ln_next from s1" else saved.s2,
+            blk.ln2.weight if fault == "ln_next with ln2's weight" else ln_next.weight,
             *((saved.mean1, saved.rstd1) if fault == "ln_next with ln2's statistics" else (saved.mean2, saved.rstd2)))
         if fault == "dres added twice":                 # dres given to the backward and added again
             ds = ds + dres if dres is not None else ds
@@ -54,12 +55,15 @@ def student(fault: str = "none"):
             else:
                 d_s1 = dres
         df = linear_backward(d_out, saved.acc if fault == "out from acc" else saved.f, blk.out, "out")
+        f_rows = saved.f.reshape(-1, saved.f.shape[-1])   # acc's own layout (B * N, 4d)
+        gelu_in = {"gelu from f": saved.f, "gelu from f as rows": f_rows}.get(fault, saved.acc)
         dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(
-            df, saved.h1 if fault == "fc from h1" else saved.h2, blk.fc.weight, blk.fc.bias,
-            saved.f if fault == "gelu from f" else saved.acc)
+            df, {"fc from h1": saved.h1, "fc from s1": saved.s1}.get(fault, saved.h2), blk.fc.weight, blk.fc.bias,
+            gelu_in)
         stats = (saved.mean2, saved.rstd2) if fault == "ln2 with ln_next's statistics" else (saved.mean1, saved.rstd1)
         dx, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(
-            dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s1, blk.ln2.weight, *stats)
+            dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s2 if fault == "ln2 from s2" else saved.s1,
+            ln_next.weight if fault == "ln2 with ln_next's weight" else blk.ln2.weight, *stats)
         d_proj, dres_in = dx, dx
         if fault == "attention branch without ds":      # the branch given LayerNorm 2's part alone
             d_proj, _, _ = Nm.add_layer_norm_bwd(dh2, None, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
@@ -115,6 +119,17 @@ def test_right_block_backward_passes(capsys):
     ("qkv from h2", r"blk.qkv.weight.grad is taken from saved.h2: the qkv GEMM's input is saved.h1"),         # (c)
     ("fc from h1", r"blk.fc.weight.grad is taken from saved.h1: the fc GEMM's input is saved.h2"),            # (c)
     ("out from acc", r"blk.out.weight.grad is taken from saved.acc: the out GEMM's input is saved.f"),        # (c)
+    ("fc from s1", r"blk.fc.weight.grad is taken from saved.s1, the sum before LayerNorm 2: the fc GEMM's input "
+                   "is saved.h2"),                                                                         # (c)
+    # saved.f as it is (B, N, 4d) makes linear_gelu_bwd raise; reshaped to acc's rows it runs: both are named
+    ("gelu from f", r"GELU's backward given f: .*pass saved.acc(.|\n)*raised RuntimeError"),                # (c)
+    ("gelu from f as rows", r"GELU's backward given f: linear_gelu_bwd was given saved.f, GELU's output"),   # (c)
+    ("ln_next from s1", r"ln_next.weight.grad is computed from the other LayerNorm's sum \(saved.s1\)"
+                        r"(.|\n)*saved.s2, with its own saved.mean2, saved.rstd2"),
+    ("ln_next with ln2's weight", r"ln_next's backward given LayerNorm 2's weight: .*saved.s2, ln_next.weight"),
+    ("ln2 with ln_next's weight", r"LayerNorm 2's backward given ln_next's weight: .*saved.s1, blk.ln2.weight"),
+    ("ln2 from s2", r"blk.ln2.weight.grad is computed from the other LayerNorm's sum \(saved.s2\)"
+                    r"(.|\n)*saved.s1, with its own saved.mean1, saved.rstd1"),
     ("proj from o", r"blk.proj.weight.grad is taken from saved.o reshaped without its transpose: the proj GEMM's "
                     "input is saved.o2"),                                                                  # (c)
     ("out bias missing", r"blk.out.bias.grad was not written \(it is None\)(.|\n)*ds summed over the rows"),   # (d)

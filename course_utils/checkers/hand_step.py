@@ -35,7 +35,7 @@ import traceback
 import torch
 
 from .. import check, env
-from ..faults.block_backward import FLOW_FAULTS, ORDER, error, reference, tensor_faults
+from ..faults.block_backward import FLOW_FAULTS, GELU_GIVEN_F, ORDER, error, reference, tensor_faults
 from .calls import run_watched
 
 NAME = "block backward"
@@ -143,6 +143,15 @@ def _your_line(e: BaseException) -> str:
     return ""
 
 
+def _gelu_given_f(calls, sv) -> bool:
+    """Whether linear_gelu_bwd was given GELU's output saved.f (or a view of it) as its acc. saved.f is (B, N, 4d)
+    where acc is (B * N, 4d), so passed as it is it makes linear_gelu_bwd raise in its GEMM before a gradient can
+    be compared: the argument itself names the mistake. (Reshaped, it runs, and FLOW_FAULTS names it by value.)"""
+    acc = (calls.first("linear_gelu_bwd") or {}).get("acc")
+    return (isinstance(acc, torch.Tensor) and sv.f.numel() > 0
+            and acc.untyped_storage().data_ptr() == sv.f.untyped_storage().data_ptr())
+
+
 def _call(fn, case, args):
     """fn(*args) under the refusals; the calls of the course's functions it made. A call of the course's
     backward is refused even when the student's function raised after it."""
@@ -162,6 +171,9 @@ def _call(fn, case, args):
                                  "answer the check compares with. Write the block's backward yourself.")
     if isinstance(error, (NotImplementedError, check.CheckFailure)):
         raise error
+    if error is not None and _gelu_given_f(calls, args[1]):
+        raise check.CheckFailure(f"{case}: {GELU_GIVEN_F}: {FLOW_FAULTS[GELU_GIVEN_F]}; your function raised "
+                                 f"{type(error).__name__}: {str(error)[:200]}{_your_line(error)}.") from error
     if error is not None:
         text = str(error)[:300]
         hint = (GRAD_SHAPES if "assign a gradient" in text else

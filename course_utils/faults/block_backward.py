@@ -16,6 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+GELU_GIVEN_F = "GELU's backward given f"
+LN_NEXT_GIVEN_LN2_WEIGHT = "ln_next's backward given LayerNorm 2's weight"
+LN2_GIVEN_LN_NEXT_WEIGHT = "LayerNorm 2's backward given ln_next's weight"
 ORDER = ("ln_next.weight", "ln_next.bias", "out.weight", "out.bias", "fc.weight", "fc.bias", "ln2.weight",
          "ln2.bias", "proj.weight", "proj.bias", "qkv.weight", "qkv.bias", "dh_in", "dres_in")
 # {mistake: what went wrong and what to do}; reference(..., fault=mistake) gives the gradients it makes
@@ -52,6 +55,17 @@ FLOW_FAULTS = {
     "do not laid out as o": "the attention's gradient do was read in the wrong layout: o2 is o.transpose(1, 2) "
         "reshaped to (B, N, d), so do = do2.view(B, N, n_head, head_dim).transpose(1, 2), laid out as saved.o "
         "(B, H, N, hd); a plain view to (B, H, N, hd) mixes heads and positions",
+    GELU_GIVEN_F: "linear_gelu_bwd was given saved.f, GELU's output, as its acc: GELU's derivative is taken at "
+        "its input, the pre-activation acc = h2 @ W.T that the forward saved (the bias is added inside), so pass "
+        "saved.acc: linear_gelu_bwd(df, saved.h2, blk.fc.weight, blk.fc.bias, saved.acc)",
+    # the weight scales only dx, so the LayerNorm's own dw and db are right and the first wrong tensor is the
+    # GEMM after it: named here, by all the gradients, rather than as that GEMM's mistake
+    LN_NEXT_GIVEN_LN2_WEIGHT: "add_layer_norm_bwd for ln_next was given blk.ln2.weight: its dx is the gradient "
+        "through ln_next's own scale, add_layer_norm_bwd(dh, dres, saved.s2, ln_next.weight, saved.mean2, "
+        "saved.rstd2)",
+    LN2_GIVEN_LN_NEXT_WEIGHT: "add_layer_norm_bwd for LayerNorm 2 was given ln_next.weight: its dx is the "
+        "gradient through LayerNorm 2's own scale, add_layer_norm_bwd(dh2, ds, saved.s1, blk.ln2.weight, "
+        "saved.mean1, saved.rstd1)",
 }
 
 
@@ -66,9 +80,11 @@ def _vjp(fn, inputs, dy):
         return torch.autograd.grad(fn(*xs), xs, _f64(dy))
 
 
-def _layer_norm(s, ln, dy, eps):
-    """(ds, dw, db) of LayerNorm(s) with ln's weight and bias."""
-    return _vjp(lambda s, w, b: F.layer_norm(s, (s.shape[-1],), w, b, eps), (s, ln.weight, ln.bias), dy)
+def _layer_norm(s, ln, dy, eps, weight=None):
+    """(ds, dw, db) of LayerNorm(s) with ln's weight and bias; ``weight`` in place of ln's makes ds what a
+    backward given the wrong LayerNorm's weight returns (dw and db do not read the weight)."""
+    w = ln.weight if weight is None else weight
+    return _vjp(lambda s, w, b: F.layer_norm(s, (s.shape[-1],), w, b, eps), (s, w, ln.bias), dy)
 
 
 def _linear(dy, x, weight):
@@ -77,9 +93,10 @@ def _linear(dy, x, weight):
     return (dy2 @ _f64(weight)).view(x.shape), dy2.t() @ x2, dy2.sum(0)
 
 
-def _gelu_pre(df, h2, fc):
-    """d(pre-activation) of f = gelu_tanh(a), a = h2 @ W.T + b, given df."""
-    a = _f64(h2) @ _f64(fc.weight).t() + _f64(fc.bias)
+def _gelu_pre(df, acc, fc):
+    """d(pre-activation) of f = gelu_tanh(a), a = acc + b, given df: what linear_gelu_bwd computes from the acc
+    it is given (the right one is h2 @ W.T)."""
+    a = _f64(acc).reshape(df.shape) + _f64(fc.bias)
     return _vjp(lambda a: F.gelu(a, approximate="tanh"), (a,), df)[0]
 
 
@@ -113,7 +130,8 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     each GEMM's dy (``"dy.out"`` ...); ``fault`` (a key of :data:`FLOW_FAULTS`) makes that mistake."""
     g, zero = {}, torch.zeros(sv.s2.shape, dtype=torch.float64)
     dres64 = zero if dres is None or fault == "dres dropped" else _f64(dres)
-    d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(sv.s2, ln_next, dh, eps)
+    d_ln, g["ln_next.weight"], g["ln_next.bias"] = _layer_norm(
+        sv.s2, ln_next, dh, eps, blk.ln2.weight if fault == LN_NEXT_GIVEN_LN2_WEIGHT else None)
     g["dy.ln_next"] = _f64(dh)
     ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
     if fault == "dres added twice":
@@ -121,9 +139,11 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     d_out = d_ln if fault == "MLP branch without dres" else ds
     d_s1_above = dres64 if fault == "residual without LayerNorm's part after the MLP" else ds
     df, g["out.weight"], g["out.bias"] = _linear(d_out, sv.f, blk.out.weight)
-    dacc = _gelu_pre(df, sv.h2, blk.fc)
+    acc = sv.f if fault == GELU_GIVEN_F else _f64(sv.h2) @ _f64(blk.fc.weight).t()
+    dacc = _gelu_pre(df, acc, blk.fc)
     dh2, g["fc.weight"], g["fc.bias"] = _linear(dacc, sv.h2, blk.fc.weight)
-    d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(sv.s1, blk.ln2, dh2, eps)
+    d_ln2, g["ln2.weight"], g["ln2.bias"] = _layer_norm(
+        sv.s1, blk.ln2, dh2, eps, ln_next.weight if fault == LN2_GIVEN_LN_NEXT_WEIGHT else None)
     g["dy.ln2"] = dh2
     ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
     d_proj = d_ln2 if fault == "attention branch without ds" else ds1
@@ -151,6 +171,13 @@ def error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((g - ref).abs().max()) / max(float(ref.abs().max()), 1e-30)
 
 
+def _ln_weight_grad(dy, s, mean, rstd) -> torch.Tensor:
+    """dw of y = x_hat * w + b with x_hat = (s - mean) * rstd, whichever sum and statistics it is given."""
+    n = s.shape[-1]
+    x_hat = (_f64(s).reshape(-1, n) - _f64(mean).reshape(-1, 1)) * _f64(rstd).reshape(-1, 1)
+    return (dy.reshape(-1, n) * x_hat).sum(0)
+
+
 def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: float) -> str | None:
     """The mistake that makes this one tensor, if it is a usual one."""
     r = ref[name]
@@ -160,8 +187,10 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
         dy = ref[f"dy.{lin}"].reshape(-1, r.shape[0])
         if r.shape[0] == r.shape[1]:
             cands["transposed: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"] = r.t()
+        # the residual sums too: s1 and s2 are the LayerNorms' inputs, which a GEMM after a LayerNorm does not read
         inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc,
-                  "saved.o reshaped without its transpose": sv.o}   # (B, H, N, hd) read as (B * N, d)
+                  "saved.o reshaped without its transpose": sv.o,   # (B, H, N, hd) read as (B * N, d)
+                  "saved.s1, the sum before LayerNorm 2": sv.s1, "saved.s2, the sum before ln_next": sv.s2}
         right = {"out": "saved.f", "fc": "saved.h2", "proj": "saved.o2", "qkv": "saved.h1"}[lin]
         for label, x in inputs.items():
             if label != right and x.numel() == rows * r.shape[1]:
@@ -170,14 +199,18 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
     if kind == "bias":
         cands[f"averaged over the rows: db is dy summed over all {rows} rows, not their mean"] = r / rows
     if lin in ("ln_next", "ln2"):
-        if kind == "weight":   # add_layer_norm_bwd given the other LayerNorm's mean and rstd: x_hat = (s - mean) * rstd
-            s_, mine, theirs = ((sv.s1, "saved.mean1, saved.rstd1", (sv.mean2, sv.rstd2)) if lin == "ln2" else
-                                (sv.s2, "saved.mean2, saved.rstd2", (sv.mean1, sv.rstd1)))
-            n = s_.shape[-1]
-            mean, rstd = (_f64(t).reshape(-1, 1) for t in theirs)
-            x_hat = (_f64(s_).reshape(-1, n) - mean) * rstd
+        if kind == "weight":   # add_layer_norm_bwd given the other LayerNorm's sum, or its mean and rstd
+            own = {"ln2": "1", "ln_next": "2"}[lin]
+            theirs = "2" if own == "1" else "1"
+            s, mean, rstd = (getattr(sv, f"{t}{own}") for t in ("s", "mean", "rstd"))
+            s_other, mean_other, rstd_other = (getattr(sv, f"{t}{theirs}") for t in ("s", "mean", "rstd"))
+            dy = ref[f"dy.{lin}"]
             cands[f"computed with the other LayerNorm's statistics: {lin}'s backward normalizes its own sum with "
-                  f"its own mean and rstd ({mine})"] = (ref[f"dy.{lin}"].reshape(-1, n) * x_hat).sum(0)
+                  f"its own mean and rstd (saved.mean{own}, saved.rstd{own})"] = \
+                _ln_weight_grad(dy, s, mean_other, rstd_other)
+            cands[f"computed from the other LayerNorm's sum (saved.s{theirs}): {lin}'s backward reads the sum it "
+                  f"normalized, saved.s{own}, with its own saved.mean{own}, saved.rstd{own}"] = \
+                _ln_weight_grad(dy, s_other, mean, rstd)
         other = f"{lin}.{'bias' if kind == 'weight' else 'weight'}"
         cands[f"{lin}'s weight and bias gradients swapped: add_layer_norm_bwd returns (dx, dw, db)"] = ref[other]
     for why, c in cands.items():
