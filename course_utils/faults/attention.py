@@ -115,10 +115,11 @@ PADDED_KEYS = ("the keys past seq in the last key tile are not masked out of the
 MASKED_TO_ZERO = ("the causal mask sets the hidden scores to 0, not -inf: a score of 0 still weighs exp(0 - m) in "
                   "the softmax (s * mask does the same). Hide them with tl.where(offs_m[:, None] >= cols[None, :], "
                   "s, float('-inf'))")
-# Finite stand-ins for -inf that students write. Each is harmless while every real score of a row stays far above
-# it (exp(fill - m) underflows) and wrong once the scores sit near or below it; the checker's "scores with a large
-# negative offset" case puts them there, where every fill above the scores outweighs the real keys alike, so these
-# two name any such fill; the large-magnitude case, where -100 alone shows, needs -100 itself.
+# Finite stand-ins for -inf that students write: harmless while a row's real scores stay far above the fill
+# (exp(fill - m) underflows), wrong once they sit near or below it. The checker's "scores with a large negative
+# offset" case puts every score far below such a fill, where any fill outweighs the real keys alike and these
+# models fit whatever its value; in the large-magnitude case (scores up to about +-200) a few rows reach below
+# -100 at random and only the fill's own value fits, so the usual one, -100, is listed.
 FINITE_FILLS = (-100.0, -1e4)
 MASKED_TO_FINITE = ("the causal mask sets the hidden scores to a finite value (such as -100 or -1e4), not -inf: "
                     "exp(fill - m) vanishes only while the row's real scores stay far above the fill. Shift every "
