@@ -282,17 +282,21 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
     for hint, sc, keep_fn in faults:
         if fits.add(hint, _attention64(q, k, v, sc, keep_fn)):
             return hint
-    # a finite fill first: where every real score lies far below it, a fill of 0 outweighs them just as -100 does,
-    # and the fill that fails only there is the finite one (a fill of 0 already fails the random scores)
-    fills = [(fill, MASKED_TO_FINITE if causal else PADDED_TO_FINITE) for fill in FINITE_FILLS]
-    fills.append((0.0, MASKED_TO_ZERO if causal else PADDED_KEYS))
-    for fill, hint in fills:
+    finite = MASKED_TO_FINITE if causal else PADDED_TO_FINITE
+    for fill, hint in ((0.0, MASKED_TO_ZERO if causal else PADDED_KEYS), *((f, finite) for f in FINITE_FILLS)):
         for block_n in (16, 32, 64, 128):
             if not causal and not q.shape[-2] % block_n:
                 continue   # no padded key: nothing hidden
             for block_m in (None, 16, 32, 64, 128, 256) if causal else (None,):
-                if fits.add(hint, _masked_to64(q, k, v, scale, block_n, block_m, causal, fill)):
-                    return hint
+                if not fits.add(hint, _masked_to64(q, k, v, scale, block_n, block_m, causal, fill)):
+                    continue
+                # where every real score lies far below -100 (the shifted case) a fill of 0 outweighs them just as
+                # -100 does; a kernel that fills with 0 fails the random scores before it gets there, so when -100
+                # fits too the fill is a finite one
+                if fill == 0.0 and fits.add(finite, _masked_to64(q, k, v, scale, block_n, block_m, causal,
+                                                                 FINITE_FILLS[0])):
+                    return finite
+                return hint
     if fits.best():   # a near fit among these: the online update's candidates below cost far more to compute
         return fits.best()
     if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size
