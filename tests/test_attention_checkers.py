@@ -18,7 +18,7 @@ from course_utils.tuned import attention as TA
 # tl.constexpr, so the compiled (GPU) kernel may read them as globals
 (OK, NO_KEY_MASK, UNSTABLE_EXP, NO_RESCALE, STRICT_CAUSAL, NO_CAUSAL, WRONG_STRIDE, NO_NORMALIZE, NO_Q_MASK,
  NO_KV_LOAD_MASK, NO_SCALE, SCALE_1_D, CAUSAL_NEXT_KEY, CAUSAL_LOOP_ONLY, NO_L_RESCALE, NORMALIZE_EACH_TILE,
- NORMALIZE_EACH_TILE_STOP) = (tl.constexpr(i) for i in range(17))
+ NORMALIZE_EACH_TILE_STOP, FILL_1E4, CAUSAL_LOCAL_KEYS) = (tl.constexpr(i) for i in range(19))
 
 
 @triton.jit
@@ -61,9 +61,14 @@ def _buggy_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_h, stride_n, stride_kn, n, sm
                 keep = keep & (offs_m[:, None] > cols[None, :])
             elif BUG == CAUSAL_NEXT_KEY:
                 keep = keep & (offs_m[:, None] + 1 >= cols[None, :])
+            elif BUG == CAUSAL_LOCAL_KEYS:   # the key's offset within its tile, not its position
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
             elif BUG != NO_CAUSAL and BUG != CAUSAL_LOOP_ONLY:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
-        s = tl.where(keep, s, float("-inf"))
+        if BUG == FILL_1E4:   # a finite stand-in for -inf
+            s = tl.where(keep, s, -1e4)
+        else:
+            s = tl.where(keep, s, float("-inf"))
         if BUG == UNSTABLE_EXP:
             p = tl.exp(s)
             l_i += tl.sum(p, 1)
@@ -312,6 +317,18 @@ def _mask_future(s, offs_m, cols):   # the condition of the keys to hide, given 
     return tl.where(offs_m[:, None] < cols[None, :], s, float("-inf"))
 
 
+@triton.jit
+def _mask_tile_local(s, offs_m, cols):   # rows and keys numbered within the tile: right in the first tile only
+    rows = tl.arange(0, s.shape[0])
+    keys = tl.arange(0, s.shape[1])
+    return tl.where(rows[:, None] >= keys[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _mask_fill_100(s, offs_m, cols):   # a finite stand-in for -inf: right while every score stays far above it
+    return tl.where(offs_m[:, None] >= cols[None, :], s, -100.0)
+
+
 def _exercise(update=UPD_OK, mask=_mask_right):
     def fn(q, k, v, causal=False, out=None):
         b, h, n, d = q.shape
@@ -355,3 +372,30 @@ def test_rows_never_stored_are_told_from_nan_rows_of_the_update():
         return out
     with pytest.raises(check.CheckFailure, match="never stored"):
         ca.check_attention(floor_grid, "grid")
+
+
+@pytest.mark.parametrize("answer, words", [
+    (_exercise(mask=_mask_tile_local), ["query rows and of the keys within the tile", "BLOCK_M = 32, BLOCK_N = 16"]),
+    (functools.partial(buggy, bug=CAUSAL_LOCAL_KEYS), ["keys (offs_n, not cols) within the tile", "BLOCK_N = 16"]),
+])
+def test_a_causal_mask_from_offsets_within_the_tile_is_named(answer, words):
+    """tl.arange(0, BLOCK) for the rows and keys (7.2's mask), or offs_n for the keys (a kernel of one's own): right
+    in the first tile, wrong past it; every case crosses several tiles, and the name gives the tiles it fits."""
+    with pytest.raises(check.CheckFailure) as e:
+        ca.check_attention(answer, "tile-local mask", causal=True)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("answer, causal, says", [
+    (_exercise(mask=_mask_fill_100), True, "causal mask sets the hidden scores to a finite value"),
+    (functools.partial(buggy, bug=FILL_1E4), True, "causal mask sets the hidden scores to a finite value"),
+    (functools.partial(buggy, bug=FILL_1E4), False, "keys past seq in the last key tile are set to a finite score"),
+])
+def test_a_finite_stand_in_for_minus_inf_is_named(answer, causal, says):
+    """Masked scores set to -100 (7.2's mask) or -1e4 (a kernel of one's own, its causal and padding mask in one):
+    right while the real scores stay far above the fill, so the case that moves every score far below zero (to
+    -150 in float32, -1.2e4 in float16) fails them, and the name does not hang on the fill's exact value."""
+    with pytest.raises(check.CheckFailure) as e:
+        ca.check_attention(answer, "finite fill", causal=causal)
+    assert says in str(e.value), str(e.value)

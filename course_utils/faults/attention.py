@@ -85,12 +85,13 @@ def _online64(q, k, v, scale: float, causal: bool, block_n: int, fault: str, blo
     return acc if fault == "nodiv" else acc / l[..., None]
 
 
-def _masked_to_zero64(q, k, v, scale: float, block_n: int, block_m: int | None, causal: bool = True):
-    """Attention in float64 as a kernel computes it when the keys it should hide score 0, not -inf: causal, a
-    mask ``tl.where(keep, s, 0.0)`` (or ``s * keep``); not causal, the padded keys past seq left unmasked (k
-    loaded as 0). Every key tile of ``block_n`` that row i's loop visits (all of them, or with ``block_m`` those
-    up to its query tile's last row) adds exp(0 - m) for each such key, the padded keys past seq too (their v
-    is 0)."""
+def _masked_to64(q, k, v, scale: float, block_n: int, block_m: int | None, causal: bool = True,
+                 fill: float = 0.0):
+    """Attention in float64 as a kernel computes it when the keys it should hide score ``fill``, not -inf:
+    causal, a mask ``tl.where(keep, s, fill)`` (with fill 0, ``s * keep`` too); not causal, the padded keys past
+    seq scored ``fill`` (0: left unmasked, k loaded as 0). Every key tile of ``block_n`` that row i's loop
+    visits (all of them, or with ``block_m`` those up to its query tile's last row) adds exp(fill - m) for each
+    such key, the padded keys past seq too (their v is 0)."""
     q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
     n = q.shape[-2]
     pad = -(-n // block_n) * block_n
@@ -98,10 +99,10 @@ def _masked_to_zero64(q, k, v, scale: float, block_n: int, block_m: int | None, 
     j = torch.arange(pad)[None, :]
     hi = torch.full_like(i, n) if block_m is None else torch.clamp((i // block_m + 1) * block_m, max=n)
     visited = j < -(-hi // block_n) * block_n
-    s = torch.zeros((*q.shape[:-1], pad), dtype=torch.float64)
+    s = torch.full((*q.shape[:-1], pad), fill, dtype=torch.float64)
     s[..., :n] = q @ k.transpose(-1, -2) * scale
     if causal:
-        s = torch.where(j <= i, s, torch.zeros((), dtype=torch.float64))
+        s = torch.where(j <= i, s, torch.full((), fill, dtype=torch.float64))
     s = s.masked_fill(~visited, float("-inf"))
     vp = torch.zeros((*v.shape[:-2], pad, v.shape[-1]), dtype=torch.float64)
     vp[..., :n, :] = v
@@ -114,6 +115,19 @@ PADDED_KEYS = ("the keys past seq in the last key tile are not masked out of the
 MASKED_TO_ZERO = ("the causal mask sets the hidden scores to 0, not -inf: a score of 0 still weighs exp(0 - m) in "
                   "the softmax (s * mask does the same). Hide them with tl.where(offs_m[:, None] >= cols[None, :], "
                   "s, float('-inf'))")
+# Finite stand-ins for -inf that students write: harmless while a row's real scores stay far above the fill
+# (exp(fill - m) underflows), wrong once they sit near or below it. The checker's "scores with a large negative
+# offset" case puts every score far below such a fill, where any fill outweighs the real keys alike and these
+# models fit whatever its value; in the large-magnitude case (scores up to about +-200) a few rows reach below
+# -100 at random and only the fill's own value fits, so the usual one, -100, is listed.
+FINITE_FILLS = (-100.0, -1e4)
+MASKED_TO_FINITE = ("the causal mask sets the hidden scores to a finite value (such as -100 or -1e4), not -inf: "
+                    "exp(fill - m) vanishes only while the row's real scores stay far above the fill. Shift every "
+                    "score down (softmax must not change) and the hidden keys outweigh the real ones. Hide them with "
+                    "tl.where(offs_m[:, None] >= cols[None, :], s, float('-inf'))")
+PADDED_TO_FINITE = ("the keys past seq in the last key tile are set to a finite score (such as -100 or -1e4), not "
+                    "-inf: exp(fill - m) vanishes only while the row's real scores stay far above the fill. Hide them "
+                    "with s = tl.where(cols[None, :] < n, s, float('-inf'))")
 ALL_NAN = ("every element of your output is NaN. If your kernel stores every row, the online update made it: on "
            "the first key tile the running max m_old is -inf, so alpha = exp(m_old - m_new) is 0 there (right), "
            "while exp(m_new - m_old) (alpha inverted) or exp(s - m_old[:, None]) (p taken against the old max) is "
@@ -144,6 +158,46 @@ def _online_masked64(q, k, v, scale: float, keep, block_n: int, block_m: int | N
         acc = torch.where(visited[:, None], acc * alpha[..., None] + p @ v[..., start:start + block_n, :], acc)
         m = torch.where(visited, m_new, m)
     return acc / l[..., None]
+
+
+#: the query and key tile sizes whose tile-local causal masks are tried (as the loop-stop and key tiles elsewhere)
+TILE_LOCAL_M = (16, 32, 64, 128, 256)
+TILE_LOCAL_N = (16, 32, 64, 128)
+TILE_LOCAL = ("the causal mask compares {which} within the tile, not in the sequence (it fits {tiles}): "
+              "tl.arange(0, BLOCK) restarts at 0 in every tile, so past the first tile the mask hides keys a query "
+              "must see and shows keys it must not. Compare global positions, offs_m = start_m * BLOCK_M + "
+              "tl.arange(0, BLOCK_M) for the rows and cols = start_n + tl.arange(0, BLOCK_N) for the keys: {keep}")
+
+
+def _tile_local_masks(n: int, keep: str):
+    """(hint, keep(i, j)) for the causal masks built from positions within a tile: rows and keys both (i % BLOCK_M
+    >= j % BLOCK_N), the keys only (offs_n for cols, i >= j % BLOCK_N) or the rows only (i % BLOCK_M >= j), each
+    also with the key loop stopping after the query tile's last row. A tile of n rows or more is one tile, whose
+    local offsets are the global ones: with such a BLOCK_M the rows-and-keys mask is the keys-only one, and is left
+    to it (likewise for BLOCK_N), so that the name says which offsets are local."""
+    def stopped(mask, bm):
+        return lambda i, j: mask(i, j) & (j < (i // bm + 1) * bm)
+    out = []
+    for bm in TILE_LOCAL_M:
+        for bn in TILE_LOCAL_N:
+            if bm < n and bn < n:
+                both = TILE_LOCAL.format(which="the offsets of the query rows and of the keys", keep=keep,
+                                         tiles=f"BLOCK_M = {bm}, BLOCK_N = {bn}")
+                mask = (lambda i, j, bm=bm, bn=bn: i % bm >= j % bn)
+                out += [(both, mask), (both, stopped(mask, bm))]
+    for bn in TILE_LOCAL_N:
+        if bn < n:
+            keys = TILE_LOCAL.format(which="the offsets of the keys (offs_n, not cols)", keep=keep,
+                                     tiles=f"BLOCK_N = {bn}")
+            mask = (lambda i, j, bn=bn: i >= j % bn)
+            out += [(keys, mask)] + [(keys, stopped(mask, bm)) for bm in TILE_LOCAL_M]
+    for bm in TILE_LOCAL_M:
+        if bm < n:
+            rows = TILE_LOCAL.format(which="the offsets of the query rows (tl.arange(0, BLOCK_M), not offs_m)",
+                                     keep=keep, tiles=f"BLOCK_M = {bm}")
+            mask = (lambda i, j, bm=bm: i % bm >= j)
+            out += [(rows, mask), (rows, stopped(mask, bm))]
+    return out
 
 
 def _every(i, j):
@@ -183,6 +237,7 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
                 seen = mask if block_m is None else (
                     lambda i, j, mask=mask, bm=block_m: mask(i, j) & (j < (i // bm + 1) * bm))
                 faults.append((hint, scale, seen))
+        faults += [(hint, scale, mask) for hint, mask in _tile_local_masks(q.shape[-2], keep)]
     g = got.detach().to("cpu", torch.float64)
     if bool(torch.isnan(g).all()):
         return ALL_NAN
@@ -227,16 +282,21 @@ def _diagnose(got, q, k, v, causal: bool, atol: float, rtol: float) -> str:
     for hint, sc, keep_fn in faults:
         if fits.add(hint, _attention64(q, k, v, sc, keep_fn)):
             return hint
-    if causal:
+    finite = MASKED_TO_FINITE if causal else PADDED_TO_FINITE
+    for fill, hint in ((0.0, MASKED_TO_ZERO if causal else PADDED_KEYS), *((f, finite) for f in FINITE_FILLS)):
         for block_n in (16, 32, 64, 128):
-            for block_m in (None, 16, 32, 64, 128, 256):
-                if fits.add(MASKED_TO_ZERO, _masked_to_zero64(q, k, v, scale, block_n, block_m)):
-                    return MASKED_TO_ZERO
-    else:
-        for block_n in (16, 32, 64, 128):
-            if q.shape[-2] % block_n and fits.add(PADDED_KEYS, _masked_to_zero64(q, k, v, scale, block_n, None,
-                                                                                 causal=False)):
-                return PADDED_KEYS
+            if not causal and not q.shape[-2] % block_n:
+                continue   # no padded key: nothing hidden
+            for block_m in (None, 16, 32, 64, 128, 256) if causal else (None,):
+                if not fits.add(hint, _masked_to64(q, k, v, scale, block_n, block_m, causal, fill)):
+                    continue
+                # where every real score lies far below -100 (the shifted case) a fill of 0 outweighs them just as
+                # -100 does; a kernel that fills with 0 fails the random scores before it gets there, so when -100
+                # fits too the fill is a finite one
+                if fill == 0.0 and fits.add(finite, _masked_to64(q, k, v, scale, block_n, block_m, causal,
+                                                                 FINITE_FILLS[0])):
+                    return finite
+                return hint
     if fits.best():   # a near fit among these: the online update's candidates below cost far more to compute
         return fits.best()
     if q.shape[-2] > 16:   # the online update's faults show once there are two key tiles, whatever their size
