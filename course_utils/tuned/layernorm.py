@@ -1,5 +1,6 @@
 """LayerNorm and RMSNorm, the shelf ``make bench`` times (chapter 10, v4 of ``kernels/layernorm.py``).
-(The plans themselves, pure functions of shape and device, are in :mod:`.layernorm_plans`, re-exported here.)
+(The plans themselves, pure functions of shape and device, are in :mod:`.layernorm_plans`, the backward's launches in
+:mod:`.layernorm_launches`; both re-exported here.)
 
 Forward: a tile of ROWS rows x BLOCK_N columns per program (several rows per program when rows are
 short), statistics in float32, mean/rstd stored only when a backward pass will need them.
@@ -19,22 +20,26 @@ bits of dw and db depend on the plan, since each plan sums the rows in its own o
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
 
 import torch
-import triton
 
 from .. import env, hardware
 from ..kernels.layernorm import REDUCE_BLOCK_N, as_rows, column_sum
 from . import choice
 from .launch import launch
-from .layernorm_kernels import (
+from .layernorm_kernels import (  # noqa: F401  (the backward kernels re-exported: chapter 10 reads T.norm_bwd_kernel)
     column_sum_pair_kernel,
     norm_bwd_chunked_kernel,
     norm_bwd_kernel,
     norm_bwd_row_kernel,
     norm_bwd_split_kernel,
     norm_fwd_kernel,
+)
+from .layernorm_launches import (  # noqa: F401  (re-exported: the ops launch the backward through these)
+    BackwardLaunch,
+    _launch_backward,
+    backward_launch,
+    launch_backward,
 )
 from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, by the names callers use)
     BWD_PROGRAMS_PER_SM,
@@ -144,90 +149,6 @@ def _forward(x, weight, bias, eps, rms: bool, stats: bool, what: str):
                dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, HAS_BIAS=bias is not None, STATS=stats,
                     num_warps=p.num_warps))
     return y.view(x.shape), mean, rstd
-
-
-class BackwardLaunch(NamedTuple):
-    """What a plan's backward launch needs besides the tensors, worked out once per plan (the ops keep it per
-    shape: chapter 12's host cost): the kernel, its grid and meta-parameters, the rows of the float32 partial
-    buffers, the int arguments after the strides, and whether the kernel also takes the atomic outputs."""
-
-    kernel: object
-    name: str
-    grid: tuple
-    meta: dict
-    partial_rows: int
-    tail: tuple
-    chunked: bool
-
-
-def backward_launch(p: Plan, n_cols: int, rms: bool, atomic: bool = False) -> BackwardLaunch:
-    """The :class:`BackwardLaunch` of plan ``p`` for rows of ``n_cols`` columns."""
-    if p.version == "chunked":
-        return BackwardLaunch(norm_bwd_chunked_kernel, "norm_bwd_chunked", (p.grid,),
-                              dict(CHUNK=p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps), p.grid,
-                              (p.rows_per_program,), True)
-    if p.version == "split":
-        slices = triton.cdiv(n_cols, p.BLOCK_N)
-        if p.grid % slices:
-            raise ValueError(f"a split plan needs a grid of whole runs of {slices} slices, got {p.grid} programs")
-        return BackwardLaunch(norm_bwd_split_kernel, "norm_bwd_split", (p.grid,),
-                              dict(SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms, ATOMIC=atomic,
-                                   num_warps=p.num_warps), p.grid // slices, (p.rows_per_program, slices), False)
-    stages = dict(STAGES=p.stages or None, num_warps=p.num_warps)
-    if p.version == "row":
-        return BackwardLaunch(norm_bwd_row_kernel, "norm_bwd_row", (p.grid,),
-                              dict(BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, **stages), p.grid,
-                              (p.rows_per_program,), False)
-    return BackwardLaunch(norm_bwd_kernel, "norm_bwd", (p.grid,),
-                          dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, ATOMIC=atomic, **stages), p.grid,
-                          (p.rows_per_program,), False)
-
-
-def launch_backward(s: BackwardLaunch, dx, dy, x, weight, mean, rstd, n_rows: int, n_cols: int, x_stride: int,
-                    dy_stride: int):
-    """One backward launch of ``s`` into fresh float32 partial rows (dw, db) (db is dw for RMSNorm: ``mean``
-    None); dx contiguous, x and dy rows of unit column stride at ``x_stride``/``dy_stride``."""
-    dw = torch.empty((s.partial_rows, n_cols), dtype=torch.float32, device=x.device)
-    db = dw if mean is None else torch.empty_like(dw)
-    outs = (dw, db, dw, db) if s.chunked else (dw, db)
-    launch(s.kernel, s.name, s.grid, (dx, dy, x, weight, rstd if mean is None else mean, rstd, *outs, n_rows,
-                                      n_cols, x_stride, dy_stride, n_cols, *s.tail), s.meta)
-    return dw, None if mean is None else db
-
-
-def _launch_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic: bool):
-    """One backward launch of plan ``p``; returns (dw, db) in float32 (db is None for RMSNorm)."""
-    n_rows, n_cols = x2.shape
-    if not atomic:
-        return launch_backward(backward_launch(p, n_cols, rms), dx, dy2, x2, weight, None if rms else mean, rstd,
-                               n_rows, n_cols, x2.stride(0), dy2.stride(0))
-    dev = x2.device
-    strides = (x2.stride(0), dy2.stride(0), dx.stride(0))
-    if p.version in ("tiles", "row", "split"):
-        slices = triton.cdiv(n_cols, p.BLOCK_N) if p.version == "split" else 1
-        dw = torch.zeros((n_cols,), dtype=torch.float32, device=dev)
-        db = dw if rms else torch.zeros_like(dw)
-        args = (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, n_rows, n_cols, *strides, p.rows_per_program)
-        if p.version == "row":
-            launch(norm_bwd_row_kernel, "norm_bwd_row", (p.grid,), args,
-                   dict(BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, STAGES=p.stages or None, num_warps=p.num_warps))
-        elif p.version == "split":
-            if p.grid % slices:
-                raise ValueError(f"a split plan needs a grid of whole runs of {slices} slices, got {p.grid} programs")
-            launch(norm_bwd_split_kernel, "norm_bwd_split", (p.grid,), (*args, slices),
-                   dict(SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
-        else:
-            launch(norm_bwd_kernel, "norm_bwd", (p.grid,), args, dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms,
-                   ATOMIC=atomic, STAGES=p.stages or None, num_warps=p.num_warps))
-        return dw, None if rms else db
-    dw = torch.empty((p.grid, n_cols), dtype=torch.float32, device=dev)
-    db = dw if rms else torch.empty_like(dw)
-    dw_out = torch.zeros(n_cols, dtype=torch.float32, device=dev)
-    db_out = dw_out if rms else torch.zeros_like(dw_out)
-    launch(norm_bwd_chunked_kernel, "norm_bwd_chunked", (p.grid,),
-           (dx, dy2, x2, weight, rstd if rms else mean, rstd, dw, db, dw_out, db_out, n_rows, n_cols, *strides,
-            p.rows_per_program), dict(CHUNK=p.BLOCK_N, RMS=rms, ATOMIC=atomic, num_warps=p.num_warps))
-    return dw_out, None if rms else db_out
 
 
 def _finish_backward(p: Plan, dx, dy2, x2, weight, mean, rstd, rms: bool, atomic: bool):
