@@ -15,11 +15,13 @@ MAX_BLOCK_N = 65536
 # The forward's entries: (BLOCK_N, bytes per element) -> (tile elements, num_warps), on sm_90. Re-measured on an
 # H200 on 1 GiB inputs (tools/gpu_checks/norm_fwd_tiles.py, results/h200/layernorm_fwd_tiles_s19.log: every rows x
 # warps candidate against torch.compile's kernel in interleaved rounds, LayerNorm and RMSNorm, which share the
-# entry). Seven entries moved; torch.compile's time over ours, LayerNorm/RMSNorm, the old tile -> the new one in the
-# same rounds: float32 N=1024 0.97/0.97 -> 1.00/1.00, N=2048 0.985/0.955 -> 0.997/0.961, N=4096 0.953/0.944 ->
-# 0.965/0.965, N=8192 0.988/0.975 -> 1.004/0.978, N=16384 1.085/0.942 -> 1.072/0.972; bf16 N=1024 0.977/0.977 ->
-# 1.00/1.00, N=8192 0.980/0.960 -> 1.064/0.972. The three kept were ahead already (bf16 N=2048, 4096) or the best
-# found (bf16 N=16384). Eviction hints (x evict_first, w and b evict_last) were slower in 59 of the 60 pairs.
+# entry). Six entries moved; torch.compile's time over ours, LayerNorm/RMSNorm, the old tile -> the new one in the
+# same rounds: float32 N=1024 0.97/0.97 -> 1.00/1.00, N=2048 0.985/0.955 -> 0.997/0.961, N=8192 0.988/0.975 ->
+# 1.004/0.978, N=16384 1.085/0.942 -> 1.072/0.972; bf16 N=1024 0.977/0.977 -> 1.00/1.00, N=8192 0.980/0.960 ->
+# 1.064/0.972. Float32 N=4096 keeps 2 rows x 8 warps: 8 x 32, as fast as any there (the tool's kernel loads w
+# and b before the row's sums), took 0.603 ms against 0.521 in this kernel, which loads them after (loading them
+# first here cost LayerNorm's widest rows up to 37%: results/h200/bench_layernorm_s19_w_before_sums.log). Eviction
+# hints (x evict_first, w and b evict_last) were slower in 59 of the 60 pairs.
 # The backward's entries: from the first run of results/h100-80gb-hbm3/layernorm_tune.csv (2026-11-24, 256 MiB
 # inputs, before the backward's tl.range loops): (tile elements, num_warps, programs per SM) of the backward tile
 # kernel; in the file's re-run with these loops (2026-11-27) each was within 4% of its size's fastest tile (where 1
