@@ -30,7 +30,8 @@ NBYTES = 2**30
 @triton.jit
 def fwd_v(y_ptr, x_ptr, w_ptr, b_ptr, n_rows, n_cols, x_row_stride, y_row_stride, eps,
           BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RMS: tl.constexpr, EVICT: tl.constexpr):
-    """The shipped norm_fwd_kernel without statistics; EVICT: with Inductor's eviction hints."""
+    """The shipped norm_fwd_kernel without statistics, but w loaded before the row's sums (chapter 10, section 3:
+    that order matters at some tiles); EVICT: with Inductor's eviction hints."""
     eps = tl.cast(eps, tl.float32)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
