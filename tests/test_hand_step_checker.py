@@ -24,6 +24,10 @@ def student(fault: str = "none"):
         dw = torch.mm(dy2.t(), x2)
         if fault == f"{name} dW transposed":
             dw = torch.mm(x2.t(), dy2)
+        if fault == f"{name} dW per batch element":      # 3-D matmul: one dW per sequence, never summed
+            dw = dy.transpose(-1, -2) @ x
+        if fault == f"{name} dW in float32":             # accumulated in float32, never cast back
+            dw = torch.mm(dy2.t().float(), x2.float())
         if fault == "dW added into .grad":
             lin.weight.grad += dw
         lin.weight.grad = dw
@@ -31,18 +35,28 @@ def student(fault: str = "none"):
             lin.bias.grad = dy2.mean(0)
         elif fault == f"{name} bias over the batch":
             lin.bias.grad = dy.sum(0)
+        elif fault == f"{name} bias over the features":
+            lin.bias.grad = dy2.sum(1)
         elif fault != f"{name} bias missing":
             lin.bias.grad = dy2.sum(0)
         if fault == f"{name} dx with W.T":
             return torch.mm(dy2, lin.weight.t()).view(x.shape)
+        if fault == f"{name} dx as F.linear(dy, W)":     # F.linear(dy, W) is dy @ W.T
+            return torch.nn.functional.linear(dy, lin.weight)
+        if fault == f"{name} dx as (W @ dy.T).T":        # dx.T = W.T @ dy.T, written with W
+            return (lin.weight @ dy2.t()).t().reshape(x.shape)
         return torch.mm(dy2, lin.weight).view(x.shape)
 
     def block_backward(blk, saved, dh, dres, ln_next, n_head, scale):
         """No autograd here: x.backward() is what this replaces."""   # words in comments and strings are fine
+        if fault == "ln_next unpacked as (dw, dx, db)":
+            ln_next.weight.grad, ds, ln_next.bias.grad = Nm.add_layer_norm_bwd(
+                dh, dres, saved.s2, ln_next.weight, saved.mean2, saved.rstd2)
         ds, ln_next.weight.grad, ln_next.bias.grad = Nm.add_layer_norm_bwd(
             dh, None if fault == "dres dropped" else dres, saved.s1 if fault == "ln_next from s1" else saved.s2,
             blk.ln2.weight if fault == "ln_next with ln2's weight" else ln_next.weight,
-            *((saved.mean1, saved.rstd1) if fault == "ln_next with ln2's statistics" else (saved.mean2, saved.rstd2)))
+            *((saved.mean1, saved.rstd1) if fault == "ln_next with ln2's statistics" else
+              (saved.rstd2, saved.mean2) if fault == "ln_next mean and rstd swapped" else (saved.mean2, saved.rstd2)))
         if fault == "dres added twice":                 # dres given to the backward and added again
             ds = ds + dres if dres is not None else ds
         if fault == "ln grads swapped":
@@ -54,6 +68,8 @@ def student(fault: str = "none"):
                 d_out = d_ln
             else:
                 d_s1 = dres
+        if fault == "out given dh":                     # the LayerNorm's output gradient, not its input's
+            d_out = dh
         df = linear_backward(d_out, saved.acc if fault == "out from acc" else saved.f, blk.out, "out")
         f_rows = saved.f.reshape(-1, saved.f.shape[-1])   # acc's own layout (B * N, 4d)
         gelu_in = {"gelu from f": saved.f, "gelu from f as rows": f_rows}.get(fault, saved.acc)
@@ -65,6 +81,10 @@ def student(fault: str = "none"):
             dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s2 if fault == "ln2 from s2" else saved.s1,
             ln_next.weight if fault == "ln2 with ln_next's weight" else blk.ln2.weight, *stats)
         d_proj, dres_in = dx, dx
+        if fault == "ds added twice at ln2":            # ds given to the backward and added again
+            d_proj = dres_in = dx + ds
+        if fault == "proj given dh2":
+            d_proj = dh2
         if fault == "attention branch without ds":      # the branch given LayerNorm 2's part alone
             d_proj, _, _ = Nm.add_layer_norm_bwd(dh2, None, saved.s1, blk.ln2.weight, saved.mean1, saved.rstd1)
         if fault == "dres_in is ds":
@@ -77,6 +97,7 @@ def student(fault: str = "none"):
                               blk.proj, "proj")
         B, H, N, hd = saved.o.shape
         do = do2.view(B, H, N, hd) if fault == "do not transposed" else do2.view(B, N, H, hd).transpose(1, 2)
+        scale = {"scale forgotten": 1.0, "scale of d_model": saved.h1.shape[-1] ** -0.5}.get(fault, scale)
         dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, fault != "not causal", scale)
         dh_in = linear_backward(dqkv, saved.h2 if fault == "qkv from h2" else saved.h1, blk.qkv, "qkv")
         if fault == "returns None":
@@ -115,7 +136,29 @@ def test_right_block_backward_passes(capsys):
     ("not causal", r"attention backward not causal: .*n_head, True, scale\)"),                             # (e)
     ("returned swapped", "dh_in and dres_in returned in each other's place"),                              # (f)
     ("proj dW transposed", r"blk.proj.weight.grad is transposed: dW = dy.T @ x"),                             # (c)
-    ("qkv dW transposed", r"assign a gradient(.|\n)*at: lin.weight.grad = dw(.|\n)*dW = dy.T @ x is \(out_features"),
+    ("qkv dW transposed", r"blk.qkv.weight.grad was given a \(32, 96\) \S+ tensor, the transpose of \(96, 32\): "
+                          r"dW = dy.T @ x is \(out_features, in_features\).*at: lin.weight.grad = dw"),       # (c)
+    ("out dW transposed", r"blk.out.weight.grad was given a \(128, 32\) \S+ tensor, the transpose of \(32, 128\)"),
+    ("qkv dW per batch element", r"blk.qkv.weight.grad was given a \(3, 96, 32\) .*one dW per sequence of the batch"),
+    # the float32 model passes; float16's refuses the float32 .grad
+    ("out dW in float32", r"\(float16, .*blk.out.weight.grad was given a \(32, 128\) float32 tensor; the parameter "
+                          r"is torch.float16, .*needs .to\(the parameter's dtype\)"),
+    # (c) out's and qkv's W are not square, so their dx with W.T raises: named by the operand, either way round
+    ("out dx with W.T", r"out's dx with W.T: the out GEMM's input gradient multiplied by blk.out.weight.T; "
+                        r".*dx = dy @ W"),
+    ("qkv dx with W.T", r"qkv's dx with W.T: the qkv GEMM's input gradient multiplied by blk.qkv.weight.T"),
+    ("out dx as F.linear(dy, W)", r"out's dx with W where W.T belongs: .*took blk.out.weight as stored"),
+    ("qkv dx as F.linear(dy, W)", r"qkv's dx with W where W.T belongs: .*took blk.qkv.weight as stored"),
+    ("out dx as (W @ dy.T).T", r"out's dx with W where W.T belongs"),
+    ("out given dh", r"out GEMM given dh: .*the ds that add_layer_norm_bwd\(dh, dres, saved.s2"),           # (b)
+    ("proj given dh2", r"proj GEMM given dh2: .*the dx that add_layer_norm_bwd\(dh2, ds, saved.s1"),        # (b)
+    ("ds added twice at ln2", r"ds added twice at LayerNorm 2: .*already adds the ds it is given"),          # (b)
+    ("scale forgotten", r"attention backward given scale=1: .*the forward's scale, 0.25 \(1/sqrt\(head_dim\)\)"),
+    ("scale of d_model", r"attention backward given scale=0.176777: .*pass the scale your function is given"),
+    ("ln_next mean and rstd swapped", r"ln_next.weight.grad is computed with mean and rstd swapped: "
+                                      r".*saved.mean2 before saved.rstd2"),
+    ("ln_next unpacked as (dw, dx, db)", r"ln_next.weight.grad was given a \(3, 24, 32\) .*an activation's gradient: "
+                                         r"add_layer_norm_bwd and linear_gelu_bwd return \(dx, dw, db\)"),
     ("qkv from h2", r"blk.qkv.weight.grad is taken from saved.h2: the qkv GEMM's input is saved.h1"),         # (c)
     ("fc from h1", r"blk.fc.weight.grad is taken from saved.h1: the fc GEMM's input is saved.h2"),            # (c)
     ("out from acc", r"blk.out.weight.grad is taken from saved.acc: the out GEMM's input is saved.f"),        # (c)
@@ -134,8 +177,10 @@ def test_right_block_backward_passes(capsys):
                     "input is saved.o2"),                                                                  # (c)
     ("out bias missing", r"blk.out.bias.grad was not written \(it is None\)(.|\n)*ds summed over the rows"),   # (d)
     ("qkv bias averaged", "blk.qkv.bias.grad is averaged over the rows: db is dy summed over all 72 rows"),    # (d)
-    ("proj bias over the batch",                                                                          # (d)
-     r"assign a gradient(.|\n)*at: lin.bias.grad = dy.sum\(0\)(.|\n)*db = dy summed over all B\*N rows"),
+    ("proj bias over the batch", r"blk.proj.bias.grad was given a \(24, 32\) .*summed over one axis of dy only; "
+                                 r"db sums dy over all B\*N rows.*at: lin.bias.grad = dy.sum\(0\)"),          # (d)
+    ("out bias over the features", r"blk.out.bias.grad was given a \(72,\) .*summed over the features, not over "
+                                   "the rows"),                                                            # (d)
     ("do not transposed", r"do not laid out as o: .*do = do2.view\(B, N, n_head, head_dim\).transpose"),   # (e)
     ("ln grads swapped", "ln_next's weight and bias gradients swapped"),
     ("ln2 with ln_next's statistics", r"blk.ln2.weight.grad is computed with the other LayerNorm's statistics"
@@ -156,17 +201,32 @@ def test_each_fault_is_named(fault, words):
         checks.check_block_backward(student(fault))
 
 
-@pytest.mark.parametrize("fault", ["dres dropped", "ds dropped at ln2", "MLP branch without dres",
-                                   "attention branch without ds", "dres_in is ds", "do not transposed",
-                                   "not causal"])
-def test_the_flow_faults_are_named_in_float16_alone(fault, monkeypatch):
+@pytest.mark.parametrize("fault, name", [
+    ("dres dropped", "dres dropped"), ("ds dropped at ln2", "ds dropped at LayerNorm 2"),
+    ("MLP branch without dres", "MLP branch without dres"),
+    ("attention branch without ds", "attention branch without ds"),
+    ("dres_in is ds", "dres_in without the attention branch"), ("do not transposed", "do not laid out as o"),
+    ("not causal", "attention backward not causal"), ("out given dh", "out GEMM given dh"),
+    ("proj given dh2", "proj GEMM given dh2"), ("ds added twice at ln2", "ds added twice at LayerNorm 2")])
+def test_the_flow_faults_are_named_in_float16_alone(fault, name, monkeypatch):
     """A GPU judges float16 first (its float32 weights mean autocast): the names must not need float32."""
     monkeypatch.setattr(checks, "_dtypes", lambda: (torch.float16,))
-    with pytest.raises(check.CheckFailure, match=r"\(float16, .*\): " + fault.replace("ln2", "LayerNorm 2")
-                       .replace("dres_in is ds", "dres_in without the attention branch")
-                       .replace("do not transposed", "do not laid out as o")
-                       .replace("not causal", "attention backward not causal")):
+    with pytest.raises(check.CheckFailure, match=r"\(float16, .*\): " + name):
         checks.check_block_backward(student(fault))
+
+
+def test_a_torch_error_the_student_caught_is_not_named():
+    """A slip is named by the torch call that raised the student's error itself: a shape error the student's code
+    caught, before raising one of its own, names nothing."""
+    def tries(blk, saved, dh, dres, ln_next, n_head, scale):
+        try:
+            torch.mm(dh.reshape(-1, dh.shape[-1]), blk.out.weight.t())      # out's dx with W.T: raises
+        except RuntimeError:
+            pass
+        raise ValueError("my own error")
+    with pytest.raises(check.CheckFailure, match=r"raised ValueError: my own error") as e:
+        checks.check_block_backward(tries)
+    assert "with W.T" not in str(e.value)
 
 
 @pytest.mark.skipif(cu.on_gpu(), reason="HandStep takes 16-bit weights on a GPU; float32 is compared on the CPU")

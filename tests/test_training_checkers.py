@@ -30,6 +30,8 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
         d_row = dlogits_ptr + pid.to(tl.int64) * out_stride
     offsets = tl.arange(0, BLOCK_SIZE)
     lse = tl.load(lse_ptr + pid)
+    if FAULT == "lse of row 0":  # the row's offset forgotten for lse_ptr
+        lse = tl.load(lse_ptr)
     if FAULT == "lse recomputed" or FAULT == "lse recomputed without the max":  # the saved lse ignored
         m = tl.full((BLOCK_SIZE,), -float("inf"), tl.float32)
         if FAULT == "lse recomputed":
@@ -50,6 +52,8 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
             m = tl.maximum(m, tl.load(row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32))
         lse = tl.max(m, axis=0)
     target = tl.load(targets_ptr + pid)
+    if FAULT == "target of row 0":  # the row's offset forgotten for targets_ptr
+        target = tl.load(targets_ptr)
     dloss = tl.load(dloss_ptr)
     if FAULT == "no dloss":
         dloss = dloss * 0.0 + 1.0
@@ -79,6 +83,10 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
         if FAULT == "plus onehot":
             onehot = -onehot
         d = (tl.exp(x - lse) - onehot) * scale
+        if FAULT == "log-softmax":  # the exp forgotten: x - lse is log p
+            d = (x - lse - onehot) * scale
+        if FAULT == "exp2":  # exp2 without the log2(e) factor
+            d = (tl.exp2(x - lse) - onehot) * scale
         if FAULT == "onehot after the scale":
             d = tl.exp(x - lse) * scale - onehot
         if FAULT == "target apart":  # a right variant: the target's column rewritten after the loop
@@ -126,6 +134,10 @@ def test_right_kernel_passes(variant, capsys):
                  marks=pytest.mark.bigmem),  # 8 GiB on a GPU: make test-gpu's serial bigmem run
     ("lse recomputed", "recomputes the row's logsumexp"),
     ("lse recomputed without the max", "without subtracting the row's max(.|\n)*overflows"),
+    ("log-softmax", r"log-softmax, not softmax: .*tl.exp\(x - lse\)"),
+    ("exp2", r"exp2 without the factor log2\(e\): .*2\*\*\(x - lse\), not e\*\*\(x - lse\)"),
+    ("lse of row 0", r"the first row's lse in every row: .*tl.load\(lse_ptr \+ pid\)"),
+    ("target of row 0", r"the first row's target in every row: .*tl.load\(targets_ptr \+ pid\)"),
 ])
 def test_wrong_kernels_fail_naming_the_fault(fault, words):
     with pytest.raises(check.CheckFailure, match=words):

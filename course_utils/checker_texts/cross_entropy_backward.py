@@ -20,6 +20,14 @@ FAULTS = {  # the first that matches names the fault: a kernel that ignores the 
         "column indices, so compare cols == target",
     "the one-hot at target + 1": "the 1 is subtracted one column after the target's: targets are 0-based "
         "column indices, so compare cols == target",
+    "log-softmax, not softmax": "x - lse is log p, the log-softmax: the gradient is p - onehot with p itself, "
+        "tl.exp(x - lse)",
+    "exp2 without the factor log2(e)": "tl.exp2(x - lse) is 2**(x - lse), not e**(x - lse): use tl.exp(x - lse), or "
+        "tl.exp2((x - lse) * 1.4426950408889634), log2(e) folded in",
+    "the first row's lse in every row": "every row used the first row's logsumexp: lse_ptr holds one per row, "
+        "tl.load(lse_ptr + pid)",
+    "the first row's target in every row": "every row used the first row's target: targets_ptr holds one per row, "
+        "tl.load(targets_ptr + pid)",
     "not normalized by lse": "the softmax needs the row's logsumexp: p = exp(x - lse) with the saved lse, "
         "not exp(x - max of the row)",
     "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "

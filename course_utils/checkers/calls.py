@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from torch.overrides import TorchFunctionMode
+
 
 @dataclass
 class Calls:
@@ -62,3 +64,29 @@ def refuse_calls(what: str, calls: Calls) -> None:
         names = ", ".join(dict.fromkeys(d for d, _ in calls.seen))
         raise check.CheckFailure(f"{what}: while your function ran it called {names}: that is the answer the "
                                  "check compares with, whatever name reached it. Write the computation yourself.")
+
+
+class FailedTorchCall(TorchFunctionMode):
+    """While on, remembers the last torch call that raised: (function, args, kwargs, exception). Torch's own
+    words for a shape error give two shapes, not which tensors; the operands do (the weight of which GEMM,
+    the .grad of which parameter), so a check can name the student's slip. Only top-level calls are seen:
+    torch turns the mode off inside the call it hands over."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except Exception as e:
+            self.failed = (func, args, kwargs, e)
+            raise
+
+    def that_raised(self, error: BaseException | None):
+        """(function, args, kwargs) of the torch call that raised ``error`` itself, or None (another error,
+        one raised outside torch, or one torch raised and the code caught)."""
+        if error is None or self.failed is None or self.failed[3] is not error:
+            return None
+        return self.failed[:3]

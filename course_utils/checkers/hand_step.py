@@ -18,16 +18,18 @@ loss's dh times a power-of-two loss scale, which keeps float16's gradients clear
 block is compared with a float64 reference made of the same saved activations, per op with
 torch.autograd in float64 (:func:`reference`); a wrong answer is compared with the float64 answer of
 each usual mistake (:data:`FLOW_FAULTS`, then each tensor's own: a transposed or misplaced GEMM, a
-bias averaged) to name it. The student's function must call the course's backward functions
-(``add_layer_norm_bwd`` twice, ``linear_gelu_bwd`` and ``attention_qkv_bwd`` once) and no autograd, nor
-:mod:`course_utils.step`'s own backward: those are refused by reading the code and, while it runs, by
-watching the calls.
+bias averaged) to name it; an error torch raised is named by that call's operands (which .grad, which
+GEMM's weight the wrong way round), and attention_qkv_bwd's scale by the argument itself. The student's
+function must call the course's backward functions (``add_layer_norm_bwd`` twice, ``linear_gelu_bwd``
+and ``attention_qkv_bwd`` once) and no autograd, nor :mod:`course_utils.step`'s own backward: those
+are refused by reading the code and, while it runs, by watching the calls.
 """
 
 from __future__ import annotations
 
 import inspect
 import io
+import math
 import textwrap
 import tokenize
 import traceback
@@ -35,8 +37,9 @@ import traceback
 import torch
 
 from .. import check, env
+from ..faults import block_backward as faults
 from ..faults.block_backward import FLOW_FAULTS, GELU_GIVEN_F, ORDER, error, reference, tensor_faults
-from .calls import run_watched
+from .calls import FailedTorchCall, run_watched
 
 NAME = "block backward"
 LAYERS, HEADS, WIDTH, SEQ, BATCH = 2, 2, 32, 24, 3
@@ -152,6 +155,16 @@ def _gelu_given_f(calls, sv) -> bool:
             and acc.untyped_storage().data_ptr() == sv.f.untyped_storage().data_ptr())
 
 
+def _check_scale(case, calls, scale) -> None:
+    """attention_qkv_bwd given the forward's scale, judged by the argument itself: this small model's attention is
+    near uniform, so a wrong one moves blk.qkv.weight.grad little (float32, measured: 1.0 for 0.25 by 3-5%,
+    1/sqrt(d_model) for 1/sqrt(head_dim) by under 1%, inside bfloat16's 4e-2), and by value it was blamed on the
+    qkv GEMM, the first tensor after it."""
+    got = (calls.first("attention_qkv_bwd") or {}).get("scale")
+    if isinstance(got, (int, float)) and not math.isclose(got, scale, rel_tol=1e-6):
+        raise check.CheckFailure(f"{case}: {faults.scale_slip(got, scale)}.")
+
+
 def _call(fn, case, args):
     """fn(*args) under the refusals; the calls of the course's functions it made. A call of the course's
     backward is refused even when the student's function raised after it."""
@@ -163,7 +176,7 @@ def _call(fn, case, args):
         except Exception as e:  # noqa: BLE001 (judged below, once the calls are known)
             return None, e
 
-    with _NoAutograd():
+    with _NoAutograd(), FailedTorchCall() as torch_calls:
         (out, error), calls = run_watched(caught, args, watched)
     used = [d for d in _forbidden() if calls.first(d) is not None]
     if used:
@@ -174,6 +187,13 @@ def _call(fn, case, args):
     if error is not None and _gelu_given_f(calls, args[1]):
         raise check.CheckFailure(f"{case}: {GELU_GIVEN_F}: {FLOW_FAULTS[GELU_GIVEN_F]}; your function raised "
                                  f"{type(error).__name__}: {str(error)[:200]}{_your_line(error)}.") from error
+    blk, ln_next = args[0], args[4]
+    weights = {n: getattr(blk, n).weight for n in ("out", "proj", "qkv")}   # the GEMMs whose dx the student writes
+    slip = faults.raised_slip(torch_calls.that_raised(error), weights,
+                              {_label(n): p for n, p in _params(blk, ln_next).items()}, tuple(args[1].h1.shape))
+    if slip is not None:
+        raise check.CheckFailure(f"{case}: {slip} (your function raised {type(error).__name__}"
+                                 f"{_your_line(error)}).") from error
     if error is not None:
         text = str(error)[:300]
         hint = (GRAD_SHAPES if "assign a gradient" in text else
@@ -190,6 +210,7 @@ def _call(fn, case, args):
                                      "functions (norms.add_layer_norm_bwd for each fused add + LayerNorm, "
                                      "linear.linear_gelu_bwd for the MLP's first GEMM, attn.attention_qkv_bwd) and "
                                      "torch.mm for the other GEMMs.")
+    _check_scale(case, calls, args[6])
     return out
 
 

@@ -91,6 +91,13 @@ def _candidates(logits, targets, lse, block, own_lse=None, scale=None):
         "not normalized by lse": p_max - onehot,
         "one-hot added instead of subtracted": p + onehot,
         "lse recomputed without the max": torch.exp(x - naive) - onehot,
+        "log-softmax, not softmax": (x - lse64) - onehot,
+        "exp2 without the factor log2(e)": torch.exp2(x - lse64) - onehot,
+        # lse_ptr without + pid. In float32, as the kernel computes it: another row's lse can sit hundreds below
+        # this row's outliers, where exp overflows to inf (float64 would not) and float32's x - lse rounds by more
+        # than the tolerance's 1e-5 relative error
+        "the first row's lse in every row": torch.exp(x.float() - lse.float().cpu()[:1, None]).double() - onehot,
+        "the first row's target in every row": p - (cols == t[:1]).double(),     # targets_ptr without + pid
     }
     if scale is not None:
         cands["one-hot subtracted after the scaling"] = p - onehot / scale

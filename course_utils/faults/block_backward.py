@@ -4,7 +4,9 @@ torch.autograd in float64.
 
 :func:`reference` is the right answer, or with ``fault`` one of :data:`FLOW_FAULTS` (a gradient that
 misses one of its paths through the block's two adds); :func:`tensor_faults` names a mistake that
-touches one tensor only (a transposed or misplaced GEMM, a bias averaged, LayerNorm's two swapped).
+touches one tensor only (a transposed or misplaced GEMM, a bias averaged, LayerNorm's two swapped);
+:func:`raised_slip` names a mistake that makes torch raise (a .grad of the wrong shape, out's or qkv's
+dx with W.T) by the operands of the call that raised.
 
 Not a checker itself: nothing here takes a student's function. The one check that uses it,
 ``checkers.hand_step.check_block_backward``, first refuses the course's answer (``HandStep``'s backward,
@@ -47,6 +49,16 @@ FLOW_FAULTS = {
         "to the gradient through LayerNorm; its dx is the whole gradient of s2, add nothing to it",
     "dres added again to dres_in": "dres_in holds dres once more: the dx of add + LayerNorm 2's backward already "
         "carries it (through ds); return that dx as it is",
+    # the GEMM given the LayerNorm's output gradient: the backward of add + LayerNorm stands between them
+    "out GEMM given dh": "the out GEMM's dy is dh, the gradient of ln_next's output: the GEMM feeds the sum s2 "
+        "that ln_next normalizes, so its dy is the gradient of s2, the ds that add_layer_norm_bwd(dh, dres, "
+        "saved.s2, ...) returns",
+    "proj GEMM given dh2": "the proj GEMM's dy is dh2, the gradient of LayerNorm 2's output: the GEMM feeds the "
+        "sum s1 that LayerNorm 2 normalizes, so its dy is the gradient of s1, the dx that add_layer_norm_bwd(dh2, "
+        "ds, saved.s1, ...) returns",
+    "ds added twice at LayerNorm 2": "the gradient of s1 holds ds twice: add_layer_norm_bwd(dh2, ds, ...) already "
+        "adds the ds it is given to the gradient through LayerNorm 2; its dx is the whole gradient of s1 (for the "
+        "proj GEMM and dres_in), add nothing to it",
     "proj's dx with W.T": "the proj GEMM's input gradient used W.T: for y = x @ W.T + b, dx = dy @ W (W as stored, "
         "(out_features, in_features)); proj's W is square, so W.T ran without an error",
     "attention backward not causal": "attention_qkv_bwd was called with causal=False: the forward masked the "
@@ -136,7 +148,7 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
     ds = dres64 + d_ln                                       # s2 = out(f) + s1: both inputs get ds
     if fault == "dres added twice":
         ds = ds + dres64
-    d_out = d_ln if fault == "MLP branch without dres" else ds
+    d_out = {"MLP branch without dres": d_ln, "out GEMM given dh": _f64(dh)}.get(fault, ds)
     d_s1_above = dres64 if fault == "residual without LayerNorm's part after the MLP" else ds
     df, g["out.weight"], g["out.bias"] = _linear(d_out, sv.f, blk.out.weight)
     acc = sv.f if fault == GELU_GIVEN_F else _f64(sv.h2) @ _f64(blk.fc.weight).t()
@@ -146,7 +158,9 @@ def reference(blk, sv, dh, dres, ln_next, n_head: int, scale: float, eps: float,
         sv.s1, blk.ln2, dh2, eps, ln_next.weight if fault == LN2_GIVEN_LN_NEXT_WEIGHT else None)
     g["dy.ln2"] = dh2
     ds1 = d_ln2 if fault == "ds dropped at LayerNorm 2" else d_s1_above + d_ln2   # s1 = proj(o2) + x
-    d_proj = d_ln2 if fault == "attention branch without ds" else ds1
+    if fault == "ds added twice at LayerNorm 2":
+        ds1 = ds1 + d_s1_above
+    d_proj = {"attention branch without ds": d_ln2, "proj GEMM given dh2": dh2}.get(fault, ds1)
     g["dres_in"] = {"dres_in without the attention branch": d_s1_above, "dres returned unchanged": dres64,
                     "dres added again to dres_in": ds1 + dres64}.get(fault, ds1)
     do2, g["proj.weight"], g["proj.bias"] = _linear(d_proj, sv.o2, blk.proj.weight)
@@ -211,9 +225,95 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
             cands[f"computed from the other LayerNorm's sum (saved.s{theirs}): {lin}'s backward reads the sum it "
                   f"normalized, saved.s{own}, with its own saved.mean{own}, saved.rstd{own}"] = \
                 _ln_weight_grad(dy, s_other, mean, rstd)
+            cands[f"computed with mean and rstd swapped: add_layer_norm_bwd(dy, ds, s, weight, mean, rstd) takes "
+                  f"saved.mean{own} before saved.rstd{own}"] = _ln_weight_grad(dy, s, rstd, mean)
         other = f"{lin}.{'bias' if kind == 'weight' else 'weight'}"
         cands[f"{lin}'s weight and bias gradients swapped: add_layer_norm_bwd returns (dx, dw, db)"] = ref[other]
     for why, c in cands.items():
         if error(got, c) <= tol:
             return why
     return None
+
+
+# --- slips that raise: named by the operands of the torch call that raised (checkers.calls.FailedTorchCall) ---
+
+
+def _holds(t, w: torch.Tensor) -> bool:
+    """Whether ``t`` holds ``w``'s values: ``w`` itself, a view of it or a copy (same shape and dtype)."""
+    return isinstance(t, torch.Tensor) and t.shape == w.shape and t.dtype == w.dtype and torch.equal(t, w)
+
+
+def _runs(func, args, kwargs) -> bool:
+    try:
+        func(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (any error: the changed call does not run either)
+        return False
+    return True
+
+
+def dx_weight_slip(func, args, kwargs, weights: dict) -> str | None:
+    """``"{lin}'s dx with W.T: ..."`` when the call that raised multiplied by a GEMM's weight the wrong way round
+    (``weights``: {GEMM: weight}, those whose dx the student writes): the same call with that operand transposed
+    runs. Only a square W (proj) runs transposed, and FLOW_FAULTS names that one by value; out's and qkv's raise."""
+    for i, a in enumerate(args):
+        for lin, w in weights.items():
+            for used_t, used in ((True, w.t()), (False, w)):
+                if w.shape[0] == w.shape[1] or not _holds(a, used):
+                    continue
+                if not _runs(func, (*args[:i], used.t(), *args[i + 1:]), kwargs):
+                    continue
+                what = (f"{lin}'s dx with W.T: the {lin} GEMM's input gradient multiplied by blk.{lin}.weight.T"
+                        if used_t else f"{lin}'s dx with W where W.T belongs: the {lin} GEMM's input gradient took "
+                        f"blk.{lin}.weight as stored where its transpose fits (F.linear(dy, W), for one, computes "
+                        "dy @ W.T)")
+                return (f"{what}; for y = x @ W.T + b, dx = dy @ W with W as stored, (out_features, in_features) = "
+                        f"{tuple(w.shape)}: it takes dy's {w.shape[0]} columns to x's {w.shape[1]}")
+    return None
+
+
+def grad_slip(label: str, p: torch.Tensor, value, activation: tuple) -> str:
+    """What is wrong with ``value`` assigned to ``p.grad`` (``label``), which torch refused. ``activation``:
+    the (B, N, d) shape of the block's input, for a gradient of an activation given to a parameter."""
+    if not isinstance(value, torch.Tensor):
+        return f"{label} was given a {type(value).__name__}: assign a tensor shaped like the parameter"
+    shape, want = tuple(value.shape), tuple(p.shape)
+    given = f"{label} was given a {shape} {str(value.dtype).removeprefix('torch.')} tensor"
+    if shape == want:
+        return (f"{given}; the parameter is {p.dtype}, and a .grad has its parameter's dtype: torch.mm of the "
+                "model's own tensors gives it; one computed in float32 (.float()) needs .to(the parameter's dtype)")
+    if len(want) == 2 and shape == want[::-1]:
+        return f"{given}, the transpose of {want}: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"
+    if len(want) == 2 and shape[1:] == want:
+        return (f"{given}, one dW per sequence of the batch, not summed: dW = dy.T @ x over all B*N rows, with dy "
+                "and x reshaped to (B*N, features) matrices")
+    if len(shape) == 3 and shape[:2] == activation[:2]:
+        return (f"{given}, an activation's gradient: add_layer_norm_bwd and linear_gelu_bwd return (dx, dw, db) in "
+                "that order, so unpack dx first")
+    if len(want) == 1 and shape[-1:] == want:
+        return (f"{given}: summed over one axis of dy only; db sums dy over all B*N rows, "
+                f"dy.reshape(-1, {want[0]}).sum(0), shape {want}")
+    if len(want) == 1 and value.numel() == activation[0] * activation[1]:
+        return (f"{given}: summed over the features, not over the rows; db sums dy over all B*N rows, "
+                f"dy.reshape(-1, {want[0]}).sum(0), shape {want}")
+    return f"{given}; the parameter is {want} {p.dtype}, and its .grad must be too"
+
+
+def raised_slip(raised, weights: dict, grads: dict, activation: tuple) -> str | None:
+    """The slip behind the torch call that raised (``checkers.calls.FailedTorchCall.that_raised``), named by its
+    operands, or None: a .grad torch refused (``grads``: {label: parameter}), or a GEMM's weight the wrong way
+    round (``weights``). Torch's own words give two shapes and the student's line, which in a helper shared by
+    the GEMMs does not say which one."""
+    if raised is None:
+        return None
+    func, args, kwargs = raised
+    if func == torch.Tensor.grad.__set__ and len(args) == 2:                 # p.grad = value
+        label = next((lbl for lbl, p in grads.items() if p is args[0]), None)
+        return None if label is None else grad_slip(label, args[0], args[1], activation)
+    return dx_weight_slip(func, args, kwargs, weights)
+
+
+def scale_slip(got: float, scale: float) -> str:
+    """attention_qkv_bwd given ``got`` where the forward scaled its scores by ``scale``."""
+    return (f"attention backward given scale={got:.6g}: attention_qkv_bwd recomputes the forward's scores "
+            f"q.k * scale, so it takes the forward's scale, {scale:.6g} (1/sqrt(head_dim)): pass the scale your "
+            "function is given")
