@@ -61,8 +61,8 @@ _skip_repeated_interpreter_patching()
 
 @pytest.fixture
 def nan_empty(monkeypatch):
-    """Every floating torch.empty / empty_like / new_empty starts as NaN: an element no kernel wrote
-    shows (shared by the tests of the course's ops)."""
+    """Every floating torch.empty / empty_like / empty_strided / new_empty / new_empty_strided starts as NaN: an
+    element no kernel wrote shows (shared by the tests of the course's ops)."""
     def poison(fn):
         def wrapped(*args, **kwargs):
             t = fn(*args, **kwargs)
@@ -70,7 +70,9 @@ def nan_empty(monkeypatch):
         return wrapped
     monkeypatch.setattr(torch, "empty", poison(torch.empty))
     monkeypatch.setattr(torch, "empty_like", poison(torch.empty_like))
+    monkeypatch.setattr(torch, "empty_strided", poison(torch.empty_strided))
     monkeypatch.setattr(torch.Tensor, "new_empty", poison(torch.Tensor.new_empty))
+    monkeypatch.setattr(torch.Tensor, "new_empty_strided", poison(torch.Tensor.new_empty_strided))
 
 
 # ---- make test-gpu: the longest tests first, each at the head of its own worker's share ----------------

@@ -117,14 +117,15 @@ def test_tuned_backward_every_plan(plan, atomic, rms):
 
 
 def _nan_empty(monkeypatch):
-    """torch.empty gives NaN-filled float tensors (dx and the partial rows): an element a kernel leaves
-    unwritten shows."""
-    real = torch.empty
+    """torch.empty and torch.empty_strided give NaN-filled float tensors (dx and the partial rows): an element a
+    kernel leaves unwritten shows."""
+    for name in ("empty", "empty_strided"):
+        real = getattr(torch, name)
 
-    def empty(*shape, dtype=None, **kw):
-        t = real(*shape, dtype=dtype, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", empty)
+        def poisoned(*args, _real=real, **kw):
+            t = _real(*args, **kw)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        monkeypatch.setattr(torch, name, poisoned)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

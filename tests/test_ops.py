@@ -212,6 +212,30 @@ def test_plans_are_chosen_once_and_hot_calls_write_no_globals():
     assert counts["attention"] >= 2 and counts["linear"] >= 1 and counts["norms"] >= 4
 
 
+def test_attention_calls_seen_before_reuse_their_launches(monkeypatch):
+    """A call with the arguments of an earlier one finds its launches in CALLS: no checks, no plan lookups, the
+    same bits, nothing added; a full CALLS is emptied, not grown."""
+    from course_utils.ops import attn
+    from course_utils.state import RuntimeCache
+    qkv = _leaf((1, 9, 3 * 2 * 8))
+
+    def step():
+        q, k, v = qkv.view(1, 9, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        o = ops.attention(q, k, v, True, 0.3)
+        return (o, *torch.autograd.grad(o, (qkv,), torch.ones_like(o)))
+    first = step()
+    kept = dict(attn.CALLS)
+    monkeypatch.setattr(attn, "validate", lambda *a: pytest.fail("checked a call seen before"))
+    monkeypatch.setattr(attn.B_, "check_backward_inputs", lambda *a: pytest.fail("checked a call seen before"))
+    monkeypatch.setattr(attn, "PLANS", {})   # a plan lookup would choose tiles again and fill this
+    again = step()
+    assert attn.CALLS == kept and attn.PLANS == {} and all(torch.equal(a, b) for a, b in zip(first, again))
+    monkeypatch.setattr(attn, "CALLS", RuntimeCache({("a call",): 1}))
+    monkeypatch.setattr(attn, "MAX_CALLS", 1)
+    attn._keep(("another",), 2)
+    assert attn.CALLS == {("another",): 2}
+
+
 @pytest.mark.machinery   # a tool around the kernels: their own tests run them under the newest Triton
 def test_host_overhead_table_has_every_op():
     table = ops.host_overhead_table(n_calls=1, seq=4, d_model=8, vocab=8)

@@ -36,7 +36,8 @@ def _refuse_course(what: str, fn) -> None:
     ``attention_configs``, is not: the exercise uses it)."""
     keys = answer_keys.course_answers("course_utils.kernels.attention")
     keys.update(answer_keys.course_answers("course_utils.tuned.attention", only=(
-        "flash_attention", "attn_fwd_tuned_kernel", "attn_fwd_tuned_tiles", "load_tile", "_launch_tuned")))
+        "flash_attention", "attn_fwd_tuned_kernel", "attn_fwd_tuned_tiles", "load_tile", "_launch_tuned",
+        "forward_call", "launch_forward")))
     answer_keys.refuse(what, fn, keys)
 
 # (atol, rtol) for attention outputs: P is rounded to the input dtype before P @ V, and on a GPU a

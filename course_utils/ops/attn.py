@@ -14,7 +14,8 @@ rounded up to a power of two, dtype, device, causal) and kept in ``PLANS``:
 :func:`course_utils.ops.warmup` makes those first calls, and decoding against a growing KV cache
 times them once per doubling of its length. The inputs are checked once per (shapes, dtypes,
 devices): the checks depend on nothing else. A tile chosen with tensor descriptors still runs on
-inputs whose alignment rules them out (the launcher falls back to pointer loads).
+inputs whose alignment rules them out (the launcher falls back to pointer loads). A call whose exact
+arguments were seen before finds all its allocations and launches need in ``CALLS`` (host time).
 """
 
 from __future__ import annotations
@@ -42,9 +43,15 @@ def _scale(q, scale: float) -> float:
     return float(scale)
 
 
-def _empty_out(q: torch.Tensor) -> torch.Tensor:
+def _out_layout(q) -> tuple:
+    """Size and strides of the output: (B, H, N, d) over (B, N, H, d) memory (see the module's docstring)."""
     B, H, N, D = q.shape
-    return q.new_empty((B, N, H, D)).permute(0, 2, 1, 3)
+    sb, sn, sh, sd = _lib.contiguous_strides((B, N, H, D))
+    return (B, H, N, D), (sb, sh, sn, sd)
+
+
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty_strided(*_out_layout(q))
 
 
 def _meta(*ts):
@@ -59,7 +66,39 @@ def _plan_key(what: str, causal: bool, q, k):
     return (what, bool(causal), B, H, k.shape[1], D, _lib.next_pow2(N), _lib.next_pow2(k.shape[2]), q.dtype, q.device)
 
 
+# --------------------------------------------------------------------------- the hot path: calls seen before
+# A call whose exact arguments were seen before (shapes, strides, dtypes, devices, causal, scale, and whether the
+# data pointers the launch plans read are 16-byte aligned) was checked then, and its tiles chosen: CALLS keeps what
+# its allocations and launches need, so it costs one key and one dict lookup before them (chapter 12: host time
+# is speed). Tracers' tensors (torch.compile) have no data pointers: their calls always take the first path.
+CALLS: dict = RuntimeCache()
+MAX_CALLS = 4096   # calls kept; emptied when full (a KV cache growing by a token a call makes a new key each call)
+
+
+def _keep(key, call) -> None:
+    if len(CALLS) >= MAX_CALLS:
+        CALLS.clear()
+    CALLS[key] = call
+
+
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    key = None
+    if type(q) is type(k) is type(v) is torch.Tensor:   # no tracer's tensors (they have no data pointers)
+        key = ("fwd", causal, scale, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0)
+        call = CALLS.get(key)
+        if call is not None:
+            o_size, o_strides, lse_size, lse_strides, launch = call
+            o = q.new_empty_strided(o_size, o_strides)
+            lse = torch.empty_strided(lse_size, lse_strides, dtype=torch.float32, device=q.device)
+            F_.launch_forward(launch, q, k, v, o, lse)
+            return o, lse
+    return _first_fwd(q, k, v, causal, scale, key)
+
+
+def _first_fwd(q, k, v, causal: bool, scale: float, key):
+    """A call not seen before: the checks (once per shapes, dtypes and devices), the tile choice (once per
+    shape class), the launch; then what the same call needs next time, in CALLS (``key``: None, never)."""
     scale = _scale(q, scale)
     checked = ("fwd", bool(causal), *_meta(q, k, v))
     if checked not in VALID:
@@ -71,15 +110,19 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         lse.fill_(float("-inf"))
         return o, lse
     VALID.add(checked)
-    key = _plan_key("fwd", causal, q, k)
-    cfg = PLANS.get(key)
+    plan_key = _plan_key("fwd", causal, q, k)
+    cfg = PLANS.get(plan_key)
     if cfg is None:
         cands = F_.attention_configs(hardware.device_info(q), D, q.dtype, causal)
         if _lib.tracing(q):
             cfg = cands[0]
         else:
-            cfg = PLANS[key] = F_.choose(cands, key, lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
-    F_._launch_tuned(cfg, q, k, v, o, lse, scale, causal)
+            cfg = PLANS[plan_key] = F_.choose(cands, plan_key,
+                                              lambda c: F_._launch_tuned(c, q, k, v, o, lse, scale, causal))
+    launch = F_.forward_call(cfg, q, k, v, o, lse, scale, causal)
+    F_.launch_forward(launch, q, k, v, o, lse)
+    if key is not None and not _lib.tracing(q):
+        _keep(key, (*_out_layout(q), tuple(lse.shape), lse.stride(), launch))
     return o, lse
 
 
@@ -90,6 +133,24 @@ def _fake_fwd(q, k, v, causal, scale):
 
 def _bwd_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
     """The backward kernels writing dq, dk, dv (any strides with a unit last one) where they are given."""
+    key = None
+    if type(do) is type(q) is type(k) is type(v) is type(o) is type(lse) is torch.Tensor:   # no tracer's tensors
+        key = ("bwd", causal, scale, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, o.shape, o.stride(), o.dtype, o.device, lse.shape, lse.stride(),
+               lse.dtype, lse.device, do.shape, do.stride(), do.dtype, do.device, dq.stride(), dk.stride(),
+               dv.stride(), (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) % 16 == 0)
+        call = CALLS.get(key)
+        if call is not None:
+            delta_launch, launch = call
+            delta = torch.empty_like(lse)   # (contiguous float32 (B, H, N), as the checks found lse)
+            B_.launch_delta(delta_launch, o, do, delta)
+            B_.launch_backward(launch, q, k, v, do, lse, delta, dq, dk, dv)
+            return
+    _first_bwd(do, q, k, v, o, lse, causal, scale, dq, dk, dv, key)
+
+
+def _first_bwd(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv, key):
+    """As :func:`_first_fwd`, for the backward."""
     checked = ("bwd", bool(causal), *_meta(q, k, v, o, lse, do))
     if checked not in VALID or not lse.is_contiguous():
         B_.check_backward_inputs(q, k, v, o, lse, do, causal)
@@ -98,22 +159,30 @@ def _bwd_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
         for t in (dq, dk, dv):
             t.zero_()
         return
-    delta = B_.delta_rows(o, do)
-    key = _plan_key("bwd", causal, q, k)
-    cfg = PLANS.get(key)
+    delta_launch = B_.delta_call(o, do)
+    delta = torch.empty_like(lse)
+    B_.launch_delta(delta_launch, o, do, delta)
+    plan_key = _plan_key("bwd", causal, q, k)
+    cfg = PLANS.get(plan_key)
     if cfg is None:
         cands = B_.backward_configs(hardware.device_info(q), q.shape[-1], q.dtype)
         if _lib.tracing(q):
             cfg = cands[0]
         else:
-            cfg = PLANS[key] = F_.choose(cands, key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk, dv,
-                                                                           scale, causal))
-    B_._launch(cfg, q, k, v, do, lse, delta, dq, dk, dv, scale, causal)
+            cfg = PLANS[plan_key] = F_.choose(cands, plan_key, lambda c: B_._launch(c, q, k, v, do, lse, delta, dq, dk,
+                                                                                     dv, scale, causal))
+    launch = B_.backward_call(cfg, q, k, v, do, dq, dk, dv, scale, causal)
+    B_.launch_backward(launch, q, k, v, do, lse, delta, dq, dk, dv)
+    if key is not None and not _lib.tracing(q):
+        _keep(key, (delta_launch, launch))
 
 
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool, scale: float):
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    # (empty_like: the cheap allocation from Python, course_utils.ops._lib says why)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     _bwd_into(do, q, k, v, o, lse, causal, scale, dq, dk, dv)
     return dq, dk, dv
 

@@ -43,28 +43,30 @@ def _rows_view(t: torch.Tensor, n: int):
 
 
 def _ln_fwd_plan(x, weight, bias):
-    """Checked once per (shape, strides, dtypes, device): the tile, the grid and x's row stride."""
+    """Checked once per (shape, strides, dtypes, device), with all a call needs besides its tensors: the size and
+    strides of mean and rstd (x's leading dims), the launch's grid and meta-parameters, the rows, the width and x's
+    row stride (None: not evenly strided)."""
     key = ("ln_fwd", x.shape, x.stride(), x.dtype, weight.dtype, bias.dtype, x.device)
     plan = PLANS.get(key)
     if plan is None:
         n = A.check("layer_norm", x, weight, ("bias", bias, weight.shape), max_cols=T.MAX_BLOCK_N)
         n_rows = x.numel() // n if n else 0
-        stride = _rows_view(x, n)
         p = T.plan_forward(max(n_rows, 1), n, x.element_size(), hardware.device_info(x))
-        plan = PLANS[key] = (p, n_rows, n, stride)
+        stats = tuple(x.shape[:-1])
+        meta = dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=False, HAS_BIAS=True, STATS=True, num_warps=p.num_warps)
+        plan = PLANS[key] = (stats, _lib.contiguous_strides(stats), (p.grid,), meta, n_rows, n, _rows_view(x, n))
     return plan
 
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    p, n_rows, n, stride = _ln_fwd_plan(x, weight, bias)
-    y = x.new_empty(x.shape)
-    mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    stats, strides, grid, meta, n_rows, n, stride = _ln_fwd_plan(x, weight, bias)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)   # the cheap allocations: _lib says why
+    mean = torch.empty_strided(stats, strides, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
     if n_rows:
         if stride is None:   # rows that are not evenly strided: one copy
             x, stride = A.rows_of(x, n), n
-        _lib.launch(norm_fwd_kernel, "ln_fwd", (p.grid,), (y, x, weight, bias, mean, rstd, n_rows, n, stride, n, eps),
-                    dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=False, HAS_BIAS=True, STATS=True, num_warps=p.num_warps))
+        _lib.launch(norm_fwd_kernel, "ln_fwd", grid, (y, x, weight, bias, mean, rstd, n_rows, n, stride, n, eps), meta)
     return y, mean, rstd
 
 
@@ -101,7 +103,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean
     if T._PINNED is not None:   # a plan pinned by tuned.layernorm.backward_plan() (a check timing one)
         return _ln_bwd_pinned(dy, x, weight, mean, rstd)
     launch, n, n_rows, xs, dys = _ln_bwd_plan(dy, x, weight, mean, rstd)
-    dx = x.new_empty(x.shape)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     if n_rows == 0:
         return dx, torch.zeros_like(weight), torch.zeros_like(weight)
     if xs is None:

@@ -258,47 +258,46 @@ def power_of_two_part(scale: float) -> float:
 
 
 def _launch_tuned(cfg: TileConfig, q, k, v, o, lse, scale, causal):
-    B, H, N, D = q.shape
-    plan = _launch_plan(cfg, q, k, v, o, lse, causal)
-    tma, grid, meta = plan
-    q_src, k_src, v_src = q, k, v
-    if tma == 1:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=env.DEVICE))
-    elif tma == 2:
-        BD = meta["BLOCK_D"]
-        q_src = TensorDescriptor.from_tensor(q.view(-1, D), [cfg.block_m, BD])
-        k_src = TensorDescriptor.from_tensor(k.view(-1, D), [cfg.block_n, BD])
-        v_src = TensorDescriptor.from_tensor(v.view(-1, D), [cfg.block_n, BD])
-    qk_scale, q_scale = scale * LOG2E, 1.0
-    if cfg.q_regs:
-        q_scale = power_of_two_part(qk_scale)
-        qk_scale /= q_scale
-    n_kv = k.shape[2]
-    launch(attn_fwd_tuned_kernel, "attn_fwd", grid,
-           (q_src, k_src, v_src, o, lse if lse is not None else o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            H, H // k.shape[1], N, n_kv, D, n_kv - N, qk_scale, q_scale), meta)
+    launch_forward(forward_call(cfg, q, k, v, o, lse, scale, causal), q, k, v, o, lse)
 
 
-_LAUNCH_PLANS: dict = {}   # what _launch_tuned works out per (tile, shapes, strides, dtype, alignment): host time
+_LAUNCH_PLANS: dict = {}   # what forward_call works out per (tile, shapes, strides, dtype, alignment, scale): host time
 
 
-def _launch_plan(cfg: TileConfig, q, k, v, o, lse, causal):
-    """(descriptor mode, grid, constexprs and options) of a forward launch: a pure function of the tile, the
-    shapes, strides, dtype and device of q, k, v, whether their data pointers are 16-byte aligned, lse and
-    causal."""
+def forward_call(cfg: TileConfig, q, k, v, o, lse, scale, causal) -> tuple:
+    """All of a forward launch but its tensors (descriptor mode, grid, the ints and floats after the tensors, meta),
+    from the tile, q, k, v, o's shapes, strides, dtype, device, q, k, v's 16-byte alignment, lse, causal, scale."""
     key = (cfg, q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, q.device,
-           aligned16(q), aligned16(k), aligned16(v), lse is None, bool(causal), traced(q))
-    plan = _LAUNCH_PLANS.get(key)
-    if plan is None:
+           aligned16(q), aligned16(k), aligned16(v), lse is None, bool(causal), traced(q), scale)
+    call = _LAUNCH_PLANS.get(key)
+    if call is None:
         B, H, N, D = q.shape
-        BD = block_d(D)
+        n_kv, BD = k.shape[2], block_d(D)
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, CAUSAL=bool(causal),
                     STORE_LSE=lse is not None, TMA=_tma_mode(cfg, q, k, v),
                     DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
                     NUM_STAGES=cfg.num_stages, Q_REGS=cfg.q_regs, EVEN_D=D == BD,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        plan = _LAUNCH_PLANS[key] = (meta["TMA"], (triton.cdiv(N, cfg.block_m) * B * H,), meta)
-    return plan
+        qk_scale, q_scale = scale * LOG2E, 1.0
+        if cfg.q_regs:
+            q_scale = power_of_two_part(qk_scale)
+            qk_scale /= q_scale
+        tail = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), H, H // k.shape[1], N, n_kv, D, n_kv - N,
+                qk_scale, q_scale)
+        call = _LAUNCH_PLANS[key] = (meta["TMA"], (triton.cdiv(N, cfg.block_m) * B * H,), tail, meta)
+    return call
+
+
+def launch_forward(call: tuple, q, k, v, o, lse) -> None:
+    """The launch of a :func:`forward_call` on these tensors (descriptors, when it has them, made here)."""
+    tma, grid, tail, meta = call
+    if tma == 1:    # descriptors made on the device take their scratch memory from Triton's allocator
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=env.DEVICE))
+    elif tma == 2:
+        D, BD = q.shape[3], meta["BLOCK_D"]
+        q = TensorDescriptor.from_tensor(q.view(-1, D), [meta["BLOCK_M"], BD])
+        k, v = (TensorDescriptor.from_tensor(t.view(-1, D), [meta["BLOCK_N"], BD]) for t in (k, v))
+    launch(attn_fwd_tuned_kernel, "attn_fwd", grid, (q, k, v, o, lse if lse is not None else o, *tail), meta)
 
 
 def choose(cands, key, launch):

@@ -117,29 +117,41 @@ def _use_tma(cfg: BwdConfig, q, k, v, do) -> bool:
 
 
 def _launch(cfg: BwdConfig, q, k, v, do, lse, delta, dq, dk, dv, scale, causal):
+    launch_backward(backward_call(cfg, q, k, v, do, dq, dk, dv, scale, causal), q, k, v, do, lse, delta, dq, dk, dv)
+
+
+def backward_call(cfg: BwdConfig, q, k, v, do, dq, dk, dv, scale, causal) -> tuple:
+    """All of the dK/dV and dQ launches but their tensors: (descriptors or not, atomic dQ or not, then grid, the ints
+    and floats after the tensors, and meta of each launch). The ops keep it per exact call (host time)."""
     B, H, N, D = q.shape
     H_kv, n_kv = k.shape[1], k.shape[2]
     tma, grid_kv, meta_kv, grid_q, meta_q = _launch_plan(cfg, q, k, v, do, causal)
-    q_in, do_in, k_in, v_in = q, do, k, v
-    if tma:
-        BD = meta_kv["BLOCK_D"]
-        q_in, do_in = (TensorDescriptor.from_tensor(t.view(-1, D), [cfg.block_m1, BD]) for t in (q, do))
-        k_in, v_in = (TensorDescriptor.from_tensor(t.view(-1, D), [cfg.block_n2, BD]) for t in (k, v))
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, H // H_kv, N, n_kv, D, n_kv - N,
               scale * LOG2E, scale)
+    return (tma, cfg.atomic_dq, grid_kv, (*common, *dk.stride()[:3], *dv.stride()[:3]), meta_kv,
+            grid_q, (*common, *dq.stride()[:3]), meta_q)
+
+
+def launch_backward(call: tuple, q, k, v, do, lse, delta, dq, dk, dv) -> None:
+    """The launches of a :func:`backward_call` on these tensors (descriptors, when it has them, made here)."""
+    tma, atomic_dq, grid_kv, tail_kv, meta_kv, grid_q, tail_q, meta_q = call
+    q_in, do_in, k_in, v_in = q, do, k, v
+    if tma:
+        D, BD = q.shape[3], meta_kv["BLOCK_D"]
+        q_in, do_in = (TensorDescriptor.from_tensor(t.view(-1, D), [meta_kv["BLOCK_M"], BD]) for t in (q, do))
+        k_in, v_in = (TensorDescriptor.from_tensor(t.view(-1, D), [meta_q["BLOCK_N"], BD]) for t in (k, v))
     dq_buf = dq
-    if cfg.atomic_dq:   # a contiguous float32 scratch for the atomics, copied into dq (of any strides) after
+    if atomic_dq:   # a contiguous float32 scratch for the atomics, copied into dq (of any strides) after
         dq_buf = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    launch(attn_bwd_dkdv_tuned_kernel, "attn_bwd_dkdv", grid_kv,
-           (q_in, k, v, do_in, lse, delta, dk, dv, dq_buf, *common, *dk.stride()[:3], *dv.stride()[:3]), meta_kv)
-    if cfg.atomic_dq:
+    launch(attn_bwd_dkdv_tuned_kernel, "attn_bwd_dkdv", grid_kv, (q_in, k, v, do_in, lse, delta, dk, dv, dq_buf,
+                                                                  *tail_kv), meta_kv)
+    if atomic_dq:
         dq.copy_(dq_buf)
     else:
-        launch(attn_bwd_dq_tuned_kernel, "attn_bwd_dq", grid_q,
-               (q, k_in, v_in, do, lse, delta, dq, *common, *dq.stride()[:3]), meta_q)
+        launch(attn_bwd_dq_tuned_kernel, "attn_bwd_dq", grid_q, (q, k_in, v_in, do, lse, delta, dq, *tail_q), meta_q)
 
 
-_LAUNCH_PLANS: dict = {}   # what _launch works out per (tiles, shapes, strides, dtype, alignment): host time
+_LAUNCH_PLANS: dict = {}   # what _launch_plan works out per (tiles, shapes, strides, dtype, alignment): host time
 
 
 def _launch_plan(cfg: BwdConfig, q, k, v, do, causal):
@@ -173,11 +185,21 @@ def _block_d(head_dim: int) -> int:
 def delta_rows(o: torch.Tensor, do: torch.Tensor, block_m: int = 64) -> torch.Tensor:
     """``row_delta`` of the teaching module (delta = rowsum(dO * O), float32, (B, H, N)), the same kernel and
     arguments, through the ops' cheaper launch (:mod:`.launch`)."""
-    B, H, N, D = o.shape
+    B, H, N, _ = o.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
-    launch(attn_bwd_preprocess_kernel, "attn_bwd_delta", (-(-N // block_m) * B * H,),
-           (o, do, delta, *o.stride(), *do.stride(), H, N, D), dict(BLOCK_M=block_m, BLOCK_D=_block_d(D)))
+    launch_delta(delta_call(o, do, block_m), o, do, delta)
     return delta
+
+
+def delta_call(o: torch.Tensor, do: torch.Tensor, block_m: int = 64) -> tuple:
+    """(grid, the ints after the tensors, meta) of :func:`delta_rows`' launch (the ops keep it per exact call)."""
+    B, H, N, D = o.shape
+    return (-(-N // block_m) * B * H,), (*o.stride(), *do.stride(), H, N, D), dict(BLOCK_M=block_m, BLOCK_D=_block_d(D))
+
+
+def launch_delta(call: tuple, o, do, delta) -> None:
+    grid, tail, meta = call
+    launch(attn_bwd_preprocess_kernel, "attn_bwd_delta", grid, (o, do, delta, *tail), meta)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None, config: BwdConfig | None = None):

@@ -166,12 +166,21 @@ def column_sum_pair(dw_partial: torch.Tensor, db_partial: torch.Tensor, dtype: t
     """(dw, db): the column sums of two contiguous float32 (n_partials, N) buffers of one shape, in ``dtype``,
     in one launch; the bits of ``column_sum`` (kernels/layernorm.py) with the same tile on each, two launches."""
     n_partials, n_cols = dw_partial.shape
-    dw = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
-    db = torch.empty(n_cols, dtype=dtype, device=dw_partial.device)
-    block_n = column_sum_block_n(n_cols, REDUCE_BLOCK_N)
-    launch(column_sum_pair_kernel, "column_sum_pair", (-(-n_cols // block_n),),
-           (dw, db, dw_partial, db_partial, n_partials, n_cols), dict(BLOCK_M=COLUMN_SUM_ROWS, BLOCK_N=block_n))
+    # empty_strided and empty_like: the cheap allocations from Python (course_utils.ops._lib says why)
+    dw = torch.empty_strided((n_cols,), (1,), dtype=dtype, device=dw_partial.device)
+    db = torch.empty_like(dw)
+    grid, meta = _SUMS.get(n_cols) or _column_sums_launch(n_cols)
+    launch(column_sum_pair_kernel, "column_sum_pair", grid, (dw, db, dw_partial, db_partial, n_partials, n_cols), meta)
     return dw, db
+
+
+_SUMS: dict = {}   # N -> (grid, meta) of column_sum_pair's launch: worked out once per width (host time)
+
+
+def _column_sums_launch(n_cols: int) -> tuple:
+    block_n = column_sum_block_n(n_cols, REDUCE_BLOCK_N)
+    _SUMS[n_cols] = ((-(-n_cols // block_n),), dict(BLOCK_M=COLUMN_SUM_ROWS, BLOCK_N=block_n))
+    return _SUMS[n_cols]
 
 
 def _choose(cands: list[Plan], key, launch) -> Plan:

@@ -60,7 +60,8 @@ def launch_backward(s: BackwardLaunch, dx, dy, x, weight, mean, rstd, n_rows: in
                     dy_stride: int):
     """One backward launch of ``s`` into fresh float32 partial rows (dw, db) (db is dw for RMSNorm: ``mean``
     None); dx contiguous, x and dy rows of unit column stride at ``x_stride``/``dy_stride``."""
-    dw = torch.empty((s.partial_rows, n_cols), dtype=torch.float32, device=x.device)
+    # (empty_strided and empty_like: the cheap allocations from Python, course_utils.ops._lib says why)
+    dw = torch.empty_strided((s.partial_rows, n_cols), (n_cols, 1), dtype=torch.float32, device=x.device)
     db = dw if mean is None else torch.empty_like(dw)
     outs = (dw, db, dw, db) if s.chunked else (dw, db)
     launch(s.kernel, s.name, s.grid, (dx, dy, x, weight, rstd if mean is None else mean, rstd, *outs, n_rows,
