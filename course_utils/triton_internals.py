@@ -1,3 +1,5 @@
+# Over 350 lines on purpose: every use of Triton's internals, its assumption and its check stay in this one file,
+# which tests/test_triton_internals.py keeps the only such file under course_utils; the docstring says more.
 """The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
 (Over 350 lines by design, not split by job: each internal's assumption, its check and its one use belong in
 this one file, and ``tests/test_triton_internals.py`` holds the rule that no other file under course_utils
