@@ -167,9 +167,13 @@ def _aln_fwd_plan(x, residual, weight, bias):
         n_rows = x.numel() // n if n else 0
         block = _lib.next_pow2(n)
         rows = max(1, min(A.TILE_ELEMENTS // block, _lib.next_pow2(n_rows)))
+        stats = tuple(x.shape[:-1])
         plan = PLANS[key] = dict(n=n, n_rows=n_rows, block=block, rows=rows, grid=_lib.cdiv(max(n_rows, 1), rows),
                                  num_warps=max(4, min(16, rows * block // 512)),
-                                 x_stride=_rows_view(x, n), r_stride=_rows_view(residual, n))
+                                 x_stride=_rows_view(x, n), r_stride=_rows_view(residual, n),
+                                 s_dtype=torch.promote_types(x.dtype, residual.dtype), shape=tuple(x.shape),
+                                 strides=_lib.contiguous_strides(x.shape), stats=stats,
+                                 stats_strides=_lib.contiguous_strides(stats))
     return plan
 
 
@@ -177,10 +181,10 @@ def add_layer_norm_fwd(x, residual, weight, bias, eps: float):
     """``(y, s, mean, rstd)``: s = x + residual in the wider dtype of the two (the residual stream), y =
     LayerNorm(s) in x's dtype (the compute dtype of the branch: under bf16 nothing casts it down again)."""
     p = _aln_fwd_plan(x, residual, weight, bias)
-    s = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype))
-    y = x.new_empty(x.shape)
-    mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    s = torch.empty_strided(p["shape"], p["strides"], dtype=p["s_dtype"], device=x.device)   # _lib: why not new_empty
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    mean = torch.empty_strided(p["stats"], p["stats_strides"], dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
     n, n_rows = p["n"], p["n_rows"]
     if n_rows:
         xs, rs = p["x_stride"], p["r_stride"]
@@ -228,7 +232,7 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
     """``(dx, dw, db)``: dx = ds + dLayerNorm(dy) in s's dtype (both inputs of the add get it)."""
     p = _aln_bwd_plan(dy, ds, s, weight)
     n, n_rows = p["n"], p["n_rows"]
-    dx = s.new_empty(s.shape)
+    dx = torch.empty_like(s, memory_format=torch.contiguous_format)
     if n_rows == 0:
         return dx, torch.zeros_like(weight), torch.zeros_like(weight)
     dys, dss = p["dy_stride"], p["ds_stride"]
@@ -236,8 +240,8 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
         dy, dys = A.rows_of(dy, n), n
     if ds is not None and dss is None:
         ds, dss = A.rows_of(ds, n), n
-    dw = s.new_empty((p["grid"], n), dtype=torch.float32)
-    db = s.new_empty((p["grid"], n), dtype=torch.float32)
+    dw = torch.empty_strided((p["grid"], n), (n, 1), dtype=torch.float32, device=s.device)
+    db = torch.empty_like(dw)
     _lib.launch(A.add_layer_norm_bwd_kernel, "aln_bwd", (p["grid"],),
                 (dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
                  dys if ds is None else dss, p["per_program"]),
