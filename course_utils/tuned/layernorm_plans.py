@@ -18,10 +18,12 @@ MAX_BLOCK_N = 65536
 # entry). Six entries moved; torch.compile's time over ours, LayerNorm/RMSNorm, the old tile -> the new one in the
 # same rounds: float32 N=1024 0.97/0.97 -> 1.00/1.00, N=2048 0.985/0.955 -> 0.997/0.961, N=8192 0.988/0.975 ->
 # 1.004/0.978, N=16384 1.085/0.942 -> 1.072/0.972; bf16 N=1024 0.977/0.977 -> 1.00/1.00, N=8192 0.980/0.960 ->
-# 1.064/0.972. Float32 N=4096 keeps 2 rows x 8 warps: 8 x 32, as fast as any there (the tool's kernel loads w
-# before the row's sums), took 0.603 ms against 0.522 in this kernel, which loads w and b after (loading both
-# first here cost LayerNorm's widest rows up to 37%: results/h200/bench_layernorm_s19_w_before_sums.log). Eviction
-# hints (x evict_first, w and b evict_last) were slower in 59 of the 60 pairs.
+# 1.064/0.972. Float32 N=4096: 8 rows x 32 warps, as fast as any there, took 0.603 ms against 2 x 8's 0.522 while
+# this kernel loaded w and b after the row's sums; loading both first cost LayerNorm's widest rows up to 37%
+# (results/h200/bench_layernorm_s19_w_before_sums.log). With the tool's order (w before the sums, b after) 8 x 32
+# is kept: the full sweep of a7d625f (bench_layernorm_s20.log) took the forward of float32 N=4096 against
+# torch.compile from 0.955 to 0.971 (LayerNorm) and 0.946 to 0.968 (RMSNorm), 124 of 140 targets met (from 118).
+# Eviction hints (x evict_first, w and b evict_last) were slower in 59 of the 60 pairs.
 # The backward's entries: from the first run of results/h100-80gb-hbm3/layernorm_tune.csv (2026-11-24, 256 MiB
 # inputs, before the backward's tl.range loops): (tile elements, num_warps, programs per SM) of the backward tile
 # kernel; in the file's re-run with these loops (2026-11-27) each was within 4% of its size's fastest tile (where 1
