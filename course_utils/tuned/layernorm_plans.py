@@ -23,13 +23,15 @@ MAX_BLOCK_N = 65536
 # (results/h200/bench_layernorm_s19_w_before_sums.log). With the tool's order (w before the sums, b after) 8 x 32
 # is kept: the full sweep of a7d625f (bench_layernorm_s20.log) took the forward of float32 N=4096 against
 # torch.compile from 0.955 to 0.971 (LayerNorm) and 0.946 to 0.968 (RMSNorm), 124 of 140 targets met (from 118).
-# Eviction hints (x evict_first, w and b evict_last) were slower in 59 of the 60 pairs.
+# That sweep slowed bfloat16 N=4096 (1 row x 8 warps, picked under the old order): LayerNorm 0.522 -> 0.557 ms; in
+# the tool (the new order) that tile took 0.558 ms and 2 rows x 16 warps 0.513 (RMSNorm 0.519), so bfloat16 N=4096
+# takes 2 x 16. Eviction hints (x evict_first, w and b evict_last) were slower in 59 of the 60 pairs.
 # The backward's entries: from the first run of results/h100-80gb-hbm3/layernorm_tune.csv (2026-11-24, 256 MiB
 # inputs, before the backward's tl.range loops): (tile elements, num_warps, programs per SM) of the backward tile
 # kernel; in the file's re-run with these loops (2026-11-27) each was within 4% of its size's fastest tile (where 1
 # program per SM was faster, backward_candidates times the same tile at 1 per SM too).
 FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {
-    (1024, 2): (2048, 4), (2048, 2): (4096, 8), (4096, 2): (4096, 8), (8192, 2): (16384, 16), (16384, 2): (16384, 16),
+    (1024, 2): (2048, 4), (2048, 2): (4096, 8), (4096, 2): (8192, 16), (8192, 2): (16384, 16), (16384, 2): (16384, 16),
     (1024, 4): (1024, 4), (2048, 4): (4096, 16), (4096, 4): (32768, 32), (8192, 4): (8192, 16),
     (16384, 4): (32768, 32)}
 BWD_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
