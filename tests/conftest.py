@@ -175,6 +175,19 @@ def pytest_collection_modifyitems(config, items):
         items[:] = heavy_first(items, int(workers))
 
 
+# Each xdist worker's torch takes every core for its CPU ops by default: 16 workers on 16 cores ran 256 threads,
+# and the checkers' float64 references and fault diagnoses then took 3-4x their time alone (tools/compile_census.py's
+# author measured chapter 7's bug6 diagnosis: 22 s against 7.4 s at 16 threads a core). So a worker keeps its share
+# of the cores on a GPU host (COURSE_TEST_THREADS sets another count anywhere). Not under the interpreter: on CI's
+# 2 cores a capped run of two files took 70 s against 60 uncapped (one try, a busy machine). The results do not
+# depend on it beyond float rounding that the tolerances already allow (a reduction's order follows the threads).
+def pytest_configure(config):
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    threads = os.environ.get("COURSE_TEST_THREADS")
+    if threads or (workers and course_utils.env.on_gpu()):
+        torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 # COURSE_TEST_TIMES=<file>: the seconds of each phase of each test (setup, call, teardown) appended to <file>
 # as it ends, one "seconds<TAB>phase<TAB>node id<TAB>outcome" line, by every xdist worker: a run stopped by a time limit
 # still leaves what it timed (pytest's --durations prints only at the end). tools/test_times.py sums it.
