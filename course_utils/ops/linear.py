@@ -144,12 +144,13 @@ def _backward_kernels(plan, dy, x, weight, bias, acc):
     mm = torch.mm if plan == "cublas" else matmul
     if plan == "gemm":
         acc = matmul(x2, weight.t())                           # z - b, recomputed rather than stored
-    dy2 = dy.reshape(acc.shape)
+    # shapes star-unpacked: view/reshape parse a torch.Size argument for ~2.5 us, its ints for ~1 (CPU, measured)
+    dy2 = dy.reshape(*acc.shape)
     dy2 = dy2.to(acc.dtype) if dy2.dtype != acc.dtype else dy2
     dacc, db = GB.bias_gelu_backward(dy2.contiguous(), acc, bias)
     dx = mm(dacc, weight)                                      # (M, N) @ (N, K)
     dw = mm(dacc.t(), x2)                                      # (N, M) @ (M, K)
-    return dx.view(x.shape), dw, db
+    return dx.view(*x.shape), dw, db
 
 
 def linear_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, acc: torch.Tensor):
