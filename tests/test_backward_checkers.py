@@ -86,6 +86,14 @@ def _gelu_grad_cubic_slip(z):  # d/dz of 0.044715 z^3 taken as 0.044715 z^2: the
 
 
 @triton.jit
+def _gelu_grad_slip(z, FAULT: tl.constexpr):  # s' without the 2 of sigmoid(2a), or s = sigmoid(a)
+    a = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
+    s = 1.0 / (1.0 + tl.exp(-a if FAULT == "sigmoid(a)" else -2.0 * a))
+    two = 1.0 if FAULT == "s' without its 2" else 2.0
+    return s + z * two * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
+
+
+@triton.jit
 def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
                    FAULT: tl.constexpr):
     pid = tl.program_id(0)
@@ -94,15 +102,21 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
     else:
         offsets = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    x = tl.load(x_ptr + offsets, mask=mask)
     if FAULT == "bias by row":
-        b = tl.load(bias_ptr + offsets // n_cols, mask=mask).to(tl.float32)
+        b = tl.load(bias_ptr + offsets // n_cols, mask=mask)
     else:
-        b = tl.load(bias_ptr + offsets % n_cols, mask=mask).to(tl.float32)
+        b = tl.load(bias_ptr + offsets % n_cols, mask=mask)
     dy = tl.load(dy_ptr + offsets, mask=mask).to(tl.float32)
+    if FAULT == "z in 16 bits":  # x + b added in the input dtype, then float32
+        x, b = (x + b).to(tl.float32), 0.0
+    else:
+        x, b = x.to(tl.float32), b.to(tl.float32)
     if FAULT == "no bias":
         b = 0.0 * b
-    if FAULT == "gelu not its derivative":
+    if FAULT == "sigmoid(a)" or FAULT == "s' without its 2":
+        g = _gelu_grad_slip(tl.minimum(tl.maximum(x + b, -20.0), 20.0), FAULT)
+    elif FAULT == "gelu not its derivative":
         g = _gelu(x + b)
     elif FAULT == "erf derivative":
         g = gelu_grad(x + b, False)
@@ -148,6 +162,9 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
     ("times 1 - p", "multiplied by 1 - p"),
     ("cubic without its 3", "3 \\* 0.044715"),
     ("bias by row", "bias\\[row\\]"),
+    ("sigmoid(a)", "s is sigmoid\\(a\\), not sigmoid\\(2a\\)"),
+    ("s' without its 2", "s' lost its factor 2"),
+    ("z in 16 bits", "float32 math rounded once to float16(.|\n)*the math ran in 16 bits"),
     # 8 GiB on a GPU: run where nothing else holds the card (make test-gpu's serial bigmem run)
     pytest.param("int32 offsets", "past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* BLOCK_SIZE", marks=pytest.mark.bigmem),
 ])

@@ -203,7 +203,8 @@ def test_untouched_exercise_raises_not_implemented():
 # accumulators in the input's dtype, 9 dy's rows found with x_row_stride, 10 x's rows found with dy_row_stride,
 # 11 dw sums dy (db's sum), 12 the tile loop drops a run's last, partial tile, 13 dw and db stored swapped,
 # 14 x_hat without rstd (x - mean), 15 dw sums x_hat (dy left out), 16 no loop over tiles (a run's first BLOCK_M
-# rows only), 17 the partial rows stored without pid_m (every program writes row 0).
+# rows only), 17 the partial rows stored without pid_m (every program writes row 0), 18 dy left in its dtype (each
+# tile's db sum in 16 bits, added to the float32 accumulator).
 
 
 @triton.jit
@@ -228,7 +229,9 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
         x_stride = dy_row_stride if MODE == 10 else x_row_stride
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy_stride = x_row_stride if MODE == 9 else dy_row_stride
-        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0)
+        if MODE != 18:
+            dy = dy.to(tl.float32)
         if MODE == 7:
             mean = tl.load(mean_ptr + rows)
             rstd = tl.load(rstd_ptr + rows)
@@ -301,6 +304,7 @@ def test_dw_db_check_refuses_the_answer_key(kernel):
     (15, "dw matches sum\\(x_hat\\)"),
     (16, "the first BLOCK_M rows of its run only"),
     (17, "never written"),
+    (18, "right to float16's precision only(.|\n)*tl.sum of a float16 tile returns float16"),
 ])
 def test_wrong_dw_db_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -358,7 +362,8 @@ def test_fresh_inputs_every_call():
 # 3 dx = g * rstd (the x_hat * mean(g * x_hat) term forgotten), 4 means divided by BLOCK_SIZE, 5 the weight
 # loaded without a mask, 6 dy's rows found with x_row_stride, 7 the weight left out (g = dy), 8 the weight
 # multiplied in at the end, 9 x_hat * sum(g * x_hat) not divided by n_cols, 10 the last factor rstd left out,
-# 11 the sum taken over dy * x_hat (the weight left out of it alone), 12 dx stored with x_row_stride.
+# 11 the sum taken over dy * x_hat (the weight left out of it alone), 12 dx stored with x_row_stride, 13 dy and w
+# left in their dtype (g = dy * w in 16 bits).
 
 
 @triton.jit
@@ -370,11 +375,13 @@ def _rms_dx(dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride, d
     n = BLOCK_SIZE if MODE == 4 else n_cols
     x = tl.load(x_ptr + pid * x_row_stride + offsets, mask=mask, other=0.0).to(tl.float32)
     dy_stride = x_row_stride if MODE == 6 else dy_row_stride
-    dy = tl.load(dy_ptr + pid * dy_stride + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + pid * dy_stride + offsets, mask=mask, other=0.0)
     if MODE == 5:
-        w = tl.load(w_ptr + offsets).to(tl.float32)
+        w = tl.load(w_ptr + offsets)
     else:
-        w = tl.load(w_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offsets, mask=mask, other=0.0)
+    if MODE != 13:
+        dy, w = dy.to(tl.float32), w.to(tl.float32)
     if MODE == 2:
         x = tl.where(mask, x - tl.sum(x, axis=0) / n, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + (1e-6 if MODE == 1 else eps))
@@ -430,6 +437,7 @@ def test_rms_backward_check_refuses_the_answer_key(kernel):
     (10, "misses its last factor rstd"),
     (11, "is over dy \\* x_hat"),
     (12, "stored the rows of dx 18 elements apart, the value of x_row_stride"),
+    (13, "further from the float64 answer than float32 math rounded once to float16"),
 ])
 def test_wrong_rms_backward_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):

@@ -203,6 +203,14 @@ def _diagnose(kernel, block_size: int, p: float) -> str:
     if matches(dy * cubic * kept / (1 - p)):
         return ("the derivative of the cubic term lost its 3: a = sqrt(2/pi) * (z + 0.044715 z^3), so "
                 "da/dz = sqrt(2/pi) * (1 + 3 * 0.044715 z^2).")
+    da = 0.7978845608028654 * (1 + 3 * 0.044715 * z ** 2)
+    if matches(dy * (s + z * s * (1 - s) * da) * kept / (1 - p)):
+        return ("s' lost its factor 2: s = sigmoid(2a) = 1 / (1 + exp(-2a)), so s' = 2 s (1 - s) * da/dz, "
+                "the 2 from the chain rule through 2a.")
+    s_a = torch.sigmoid(0.7978845608028654 * (z + 0.044715 * z ** 3))
+    if any(matches(dy * (s_a + z * f * s_a * (1 - s_a) * da) * kept / (1 - p)) for f in (1, 2)):
+        return ("s is sigmoid(a), not sigmoid(2a): GELU's tanh form is 0.5 z (1 + tanh(a)) = z * sigmoid(2a), so "
+                "s = 1 / (1 + exp(-2a)) with a = sqrt(2/pi) (z + 0.044715 z^3).")
     if matches(dy * grad / (1 - p)) or matches(dy * grad):
         return "no element of dx is dropped: regenerate the forward's mask, keep = tl.rand(seed, offsets) >= p."
     dropped = ~keep.bool()
@@ -210,6 +218,29 @@ def _diagnose(kernel, block_size: int, p: float) -> str:
         return ("dx is non-zero where the forward dropped the element: the mask must come from the same "
                 "(seed, flat offset) pairs as the forward's, tl.rand(seed, offsets) with the global offsets.")
     return "compare your gelu'(z) with the formula above the exercise, with z = x + bias[column]."
+
+
+#: float32's error in dx, relative to |dy| / (1 - p): gelu'(z)'s terms are at most about 1, rounded a few times
+F32_DX = 2e-5
+
+
+def _check_rounded_once(case: str, dx: torch.Tensor, expected: torch.Tensor, dy: torch.Tensor, p: float) -> None:
+    """A 16-bit dx must be float32 math rounded once, at the store: within half a unit in its last place of the
+    float64 answer, plus float32's error (F32_DX). The dtype's tolerance (float16's 2e-3) lets z = x + b added in
+    16 bits through: near gelu'(z)'s zero (z about -0.75) z's rounding moves dx by about 1e-4 |dy|."""
+    if dx.dtype not in (torch.float16, torch.bfloat16):
+        return
+    unit = 2.0**-11 if dx.dtype == torch.float16 else 2.0**-8
+    got, want = dx.to("cpu", torch.float64), expected.to("cpu", torch.float64)
+    bound = unit * want.abs() + F32_DX * dy.to("cpu", torch.float64).abs() / (1 - p) + 1e-7
+    bad = (got - want).abs() > bound
+    if bool(bad.any()):
+        i = tuple(int(v) for v in bad.nonzero()[0])
+        raise check.CheckFailure(
+            f"{case}: {int(bad.sum())} element(s) of dx are further from the float64 answer than float32 math rounded "
+            f"once to {_name(dx.dtype)} (first at {i}: got {float(got[i]):.6g}, expected {float(want[i]):.6g}): the "
+            "math ran in 16 bits. Convert x, bias and dy with .to(tl.float32) right after each tl.load, so that z = x "
+            "+ b and every step after it are float32, and round once at the store (dx.to(dx_ptr.dtype.element_ty)).")
 
 
 def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backward", block_size: int = 256) -> None:
@@ -244,6 +275,7 @@ def check_gelu_backward_kernel(kernel, name: str = "bias + GELU + dropout backwa
                 except check.CheckFailure as e:
                     cause = _diagnose(kernel, block_size, p)
                     raise check.CheckFailure(f"{e}\nLikely cause: {cause}") from None
+                _check_rounded_once(case, dx.tensor, expected, dy.tensor, p)
                 for t, what in ((x, "x"), (b, "bias"), (dy, "dy")):
                     t.check(f"{case}, the {what} buffer")
     _check_past_2_31(kernel, name, block_size, signature)

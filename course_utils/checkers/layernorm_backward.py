@@ -41,17 +41,37 @@ def _in_dtype(got: torch.Tensor, dtype) -> bool:
         torch.equal(got.to(dtype).double(), got)
 
 
+#: a float32 sum of a run's float32 terms is off by far less than this, relative to the sum of their |values|
+F32_RUN = 2e-6
+
+
+def _tile_sums_16bit(got, v, n_rows, rows_per_program, dtype) -> bool:
+    """The partial rows are each run's sums to 16-bit accuracy, not float32's: more than a tenth of them off by more
+    than F32_RUN of their terms' |values| (a float32 sum's error stays about 100 times below), though close."""
+    if dtype == torch.float32:
+        return False
+    bounds = [(s, min(s + rows_per_program, n_rows)) for s in range(0, n_rows, rows_per_program)]
+    want, size = _run_sums(v, bounds), _run_sums(v.abs(), bounds)
+    off = (got - want).abs()
+    return bool((off <= 0.05 * size).all()) and float((off > F32_RUN * size).double().mean()) > 0.1
+
+
 def _dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype=torch.float32) -> str:
     """Which mistake the partial rows look like, from sums over other row ranges ("" when none fits)."""
     tiles, total = triton.cdiv(rows_per_program, block_m) * block_m, v.sum(0)
     close = lambda a, b: bool(torch.allclose(a, b, rtol=1e-3, atol=1e-2 * float(b.abs().max().clamp_min(1))))  # noqa: E731
     if not bool(torch.isfinite(got).all()):
         return ""
+    name = str(dtype).removeprefix("torch.")
     if _in_dtype(got, dtype):
-        name = str(dtype).removeprefix("torch.")
         return (f"every partial {what} sum is a {name} number: the sums were accumulated (or rounded) in the input's "
                 f"dtype, {name}, whose rounding (about {torch.finfo(dtype).eps:.0e} of the sum) the check sees. "
                 f"Accumulate in float32: {what} = tl.zeros((BLOCK_N,), dtype=tl.float32), adding float32 values.")
+    if _tile_sums_16bit(got, v, n_rows, rows_per_program, dtype):
+        return (f"the partial {what} sums are right to {name}'s precision only, not float32's: a tile's values were "
+                f"summed in {name} (tl.sum of a {name} tile returns {name}) before they reached the float32 "
+                f"accumulator. Convert dy and x with .to(tl.float32) right after each tl.load, so that every tile sum "
+                "is float32.")
     if tiles != rows_per_program and close(got, _run_sums(v, [(s, min(s + tiles, n_rows)) for s in
                                                               range(0, n_rows, rows_per_program)])):
         return (f"each partial {what} row also holds the rows of the next run that its last tile covers: the rows of "
@@ -162,7 +182,8 @@ def _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program):
         hint = (_dw_diagnose(got, v, n_rows, rows_per_program, block_m, what, dtype)
                 or _dw_stride_hint(got, what, x, dy, mean, rstd, bounds)
                 or _dw_input_hint(got, what, x64, dy64, mean.cpu().double(), rstd.cpu().double(), bounds) or DW_HINT)
-        if _in_dtype(got, dtype):   # a 16-bit accumulator can stay inside the tolerance: refused as such
+        # a 16-bit accumulator, or 16-bit tile sums, can stay inside the tolerance: refused as such
+        if _in_dtype(got, dtype) or _tile_sums_16bit(got, v, n_rows, rows_per_program, dtype):
             raise check.CheckFailure(f"{case}: {hint}")
         atol = 1e-4 * rows_per_program ** 0.5 * float(want.abs().max().clamp_min(1.0))
         for p in range(n_programs):  # every partial row: the sum of the program's own run of rows
@@ -254,6 +275,26 @@ def _rms_diagnose(got, x64, dy64, w64, x=None, dy=None) -> str:
     return ""
 
 
+#: float32's error in RMSNorm's dx, relative to its row's terms (right kernels: below 2.5e-5 in float16)
+F32_RMS = 1e-4
+
+
+def _rms_rounded_once(case: str, got, want, scale, dtype) -> None:
+    """A 16-bit dx must be float32 math rounded once at the store: within half a unit in the last place of the
+    float64 answer (and half a float16 subnormal step), plus F32_RMS of the row's terms. The dtype's tolerance lets
+    g = dy * w taken in 16 bits through (dy and w not converted): about 4e-4 of the terms in float16."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return
+    unit = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    bad = (got - want).abs() > unit * want.abs() + 2.0**-25 + F32_RMS * scale
+    if bool(bad.any()):
+        name = str(dtype).removeprefix("torch.")
+        raise check.CheckFailure(
+            f"{case}: {int(bad.sum())} element(s) of dx are further from the float64 answer than float32 math rounded "
+            f"once to {name}: part of the math ran in {name} (g = dy * w with dy and w as loaded, say). Convert x, dy "
+            "and w with .to(tl.float32) right after each tl.load and round once, at the store.")
+
+
 def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd recomputed") -> None:
     """Judge ``kernel[(n_rows,)](dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride,
     dx_row_stride, eps, BLOCK_SIZE=next_power_of_2(n_cols))``, rstd recomputed from x: dx against float64."""
@@ -290,6 +331,7 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
             check.compare(f"{case}: dx (each row divided by the size of its terms)", got / scale, want / scale,
                           dtype=dtype, atol=2 * check.tolerance(dtype)[0], rtol=0.0,
                           hint=_rms_diagnose(got, x64, dy64, w64, x, dy) or RMS_HINT)
+            _rms_rounded_once(case, got, want, scale, dtype)
             xg.check(f"{case}, the input buffer")
     check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
                         "writes outside the tensors " + LOADS_SEEN)
