@@ -93,6 +93,9 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
             d = tl.exp(x - lse) * scale
         if FAULT == "no store mask":
             tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty))
+        elif FAULT == "target apart":   # the target's column left to the store below: two stores to one
+            # address from a program's different threads have no order on a GPU (an H200 kept the loop's 0)
+            tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty), mask=mask & (cols != target))
         else:
             tl.store(d_row + cols, d.to(dlogits_ptr.dtype.element_ty), mask=mask)
     if FAULT == "target apart":  # reads one logit of the row twice: still one pass over the row
