@@ -12,6 +12,8 @@ GPU, for the lecture cells that show what ran.
 from __future__ import annotations
 
 import contextlib
+import cProfile
+import pstats
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -315,3 +317,26 @@ def host_split(fn, calls: int = 1) -> dict:
         for (cpath, _, cfunc), caller_stats in callers.items():   # (calls, prim calls, tottime, cumtime)
             spent[_bucket(cpath, cfunc) or "other Python"] += caller_stats[2]
     return {k: v * 1e3 / calls for k, v in spent.items()}
+
+
+@contextlib.contextmanager
+def launches_stubbed():
+    """Inside the block every launch that goes through ``plain_launch`` (all of them off a GPU) does nothing: what
+    a call costs the host without its kernels (tools/host_ab.py, tools/step_host_cpu.py). Outputs stay unwritten."""
+    from .tuned import launch as TL
+    real = TL.plain_launch
+    TL.plain_launch = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        TL.plain_launch = real
+
+
+def print_cprofile(fn, calls: int, top: int = 25) -> None:
+    """``fn()`` called ``calls`` times under cProfile; the ``top`` functions by their own time printed."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)

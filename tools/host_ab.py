@@ -13,9 +13,7 @@ CPU work on tiny tensors (torch.mm included). The min over repeats, for A/B runs
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
-import pstats
 import sys
 import time
 
@@ -24,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 import course_utils.ops as ops  # noqa: E402
+from course_utils import profile  # noqa: E402
 from course_utils.ops import overhead as O  # noqa: E402
-from course_utils.tuned import launch as TL  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -73,9 +71,7 @@ def main():
         with torch.no_grad():
             fwd[name]()
         both[name]()
-    real = TL.plain_launch
-    TL.plain_launch = lambda *args, **kwargs: None   # from here on no kernel runs
-    try:
+    with profile.launches_stubbed():   # from here on no kernel runs
         for name in names:
             with torch.no_grad():
                 f = best_us(fwd[name], a.repeats, a.calls)
@@ -87,15 +83,7 @@ def main():
                 fb = best_us(aten[1][name], a.repeats, a.calls)
                 print(f"{'  aten':15s} fwd {f:7.2f} us   fwd+bwd {fb:7.2f} us")
         if a.profile:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(2000):
-                both[a.profile]()
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-    finally:
-        TL.plain_launch = real
-
+            profile.print_cprofile(both[a.profile], 2000, 30)
 
 if __name__ == "__main__":
     main()

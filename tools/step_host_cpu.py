@@ -12,15 +12,12 @@ where no GPU can say whether an autograd path costs the host more than the same 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import time
 
 import torch
 
-from course_utils import gpt
+from course_utils import gpt, profile
 from course_utils.step import HandStep
-from course_utils.tuned import launch as TL
 
 
 def _ms(step, calls: int = 30) -> float:
@@ -56,21 +53,11 @@ def main():
     a = ap.parse_args()
     cfg = gpt.GPTConfig(n_layer=12, n_head=2, d_model=32, seq_len=16)
     runs = steps(cfg, batch=2)
-    real = TL.plain_launch
-    TL.plain_launch = lambda *args, **kwargs: None   # from here on no kernel runs
-    try:
+    with profile.launches_stubbed():   # from here on no kernel runs
         for name, step in runs.items():
             print(f"{name:15s} {_ms(step):7.2f} ms a step (launches stubbed)")
         if a.profile:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(20):
-                runs[a.profile]()
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    finally:
-        TL.plain_launch = real
-
+            profile.print_cprofile(runs[a.profile], 20, 25)
 
 if __name__ == "__main__":
     main()
