@@ -427,8 +427,8 @@ def test_gelu_flops_are_stated_where_the_student_finds_them():
 
 # ---- exercise 9.1: the K loop of one split-K slice ----
 (SLICE_OK, SLICE_FROM_ZERO, SLICE_PAST_STOP, SLICE_NO_K_MASK, SLICE_REWALK, SLICE_DROP_TAIL, SLICE_ALIGNED,
- SLICE_REWALK_A_MASK, SLICE_REWALK_WHERE, SLICE_NO_K_START, SLICE_MASK_LE, SLICE_A_STRIDES_SWAPPED) = (
-    tl.constexpr(i) for i in range(12))
+ SLICE_REWALK_A_MASK, SLICE_REWALK_WHERE, SLICE_NO_K_START, SLICE_MASK_LE, SLICE_A_STRIDES_SWAPPED,
+ SLICE_B_STRIDES_SWAPPED, SLICE_ONE_TILE_SHORT) = (tl.constexpr(i) for i in range(14))
 SPLITS = 2
 
 
@@ -455,6 +455,8 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
             k_first = k_start // BLOCK_K * BLOCK_K
         if BUG == SLICE_DROP_TAIL:   # whole tiles only
             k_end = k_stop - BLOCK_K + 1
+        if BUG == SLICE_ONE_TILE_SHORT:   # tl.cdiv(k_stop - k_start, BLOCK_K) - 1 tiles
+            k_end = k_start + (tl.cdiv(k_stop - k_start, BLOCK_K) - 1) * BLOCK_K
         if BUG == SLICE_NO_K_START:   # a loop over the slice's length, k_start never added to k
             k_first = 0
             k_end = k_stop - k_start
@@ -481,7 +483,10 @@ def _slice_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                         mask=(offs_m[:, None] < M) & mask_a[None, :], other=0.0)
             if BUG == SLICE_REWALK_WHERE:
                 a = tl.where((k >= k_start)[None, :], a, 0.0)
-            b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+            s_bk, s_bn = stride_bk, stride_bn
+            if BUG == SLICE_B_STRIDES_SWAPPED:   # B read as if stored transposed
+                s_bk, s_bn = stride_bn, stride_bk
+            b = tl.load(b_ptr + k[:, None] * s_bk + offs_n[None, :] * s_bn,
                         mask=mask_b[:, None] & (offs_n[None, :] < N), other=0.0)
             acc = tl.dot(a, b, acc)
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
@@ -525,6 +530,9 @@ def test_a_correct_slice_loop_passes(variant, capsys):
                  marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
     pytest.param(SLICE_A_STRIDES_SWAPPED, ["a's two strides are swapped", "offs_m[:, None] * stride_am"],
                  marks=pytest.mark.skipif(cu.on_gpu(), reason="seen in the loads: interpreter only")),
+    # named from the output (the first case's b, K x N with N < K, keeps every transposed address inside it)
+    (SLICE_B_STRIDES_SWAPPED, ["b's two strides are swapped", "k[:, None] * stride_bk"]),
+    (SLICE_ONE_TILE_SHORT, ["one K tile too few", "no - 1"]),
 ])
 def test_slice_loop_faults_are_named(bug, words):
     with pytest.raises(check.CheckFailure) as e:

@@ -298,8 +298,8 @@ def test_row_checker_passes_a_right_kernel(capsys):
 @pytest.mark.parametrize("kernel, words", [
     (_no_load_mask, "outside the rows of x" if not cu.on_gpu() else "differ"),
     (_masked_after_the_load, "outside the rows of x" if not cu.on_gpu() else None),
-    (_zero_padding, "differ"),
-    (_unstable_exp, "NaN"),
+    (_zero_padding, "masked lanes are loaded as 0 \\(other=0.0\\)"),
+    (_unstable_exp, "got nan(.|\n)*the row's max is not subtracted"),
     (_wrong_stride, "outside the rows of x" if not cu.on_gpu() else "differ"),
     (_no_store_mask, "outside"),
     (_y_stride_ignored, "y_row_stride"),            # issue 17: ignoring y_row_stride
@@ -328,7 +328,8 @@ def test_long_row_checker_passes_the_course_kernel(capsys):
 
 
 @pytest.mark.parametrize("kernel, words", [
-    (_first_tile_only, ""), (_no_correction, "rescale s by exp"), (_nan_on_minus_inf, ""),
+    (_first_tile_only, ""), (_no_correction, "not rescaled when the max grows(.|\n)*rescale s by exp"),
+    (_nan_on_minus_inf, ""),
     (_y_stride_ignored, "y_row_stride"),
     (_one_wide_tile, "lanes at once" if not cu.on_gpu() else "differ|NaN"),   # issue 17: a 4096-wide tile
     (_three_pass, "3 times" if not cu.on_gpu() else None),                     # issue 18 item 15
@@ -430,10 +431,13 @@ def _long_more(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.
     n_tiles = n_cols // BLOCK_SIZE if MODE == 2 else tl.cdiv(n_cols, BLOCK_SIZE)   # 2: the partial tile dropped
     for t in range(0, n_tiles):
         cols = t * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0 if MODE == 5 else float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - safe) + tl.exp(x - safe)
+        if MODE == 4:    # rescaled by exp(m_new - m): inverted
+            s = s * tl.exp(safe - tl.where(m == float("-inf"), 0.0, m)) + tl.exp(x - safe)
+        else:
+            s = s * tl.exp(m - safe) + tl.exp(x - safe)
         m = m_new
     m_row = tl.max(m, 0)
     s_row = tl.sum(s * tl.exp(m - m_row), 0)
@@ -459,7 +463,9 @@ def test_long_row_checker_passes_a_finite_start_below_every_value(capsys):
     assert "PASS online softmax, long rows" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode, words", [(2, "got nan"), (3, "without dividing it by the row's sum")])
+@pytest.mark.parametrize("mode, words", [(2, "got nan"), (3, "without dividing it by the row's sum"),
+                                         (4, "rescaled by exp\\(m_new - m\\), the inverse"),
+                                         (5, "masked lanes are loaded as 0 \\(other=0.0\\)")])
 def test_long_row_checker_fails_more_wrong_kernels(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_long_row_kernel(_LongMore(mode))
@@ -489,6 +495,43 @@ def _max(m, tile):
 def test_update_checker_names_more_wrong_rules(update, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_online_update(update)
+
+
+def _update_slip(slip):
+    def update(m, s, t):
+        m_new = torch.maximum(m, t.amax(-1))
+        safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        old = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        if slip == "no rescale":
+            return m_new, s + torch.exp(t - safe[:, None]).sum(-1)
+        if slip == "inverted":
+            return m_new, s * torch.exp(safe - old) + torch.exp(t - safe[:, None]).sum(-1)
+        if slip == "no max":
+            return m_new, s + torch.exp(t).sum(-1)
+        own = torch.where(t.amax(-1) == float("-inf"), torch.zeros_like(m), t.amax(-1))   # the tile's own max
+        return m_new, s * torch.exp(m - safe) + torch.exp(t - own[:, None]).sum(-1)
+    return update
+
+
+@pytest.mark.parametrize("slip, words", [
+    ("no rescale", "Likely cause: the running sum is not rescaled when the max grows"),
+    ("inverted", "Likely cause: the running sum is rescaled by exp\\(m_new - m\\), the inverse"),
+    ("no max", "Likely cause: the row's max is not subtracted: exp\\(tile - m_new\\)"),
+    ("own max", "Likely cause: the tile's terms are shifted by the tile's own max"),
+])
+def test_update_checker_names_each_slip(slip, words):
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_online_update(_update_slip(slip))
+
+
+def test_rows_read_n_cols_apart_are_named_from_the_output_alone(monkeypatch):
+    """On a GPU no load is recorded: the row-stride slip is named from what the kernel wrote."""
+    import contextlib
+
+    from course_utils.checkers import loads
+    monkeypatch.setattr(check, "track_loads", lambda: contextlib.nullcontext(loads.Loads()))
+    with pytest.raises(check.CheckFailure, match="row pid is read at x_ptr \\+ pid \\* n_cols"):
+        checks.check_row_kernel(_wrong_stride)
 
 
 def test_an_unstable_exp_is_named_on_the_first_case_whatever_the_draw(monkeypatch):

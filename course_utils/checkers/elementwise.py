@@ -194,14 +194,25 @@ def check_gelu(gelu: Callable) -> None:
 
 
 def _name_gelu_fault(gelu: Callable) -> None:
-    """When GELU's values differ: if they are another usual formula's, on x spread over [-9, 9], say which."""
+    """When GELU's values differ: if they are another usual formula's, on x spread over [-9, 9] with a few
+    elements of magnitude 10 to 120 (where exp(2a) overflows float32), say which."""
     n = 4099
     x = check.randn((n,), torch.float32, scale=3.0)
+    big = torch.rand(n, device=x.device) < 0.05
+    x = torch.where(big, torch.sign(x) * (10.0 + 110.0 * torch.rand(n, device=x.device)), x)
     got = _call(f"fused GELU (float32, n={n})", gelu, x)
     if not isinstance(got, torch.Tensor) or got.numel() != n:
         return
     g, x64 = got.detach().to("cpu", torch.float64).flatten(), x.to("cpu", torch.float64)
     a = 0.7978845608028654 * (x64 + 0.044715 * x64**3)
+    nan = torch.isnan(g)
+    if bool(nan.any()) and bool((a[nan].abs() > 40).all()) and bool((a.abs() > 45).any()):
+        raise CheckFailure(
+            f"fused GELU (float32, n={n}): NaN exactly where |a| is large ({int(nan.sum())} element(s), first at "
+            f"x = {float(x64[nan][0]):.4g}): tanh written as (exp(2a) - 1) / (exp(2a) + 1) overflows, since exp(2a) "
+            "is inf in float32 once a > 44, and inf / inf = NaN (exp(-2a) does the same for a < -44). Build tanh "
+            "from w = tl.exp(-2 * tl.abs(a)), whose argument is never positive, as sign(a) (1 - w) / (1 + w), or "
+            "use the sigmoid form x / (1 + tl.exp(-2 * a)).")
     right = ew.gelu_ref(x64, "tanh")
     wrong = {
         "that is the exact GELU, x * Phi(x) with erf: the exercise asks for the tanh approximation, "
@@ -211,6 +222,11 @@ def _name_gelu_fault(gelu: Callable) -> None:
         "that is x * sigmoid(a): tanh(a) = 2 sigmoid(2a) - 1, so GELU = x * sigmoid(2a)": x64 * torch.sigmoid(a),
         "the cubic term is 0.044715 x^3, not x^2":
             0.5 * x64 * (1 + torch.tanh(0.7978845608028654 * (x64 + 0.044715 * x64**2))),
+        "that is tanh(|a|): the sign of a is lost (negative x give about x instead of about 0). tanh built from "
+        "w = exp(-2 |a|) is (1 - w) / (1 + w) for a >= 0 and its negative for a < 0: "
+        "tl.where(a < 0, -t, t)": 0.5 * x64 * (1 + torch.tanh(a.abs())),
+        "the cubic term sits outside the sqrt(2/pi) factor: a = sqrt(2/pi) * (x + 0.044715 x^3), the factor "
+        "multiplies both terms": 0.5 * x64 * (1 + torch.tanh(0.7978845608028654 * x64 + 0.044715 * x64**3)),
     }
     atol, rtol = check.tolerance(torch.float32)
     for fault, w in wrong.items():

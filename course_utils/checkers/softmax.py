@@ -21,6 +21,7 @@ import torch
 import triton
 
 from .. import check, env
+from ..faults.softmax import name_row_fault, name_update_fault, row_faults
 from . import answer_keys
 from .loads import reads_per_element, span
 
@@ -122,6 +123,7 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
             if extra_rows is not None:
                 extra_rows(x)
             before = x.clone()
+            flat_rows = xg.tensor.reshape(-1)[: n_rows * n_cols].view(n_rows, n_cols).clone()  # rows n_cols apart
             # y has its own row stride, neither n_cols nor x's: a kernel that ignores y_row_stride
             # writes rows in the wrong place (and the gap columns between them must stay untouched)
             y_gap = 3
@@ -172,6 +174,7 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
                     torch.allclose(y.double(), undivided, atol=atol_d, rtol=rtol_d):
                 raise check.CheckFailure(f"{case}: your kernel wrote exp(x - max) without dividing it by the row's "
                                          "sum of exp(x - max): softmax is exp(x - m) / s.")
+            _name_fault(case, y, ref, row_faults(before, block, flat_rows, online=passes is not None), dtype)
             if deep is not None:
                 # The other rows first, with the exercise's hint: a fault every row shows (a running sum not
                 # rescaled) is named for what it is, not by the deep row's hint on the draws where it shows there
@@ -196,6 +199,17 @@ def _judge_rows(what, kernel, shapes, block_of, dtypes, hint, extra_rows=None, p
             xg.check(f"{case}, the input buffer")
             if not torch.equal(x, before):
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y")
+
+
+def _name_fault(case, y, ref, candidates, dtype) -> None:
+    """If ``y`` is not the softmax but one of the usual slips' outputs, raise naming it (the comparison's first
+    line kept; a NaN named for its cause, not the poisoned output's 'does the grid cover every element')."""
+    try:
+        check.compare(case, y, ref, dtype=dtype)
+    except check.CheckFailure as e:
+        fault = name_row_fault(y, ref, candidates, *check.tolerance(dtype))
+        if fault:
+            raise check.CheckFailure(f"{str(e).splitlines()[0]}\nLikely cause: {fault}.") from None
 
 
 def check_row_kernel(kernel, name: str = "fused softmax, one row per program") -> None:
@@ -292,8 +306,14 @@ def check_online_update(update, name: str = "online softmax update") -> None:
             raise check.CheckFailure(f"{case}: m and s are right to about 7 digits only, float32's precision: "
                                      "compute in the dtype of m, s and tile (float64 here), with no .float() "
                                      "or float32 tensor on the way.")
-        check.compare(f"{case}: running max m", m, m_ref, dtype=torch.float64, hint=hint)
-        check.compare(f"{case}: running sum s", s, s_ref, dtype=torch.float64, rtol=1e-9, hint=hint)
+        try:
+            check.compare(f"{case}: running max m", m, m_ref, dtype=torch.float64, hint=hint)
+            check.compare(f"{case}: running sum s", s, s_ref, dtype=torch.float64, rtol=1e-9, hint=hint)
+        except check.CheckFailure as e:
+            fault = name_update_fault(update)
+            if fault:
+                raise check.CheckFailure(f"{str(e).splitlines()[0]}\nLikely cause: {fault}.") from None
+            raise
         y = torch.exp(x - m[:, None]) / s[:, None]
         check.compare(f"{case}: exp(x - m) / s", y, torch.softmax(x, -1), dtype=torch.float64, rtol=1e-9, hint=hint)
     check.verdict(name, "the folded statistics give the exact softmax on every row tried, "

@@ -52,7 +52,32 @@ def slice_faults(a: torch.Tensor, b: torch.Tensor, slices: int) -> list[tuple[st
                     "from the last multiple of BLOCK_K to k_stop are missing): the loop must run while k0 < k_stop, "
                     "for k0 in range(k_start, k_stop, BLOCK_K), and mask that tile's lanes with k < k_stop",
                     sum(a[:, start:end] @ b[start:end] for (start, _), end in zip(bounds, ends))))
+    for block_k in (16, 32, 64, 128, 256):   # a tile count of tl.cdiv(k_stop - k_start, BLOCK_K) - 1
+        ends = [start + (-(-(stop - start) // block_k) - 1) * block_k for start, stop in bounds]
+        out.append((f"each slice runs one K tile too few (with BLOCK_K={block_k} its last tile, partial or whole, "
+                    "is never summed): a slice has tl.cdiv(k_stop - k_start, BLOCK_K) tiles, no - 1; or loop "
+                    "for k0 in range(k_start, k_stop, BLOCK_K)",
+                    sum(a[:, start:end] @ b[start:end] for (start, _), end in zip(bounds, ends))))
+    for name, a_sw, b_sw in (("a", _swapped(a), b), ("b", a, _swapped(b))):
+        if a_sw is not None and b_sw is not None:
+            right = ("a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak" if name == "a" else
+                     "b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn")
+            out.append((f"{name}'s two strides are swapped (each element is read at its transpose's address, as if "
+                        f"{name} were stored transposed): address it as {right}", a_sw @ b_sw))
     return out
+
+
+def _swapped(t: torch.Tensor) -> torch.Tensor | None:
+    """What a load that swaps the dense 2-D ``t``'s strides reads, when every address stays inside it (None
+    otherwise: an address outside is a load the interpreter names, and a GPU reads the guard zone's NaN)."""
+    if not (t.is_contiguous() or t.T.is_contiguous()):
+        return None
+    s0, s1 = t.stride()
+    idx = torch.arange(t.shape[0])[:, None] * s1 + torch.arange(t.shape[1])[None, :] * s0
+    if int(idx.max()) >= t.numel():
+        return None
+    memory = t.flatten() if t.is_contiguous() else t.T.flatten()   # the elements in the order they are stored
+    return memory[idx]
 
 
 def gelu_tanh(x):
