@@ -167,9 +167,15 @@ class ModelFunction(torch.autograd.Function):
             raise RuntimeError("ModelFunction's backward ran twice: its activations are freed after the first "
                                "(call loss.backward() once a forward)")
         dh, dwte = linear_cross_entropy_backward(dloss, *ctx.saved_tensors)   # times the loss's own gradient
-        grads = {id(p): g for p, g in ctx.hand.gradients(ctx.idx, dh, dwte, ctx.saved)}
+        hand = ctx.hand
+        pairs = hand.gradients(ctx.idx, dh, dwte, ctx.saved)
         ctx.saved = None
-        return (None, None, None, *(grads[id(p)] for p in ctx.hand.params))
+        if hand.order is None:   # gradients()' order is the model's, fixed: where each parameter's pair lies, once
+            at = {id(p): i for i, (p, _) in enumerate(pairs)}
+            hand.order = tuple(at[id(p)] for p in hand.params)
+        # indexing by the cached order, not a dict of 150 ids built every backward: 5.45 -> 5.34 ms a
+        # forward + backward (tools/step_host_cpu.py's tiny 12-block GPT, launches stubbed, min of 15 rounds)
+        return (None, None, None, *[pairs[i][1] for i in hand.order])
 
 
 class OneNode(torch.nn.Module):
@@ -182,6 +188,7 @@ class OneNode(torch.nn.Module):
         self.model = model
         self.hand = HandStep(model, opt=None)
         self.hand.params = tuple(model.parameters())
+        self.hand.order = None   # ModelFunction.backward: where each parameter's gradient lies in gradients()' list
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor):
         if targets is None or not torch.is_grad_enabled():
