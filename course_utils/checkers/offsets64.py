@@ -101,6 +101,6 @@ def launch_last_programs(kernel, n_programs: int, n_last: int, args: tuple, kwar
         if placed:
             kernel[(n_last,)](*args, **kwargs)
     if not placed:
-        _skipped("the interpreter's program ids cannot be placed (see course_utils/triton_internals.py)")
+        _skipped("the interpreter's program ids cannot be placed (see course_utils/triton_internals/)")
     return placed
 

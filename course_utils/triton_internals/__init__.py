@@ -1,9 +1,9 @@
-# Over 350 lines on purpose: every use of Triton's internals, its assumption and its check stay in this one file,
-# which tests/test_triton_internals.py keeps the only such file under course_utils; the docstring says more.
-"""The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may).
-(Over 350 lines by design, not split by job: each internal's assumption, its check and its one use belong in
-this one file, and ``tests/test_triton_internals.py`` holds the rule that no other file under course_utils
-touches them; a split would spread the internals the rule keeps in one place.)
+"""The ONE place where the course touches Triton's internals (nothing else under ``course_utils`` may): this
+package, whose modules split it by job. :mod:`.catalogue` lists every internal and the assumption it makes;
+here are the checks of those assumptions and the helpers for the launch path, launch counting and the compile
+matrix; :mod:`.interpreter` holds the hooks into Triton's interpreter (re-exported here).
+``tests/test_triton_internals.py`` holds the rule that no file under course_utils outside this package touches
+Triton's internals.
 
 A student's call never comes here: kernels launch through ``kernel[grid](...)`` only. What needs
 internals is tooling:
@@ -28,78 +28,15 @@ runs :func:`problems` on every CI run, so a Triton upgrade that breaks one fails
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 try:   # the launch path reads two knobs per launch (launch_hook_set, launch_knobs); require() checks they exist
     from triton import knobs as _knobs
 except ImportError:
     _knobs = None
 
-WRITTEN_FOR = (3, 6)  # the Triton (major, minor) every internal below was read from and tested on
-
-
-@dataclass(frozen=True)
-class Internal:
-    name: str
-    written_for: tuple[int, int]
-    assumption: str
-    used_by: str
-
-
-INTERNALS = {i.name: i for i in (
-    Internal("JITFunction.run", WRITTEN_FOR,
-             "triton.runtime.jit.JITFunction.run(self, *args, grid, warmup, **kwargs) is what kernel[grid](...) "
-             "calls; a JITFunction has .fn, .params (KernelParams with .name, .is_constexpr, .has_default, "
-             ".default), .signature, .arg_names, .debug and .pre_run_hooks",
-             "aot.pretend (records launches), profile.triton_launch_hook (counts them), tuned.launch (the fast "
-             "launch: launch_method, launch_parameters and pre_run_hooks)"),
-    Internal("Autotuner.run", WRITTEN_FOR,
-             "triton.runtime.autotuner.Autotuner has .run(*args, **kwargs), .configs (triton.Config with "
-             ".all_kwargs()) and .fn, the wrapped kernel", "aot.pretend (records every config)"),
-    Internal("InterpretedFunction", WRITTEN_FOR,
-             "under TRITON_INTERPRET=1 @triton.jit makes triton.runtime.interpreter.InterpretedFunction, "
-             "whose .run(*args, grid, warmup, **kwargs) runs the kernel", "profile, aot (refuses them)"),
-    Internal("create_function_from_signature", WRITTEN_FOR,
-             "triton.runtime.jit.create_function_from_signature(sig, kparams, backend) returns the binder "
-             "JITFunction.run uses: binder(*args, **kwargs) -> (bound_args, specialization, options)",
-             "aot (binding a recorded launch for a target GPU)"),
-    Internal("JITFunction._pack_args", WRITTEN_FOR,
-             "JITFunction._pack_args(backend, kwargs, bound_args, specialization, options) -> "
-             "(options, signature, constexprs, attrs), as JITFunction.run calls it before compiling",
-             "aot (binding a recorded launch for a target GPU)"),
-    Internal("CompiledKernel.__getitem__", WRITTEN_FOR,
-             "kernel[grid](...) (JITFunction.run) returns the triton.compiler.CompiledKernel it launched, and "
-             "compiled[grid](*args) launches it again, args being every parameter in signature order, constexprs "
-             "included (JITFunction.run passes *bound_args.values() to CompiledKernel.run)",
-             "tuned.launch (the course ops' cached launches)"),
-    Internal("knobs", WRITTEN_FOR,
-             "triton.knobs.runtime.debug and triton.knobs.compilation.instrumentation_mode exist: "
-             "JITFunction.run adds them to the launch's keyword arguments; knobs.runtime.launch_enter_hook is None "
-             "or a HookChain with .calls", "aot, tuned.launch (hook check, cache key)"),
-    Internal("compiler", WRITTEN_FOR,
-             "triton.compiler exports ASTSource(fn, signature, constexprs, attrs) and make_backend(target); "
-             "triton.backends.compiler exports GPUTarget(backend, arch, warp_size); triton.compile(src, "
-             "target=, options=) returns a kernel with .asm['ptx'/'cubin'] and .metadata.shared",
-             "aot (compiling for sm_75/80/90 on a machine without a GPU)"),
-    Internal("InterpreterBuilder.create_masked_load", WRITTEN_FOR,
-             "under the interpreter every tl.load calls triton.runtime.interpreter.InterpreterBuilder."
-             "create_masked_load(self, ptrs, mask, ...) (the rest passed through: Triton 3.9 renamed them); "
-             "ptrs.data and mask.data are NumPy arrays, ptrs.get_element_ty().primitive_bitwidth the element bits",
-             "interpreter_load_hook (checkers: loads outside the inputs, passes over a row)"),
-    Internal("InterpreterBuilder.set_grid_idx", WRITTEN_FOR,
-             "under the interpreter a launch calls InterpreterBuilder.set_grid_dim(self, nx, ny, nz) once, then "
-             "set_grid_idx(self, x, y, z) before each program (it refuses x >= grid_dim[0]); tl.program_id "
-             "reads builder.grid_idx",
-             "interpreter_programs_from (checkers: the last programs of a grid past 2**31 elements)"),
-    Internal("interpreter._patch_lang_tensor", WRITTEN_FOR,
-             "triton.runtime.interpreter._patch_lang_tensor(tensor, scope) installs the methods of "
-             "tl.tensor under the interpreter (scope.set_attr(tensor, name, fn)); its __index__ calls "
-             "int(array), which NumPy >= 2.4 refuses for 1-element arrays of rank 1",
-             "patch_interpreter_index (env.py, interpreter mode: `for i in range(0, n, BLOCK)`)"),
-)}
+from .catalogue import INTERNALS, WRITTEN_FOR, Internal  # noqa: F401, E402  (re-exported: the tests read them here)
 
 
 class TritonInternalsError(RuntimeError):
@@ -225,7 +162,7 @@ def require(*names: str) -> None:
         return
     broken = [line for line in problems() if line.split(" ", 1)[0] in names]
     if broken:
-        raise TritonInternalsError("the installed Triton differs from what course_utils/triton_internals.py "
+        raise TritonInternalsError("the installed Triton differs from what course_utils/triton_internals/ "
                                    "was written for:\n" + "\n".join(broken))
 
 
@@ -341,89 +278,4 @@ def compile_for(src, target, options):
     return triton.compile(src, target=target, options=options.__dict__)
 
 
-@contextlib.contextmanager
-def interpreter_load_hook(on_load: Callable[[object, object], None]) -> Iterator[bool]:
-    """Under the interpreter, call ``on_load(ptrs, mask)`` before every ``tl.load`` of the block
-    (``ptrs.data``/``mask.data``: NumPy arrays of addresses and lanes). Yields True when hooked,
-    False where it cannot be (no interpreter, or the internal changed: :func:`problems` says how)."""
-    try:
-        from triton.runtime.interpreter import InterpreterBuilder
-    except ImportError:  # pragma: no cover - no triton
-        yield False
-        return
-    if _check("InterpreterBuilder.create_masked_load"):
-        yield False
-        return
-    original = InterpreterBuilder.create_masked_load
-
-    def create_masked_load(self, ptrs, mask, *args, **kwargs):
-        on_load(ptrs, mask)
-        return original(self, ptrs, mask, *args, **kwargs)
-
-    create_masked_load._course_original = original
-    InterpreterBuilder.create_masked_load = create_masked_load
-    try:
-        yield True
-    finally:
-        InterpreterBuilder.create_masked_load = original
-
-
-@contextlib.contextmanager
-def interpreter_programs_from(first: int, n_programs: int) -> Iterator[bool]:
-    """Under the interpreter, a 1-D launch ``kernel[(k,)]`` of the block runs programs ``first`` to
-    ``first + k - 1`` of a grid of ``n_programs`` (``tl.program_id(0)`` and ``tl.num_programs(0)`` say
-    so): the last programs of a grid too long to interpret, with its offsets past 2**31. Yields True
-    when in place, False where it cannot be (no interpreter, or the internal changed)."""
-    try:
-        from triton.runtime.interpreter import InterpreterBuilder
-    except ImportError:  # pragma: no cover - no triton
-        yield False
-        return
-    if _check("InterpreterBuilder.set_grid_idx"):
-        yield False
-        return
-    set_idx, set_dim = InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim
-
-    def set_grid_idx(self, x, y, z):
-        set_idx(self, x + first, y, z)
-
-    def set_grid_dim(self, nx, ny, nz):
-        set_dim(self, n_programs, ny, nz)
-
-    set_grid_idx._course_original, set_grid_dim._course_original = set_idx, set_dim
-    InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim = set_grid_idx, set_grid_dim
-    try:
-        yield True
-    finally:
-        InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim = set_idx, set_dim
-
-
-def patch_interpreter_index() -> bool:
-    """Let loops like ``for i in range(0, n, BLOCK)`` run under the interpreter with NumPy >= 2.4.
-
-    Triton 3.6's interpreter turns a scalar into an index with ``int(array)``, which NumPy 2.4
-    refuses for 1-element arrays of rank 1 ("only 0-dimensional arrays can be converted to Python
-    scalars"). ``.item()`` accepts them; the patch changes nothing else. Returns True when the
-    patch is (now or already) in place; False where it cannot apply (no Triton, or the internal
-    changed: then :func:`problems` says how).
-    """
-    try:
-        interpreter = importlib.import_module("triton.runtime.interpreter")
-    except ImportError:  # pragma: no cover - no triton (macOS)
-        return False
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None:
-        return False
-    if getattr(original, "_course_patched", False):
-        return True
-    if _check("interpreter._patch_lang_tensor"):
-        return False
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    patched._course_patched = True
-    patched._course_original = original
-    interpreter._patch_lang_tensor = patched
-    return True
+from .interpreter import interpreter_load_hook, interpreter_programs_from, patch_interpreter_index  # noqa: E402, F401, I001
