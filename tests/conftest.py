@@ -75,41 +75,59 @@ def nan_empty(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "new_empty_strided", poison(torch.Tensor.new_empty_strided))
 
 
-# ---- make test-gpu: the longest tests first, each at the head of its own worker's share ----------------
+# ---- make test-gpu: the longest tests first, spread over the workers' shares -----------------------------
 # pytest-xdist's worksteal hands each worker a contiguous share of the collected tests and later lets
 # idle workers steal from the end of the longest queue. A test of two or three minutes that sits deep
 # in a share starts late and sets the end of the run; two tests that compile the same kernels in two
-# workers at once compile them twice. So on a GPU host these groups go first, one group at the head
-# of each share (longest first), and the tests of a group run one after another in one process,
-# where the kernels the first one compiled and the tile choice it timed are in memory for the rest.
+# workers at once compile them twice. So on a GPU host these groups go first, dealt to the shares'
+# heads longest first, one a share a round, the rounds alternating in direction (the 17th longest
+# joins the 16th), and the tests of a group run one after another in one process, where the kernels
+# the first one compiled and the tile choice it timed are in memory for the rest.
 # Seconds: the tests phase of make test-gpu on an H200 from a cold Triton cache, 16 workers, one torch
-# thread a worker (results/h200/test_gpu_tests_s20.log, code 4851d4e), longest first.
+# thread a worker (results/h200/test_gpu_times_s21.tsv.gz, code 634844d), longest first.
 # Only the order changes, never a check.
 _GRADE = "tests/test_grading.py::test_solution_passes_every_check[{}.ipynb]"
 _EVERY_TILE = "tests/test_gemm.py::test_gpu_every_candidate[{}]"
 _AR_TUNED = "tests/test_allreduce_tuned.py::test_tuned_one_shot_survives_the_checkers_adversarial_schedule[{}]"
 _AR_FAULT = "tests/test_allreduce_checkers.py::test_each_fault_is_named[{}-reads before the wait]"
-_ATTN_FULL = "tests/test_attention_backward.py::test_gpu_full_sizes[(1, 8, 1, 500, 1100, 96, True)-torch.{}]"
+_ATTN_FULL = "tests/test_attention_backward.py::test_gpu_full_sizes[({})-torch.{}]"
 _CLASS = "tests/test_grade_class.py::test_{}"
 GPU_HEAVY = (
-    (_GRADE.format("10_layernorm"),),                                                          # 99 s
-    ("tests/test_allreduce.py::test_teaching_kernels_survive_the_adversarial_schedule",),       # 93 s
-    (_AR_TUNED.format("True"), _AR_TUNED.format("False")),                                     # 50 s + 43 s
-    (_GRADE.format("13_across_gpus"),),                                                        # 88 s
-    (_GRADE.format("09_gemm_epilogue"),),                                                      # 84 s
-    (_EVERY_TILE.format("dtype1-333-520-264"), _EVERY_TILE.format("dtype0-333-520-264")),      # 42 s + 41 s
-    (_ATTN_FULL.format("float16"), _ATTN_FULL.format("bfloat16")),                             # 46 s + 34 s
-    # one module-scoped fixture grades the class once for both: apart, two workers would grade it
+    (_GRADE.format("13_across_gpus"),),                                                        # 178 s
+    (_GRADE.format("10_layernorm"),),                                                          # 109 s
+    ("tests/test_allreduce_checkers.py::test_right_kernels_pass",),                            # 108 s
+    (_AR_TUNED.format("True"), _AR_TUNED.format("False")),                                     # 69 s + 36 s
+    ("tests/test_allreduce.py::test_teaching_kernels_survive_the_adversarial_schedule",),       # 100 s
+    (_GRADE.format("09_gemm_epilogue"),),                                                      # 89 s
+    # one module-scoped fixture grades the class once for all three: apart, three workers would grade it
     (_CLASS.format("recipe_exits_zero_and_writes_csv_junit_report"),
-     _CLASS.format("honest_students_pass_everything")),                                        # 48 s + 32 s
-    (_EVERY_TILE.format("dtype0-4096-16384-4096"),),                                           # 76 s
-    (_EVERY_TILE.format("dtype1-4096-16384-4096"),),                                           # 75 s
-    ("tests/test_allreduce_checkers.py::test_right_kernels_pass",),                            # 71 s
-    (_GRADE.format("07_flash_attention"),),                                                    # 62 s
-    (_AR_FAULT.format("fused"),),                                                              # 59 s
-    ("tests/test_elementwise.py::test_cuda_cpp_version_says_why_it_is_unavailable",),          # 58 s
-    (_GRADE.format("04_gelu"),),                                                               # 57 s
-    (_AR_FAULT.format("all-reduce"),),                                                         # 54 s
+     _CLASS.format("wrong_broken_and_tampered_fail_with_reasons"),
+     _CLASS.format("honest_students_pass_everything")),                                        # 79 s
+    (_AR_FAULT.format("fused"),),                                                              # 79 s
+    (_ATTN_FULL.format("1, 8, 1, 500, 1100, 96, True", "float16"),
+     _ATTN_FULL.format("1, 8, 1, 500, 1100, 96, True", "bfloat16")),                           # 42 s + 40 s
+    (_EVERY_TILE.format("dtype1-4096-16384-4096"),),                                           # 76 s
+    (_EVERY_TILE.format("dtype0-4096-16384-4096"),),                                           # 75 s
+    (_EVERY_TILE.format("dtype1-333-520-264"),),                                               # 69 s
+    (_GRADE.format("07_flash_attention"),),                                                    # 68 s
+    (_ATTN_FULL.format("2, 8, 8, 1024, 1024, 128, True", "float16"),
+     _ATTN_FULL.format("2, 8, 8, 1024, 1024, 128, True", "bfloat16")),                         # 38 s + 27 s
+    ("tests/test_elementwise.py::test_cuda_cpp_version_says_why_it_is_unavailable",),          # 65 s
+    (_EVERY_TILE.format("dtype0-333-520-264"),),                                               # 62 s
+    (_ATTN_FULL.format("1, 16, 4, 777, 777, 80, True", "float16"),
+     _ATTN_FULL.format("1, 16, 4, 777, 777, 80, True", "bfloat16")),                           # 32 s + 31 s
+    ("tests/test_hand_step_checker.py::test_right_block_backward_passes",),                    # 60 s
+    (_GRADE.format("04_gelu"),),                                                               # 58 s
+    (_ATTN_FULL.format("1, 8, 2, 1100, 500, 128, True", "float16"),
+     _ATTN_FULL.format("1, 8, 2, 1100, 500, 128, True", "bfloat16")),                          # 31 s + 27 s
+    (_AR_FAULT.format("all-reduce"),),                                                         # 48 s
+    ("tests/test_visible_ops.py::test_the_compiled_gpt_launches_the_course_kernels_itself",),  # 48 s
+    (_GRADE.format("11_backward_and_training"),),                                              # 46 s
+    (_GRADE.format("12_training_step"),),                                                      # 41 s
+    ("tests/test_integrity.py::test_honest_student_calling_course_check_passes",),             # 33 s
+    ("tests/test_grading.py::test_untouched_exercise_fails_every_check[12_training_step.ipynb]",),  # 30 s
+    ("tests/test_grade.py::test_cell_that_never_returns_times_out",),                          # 29 s
+    (_GRADE.format("05_softmax"),),                                                            # 28 s
 )
 
 
@@ -123,15 +141,19 @@ def worksteal_shares(n_items: int, workers: int) -> list[int]:
 
 
 def heavy_first(items: list, workers: int, heavy=GPU_HEAVY) -> list:
-    """``items`` reordered so that each group of ``heavy`` (node ids, longest first) opens its own
-    worker's share; every other test keeps its relative order."""
+    """``items`` reordered so that the groups of ``heavy`` (node ids, longest first) open the workers'
+    shares, dealt one a share a round, each round in the other direction; every other test keeps its
+    relative order."""
     by_id = {item.nodeid: item for item in items}
-    groups = [g for g in ([by_id[n] for n in group if n in by_id] for group in heavy) if g][:workers]
+    groups = [g for g in ([by_id[n] for n in group if n in by_id] for group in heavy) if g]
+    heads: list[list] = [[] for _ in range(workers)]
+    for k, group in enumerate(groups):
+        rnd, pos = divmod(k, workers)
+        heads[pos if rnd % 2 == 0 else workers - 1 - pos] += group
     placed = {id(item) for group in groups for item in group}
     rest = iter([item for item in items if id(item) not in placed])
     out = []
-    for k, size in enumerate(worksteal_shares(len(items), workers)):
-        head = groups[k] if k < len(groups) else []
+    for head, size in zip(heads, worksteal_shares(len(items), workers)):
         out += head + list(itertools.islice(rest, max(0, size - len(head))))
     return out + list(rest)
 

@@ -74,6 +74,18 @@ def test_more_groups_than_workers_and_tiny_runs():
     assert [i.nodeid for i in C.heavy_first(_items(names[:1]), 16, heavy)] == names[:1]
 
 
+def test_later_rounds_of_groups_go_back_the_other_way():
+    names = [f"tests/test_a.py::test_{i}" for i in range(400)]
+    heavy = tuple((names[300 + k],) for k in range(7))     # longest first: 4 open the shares, 3 more follow
+    ids = [i.nodeid for i in C.heavy_first(_items(names), 4, heavy)]
+    starts = [0]
+    for size in C.worksteal_shares(len(names), 4)[:-1]:
+        starts.append(starts[-1] + size)
+    want = [[names[300]], [names[301], names[306]], [names[302], names[305]], [names[303], names[304]]]
+    assert [ids[s:s + len(w)] for s, w in zip(starts, want)] == want
+    assert ids[starts[0] + 1] not in {n for w in want for n in w}          # the first share has one group
+
+
 def test_every_named_heavy_test_exists():
     """A renamed test would silently drop out of the order: the names must be collected ones."""
     import subprocess

@@ -52,6 +52,7 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     LOOP_STAGES,
     MAX_BLOCK_N,
     PER_SM_MAX_BLOCK,
+    RMS_FWD_TILES,
     ROW_PIPELINED,
     ROW_WARPS,
     SMEM_SPARE,
@@ -141,7 +142,7 @@ def _forward(x, weight, bias, eps, rms: bool, stats: bool, what: str):
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device) if stats else None
     mean = torch.empty_like(rstd) if stats and not rms else None
     if x.numel():
-        p = plan_forward(n_rows, n_cols, x.element_size(), hardware.device_info())
+        p = plan_forward(n_rows, n_cols, x.element_size(), hardware.device_info(), rms=rms)
         dummy = y  # pointers the kernel never touches (no bias, no statistics)
         launch(norm_fwd_kernel, "norm_fwd", (p.grid,),
                (y, x2, weight, dummy if bias is None else bias, dummy if mean is None else mean,

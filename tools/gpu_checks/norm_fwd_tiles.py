@@ -103,7 +103,7 @@ def one_norm(x, w, b, rms: bool, info) -> str:
     ref = _norm(rms)(x, w, b)
     comp = torch.compile(_norm(rms), dynamic=False)
     comp(x, w, b)
-    p = T.plan_forward(m, n, dtype.itemsize, info)
+    p = T.plan_forward(m, n, dtype.itemsize, info, rms=rms)
     ph1 = {}
     for rows, warps in candidates(n):
         fn = variant(x, w, b, y, rows, warps, rms, False)
