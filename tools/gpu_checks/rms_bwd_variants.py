@@ -100,7 +100,7 @@ def inductor_mix_kernel(x_ptr, rstd_ptr, dy_ptr, w_ptr, dx_ptr, ws_ptr, n_rows, 
     tl.store(ws_ptr + tl.program_id(0) * N + cols, acc)
 
 
-def variants(x, dy, w, rstd):
+def variants(x, dy, w, rstd, warps_list=(8, 16, 32)):
     """name -> (kernel, args, meta) of each backward variant for these tensors (dx and the dw workspace made
     here): the shipped row kernel, w in the loop (masked and not), Inductor's, at 8/16/32 warps."""
     m, n = x.shape
@@ -109,7 +109,7 @@ def variants(x, dy, w, rstd):
     dx = torch.empty_like(x)
     ws = torch.empty((grid, n), device=x.device, dtype=torch.float32)
     out = {}
-    for warps in (8, 16, 32):
+    for warps in warps_list:
         for stages in (None, 2):
             out[f"shipped row w{warps} s{stages}"] = (LK.norm_bwd_row_kernel, grid, (
                 dx, dy, x, w, rstd, rstd, ws, ws, m, n, n, n, n, ROWS_PER_PROGRAM),
@@ -167,7 +167,7 @@ def runs(table, ws) -> dict:
     return {name: make(*entry) for name, entry in table.items()}
 
 
-def timed(n: int, dtype: torch.dtype) -> int:
+def timed(n: int, dtype: torch.dtype, warps_list=(8, 16, 32)) -> int:
     from course_utils import timing
     m = GIB // (n * dtype.itemsize)
     m -= m % ROWS_PER_PROGRAM
@@ -176,7 +176,7 @@ def timed(n: int, dtype: torch.dtype) -> int:
     dy = torch.randn_like(x)
     w = torch.randn(n, device="cuda", dtype=dtype)
     rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
-    table, dx, ws = variants(x, dy, w, rstd)
+    table, dx, ws = variants(x, dy, w, rstd, warps_list)
     impls = {}
     for name, run in runs(table, ws).items():
         bad_dx, bad_dw = errors(run, dx, x, dy, w, rstd)
@@ -184,6 +184,7 @@ def timed(n: int, dtype: torch.dtype) -> int:
             impls[name] = run
         else:
             print(f"  {name}: WRONG (dx max error {bad_dx:.3g}, dw relative {bad_dw:.3g}): not timed")
+        print(f"  checked {name}", flush=True)
     ref = torch.compile(lambda x, w: torch.nn.functional.rms_norm(x, (n,), w, 1e-6), dynamic=False)
     xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
     y = ref(xg, wg)
@@ -202,6 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--registers", action="store_true", help="ptxas's registers and spills for sm_90a, no GPU")
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--warps", default="8,16,32", help="the num_warps to try, comma-separated")
     a = ap.parse_args(argv)
     dtype = getattr(torch, a.dtype)
     if a.registers:
@@ -209,7 +211,7 @@ def main(argv=None) -> int:
     if not cu.on_gpu():
         print("rms_bwd_variants.py times kernels on a CUDA GPU (--registers needs none)", file=sys.stderr)
         return 2
-    return timed(a.n, dtype)
+    return timed(a.n, dtype, tuple(int(w) for w in a.warps.split(",")))
 
 
 if __name__ == "__main__":
