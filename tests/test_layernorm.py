@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from course_utils import check, env, hardware
 from course_utils.kernels import layernorm as L
@@ -97,7 +98,8 @@ def test_layer_norm_without_bias_and_names_from_both_shelves():
 
 @pytest.mark.parametrize("plan", [T.Plan("chunked", 32, 1, 4, 0), T.Plan("tiles", 128, 4, 4, 0),
                                   T.Plan("tiles", 128, 4, 4, 0, stages=3), T.Plan("row", 128, 1, 4, 0),
-                                  T.Plan("row", 128, 1, 4, 0, stages=2)])
+                                  T.Plan("row", 128, 1, 4, 0, stages=2), T.Plan("mix", 128, 1, 4, 0),
+                                  T.Plan("mix", 128, 1, 4, 0, stages=3)])
 @pytest.mark.parametrize("atomic", [False, True])
 @pytest.mark.parametrize("rms", [False, True])
 def test_tuned_backward_every_plan(plan, atomic, rms):
@@ -156,18 +158,26 @@ def test_split_backward_matches_float64(monkeypatch, dtype, m, n, slice_, progra
         _close(f"split {plan} {what}", g, r, dtype)
 
 
+@pytest.mark.parametrize("version, n", [("row", 77), ("mix", 77), ("mix", 128)])   # mix at 128: no masks (EVEN)
 @pytest.mark.parametrize("stages", [0, 2])
-def test_row_backward_with_nan_poisoned_outputs(monkeypatch, stages):
-    """The 1-D row kernel (pipelined or not) writes every dx element and every partial row it owns."""
-    m, n = 29, 77
+@pytest.mark.parametrize("rms", [False, True])
+def test_row_backward_with_nan_poisoned_outputs(monkeypatch, version, n, stages, rms):
+    """The row kernels (1-D blocks, or torch.compile's (1, N) shape; pipelined or not) write every dx element and
+    every partial row they own, the last program's short run of rows included."""
+    m = 29
     x, w, b, dy = _inputs(m, n, torch.float32, offset=12.0)
     _, mean, rstd = L.layer_norm_teaching(x, w, b, return_stats=True)
-    plan = T.Plan("row", 128, 1, 4, *T._grid(m, 1, 6), stages=stages)
-    ref = _ref(x, w, b, dy)
+    plan = T.Plan(version, 128, 1, 4, *T._grid(m, 1, 6), stages=stages)
     _nan_empty(monkeypatch)
-    got = T.layer_norm_backward(dy, x, w, mean, rstd, plan=plan)
+    if rms:
+        rstd = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6).float()
+        ref = _ref(x, w, None, dy, rms=True)
+        got = T.rms_norm_backward(dy, x, w, rstd, plan=plan)
+    else:
+        ref = _ref(x, w, b, dy)
+        got = T.layer_norm_backward(dy, x, w, mean, rstd, plan=plan)
     for what, g, r in zip(("dx", "dw", "db"), got, ref[1:]):
-        _close(f"row stages={stages} {what}", g, r, torch.float32)
+        _close(f"{version} stages={stages} rms={rms} {what}", g, r, torch.float32)
 
 
 def test_wide_row_candidates_on_sm90():
@@ -187,6 +197,23 @@ def test_wide_row_candidates_on_sm90():
     for n in (768, 1024, 2048, 32768):
         assert not any(c.version == "split" or (c.version == "row" and c.stages)
                        for c in T.backward_candidates(8192, n, 2, info, interpreter=False))
+
+
+def test_mix_candidates_sm90_wide_rows_only_and_their_stages_fit():
+    """torch.compile's layout joins the timed choice on sm_90 at N = 8192 and 16384 (by BLOCK_N: 12345 too), 16 rows
+    a program, and its pipelined plans keep only the stages whose buffers fit (float32 at N=16384: 2 of the 3)."""
+    h100 = hardware.DeviceInfo.for_arch(90)
+    for n, itemsize in ((8192, 2), (16384, 2), (12345, 2), (8192, 4), (16384, 4)):
+        mix = [c for c in T.backward_candidates(32768, n, itemsize, h100, interpreter=False) if c.version == "mix"]
+        assert mix and all(c.grid == 32768 // T.MIX_ROWS and c.rows_per_program == T.MIX_ROWS for c in mix)
+        fit = T.loop_stages(triton.next_power_of_2(n), 2 * itemsize, h100)
+        assert all(c.stages in (0, fit) for c in mix) and fit == (2 if (n, itemsize) == (16384, 4) else 3)
+        assert mix == T.mix_plans(32768, n, itemsize, h100)
+        assert not any(c.version == "mix" for c in T.backward_candidates(32768, n, itemsize, h100, interpreter=False,
+                                                                         design="course"))
+    for arch, n in ((80, 16384), (75, 8192), (90, 4096), (90, 768)):
+        assert not any(c.version == "mix" for c in T.backward_candidates(
+            4096, n, 2, hardware.DeviceInfo.for_arch(arch), interpreter=False))
 
 
 @pytest.mark.parametrize("arch, n, itemsize, stages", [(90, 768, 2, 3), (90, 8192, 4, 3), (80, 4096, 4, 3),

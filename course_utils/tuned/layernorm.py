@@ -51,6 +51,8 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     FWD_TILES,
     LOOP_STAGES,
     MAX_BLOCK_N,
+    MIX,
+    MIX_ROWS,
     PER_SM_MAX_BLOCK,
     RMS_FWD_TILES,
     ROW_PIPELINED,
@@ -65,6 +67,7 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     _warps,
     column_sum_block_n,
     loop_stages,
+    mix_plans,
     per_sm_plan,
     plan_forward,
     row_plans,
@@ -126,7 +129,8 @@ def backward_candidates(n_rows: int, n_cols: int, itemsize: int, info: hardware.
         # 2.3-2.6 ms at N=16384 where Liger's 1-D kernel takes 0.7-0.77 (fwd+bwd); timed, kept only if faster
         cands += [Plan("row", block, 1, w, *_grid(n_rows, 1, info.sms)) for w in ROW_WARPS]
     if design == "both":
-        cands += [p for p in row_plans(n_rows, n_cols, info) + split_plans(n_rows, n_cols, info) if p not in cands]
+        cands += [p for p in row_plans(n_rows, n_cols, info) + split_plans(n_rows, n_cols, info)
+                  + mix_plans(n_rows, n_cols, itemsize, info) if p not in cands]
     return cands
 
 
@@ -284,6 +288,13 @@ def compile_cases(info):
                            f"stages={p.stages} chunk={p.chunk} rms={rms} atomic={atomic}",
                            lambda x=x, w=w, st=st, p=p, rms=rms, atomic=atomic: _backward(
                                x, x, w, st, st, rms, atomic, "aot", p))
+        for n in (1000, 4096):   # torch.compile's layout (sm_90's candidates above) masked and not, on every arch
+            m = 2**20 // (n * dt.itemsize)
+            x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
+            p = Plan("mix", _block(n), 1, 8, *_grid(m, 1, -(-m // MIX_ROWS)))
+            for rms in (False, True):
+                yield f"backward mix {name} N={n} rms={rms}", lambda x=x, w=w, st=st, p=p, rms=rms: _backward(
+                    x, x, w, st, st, rms, False, "aot", p)
         for n in (1024, 16384):  # the per-SM (Liger-Kernel) layout, shortest and longest rows it takes
             m = 2**26 // (n * dt.itemsize)
             x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)

@@ -5,6 +5,7 @@ mean/rstd stored only when a backward pass needs them). ``norm_bwd_kernel``: dx 
 rows in tiles of ROWS, plus that run's sums of dy * x_hat and dy (partial row, or atomics).
 ``norm_bwd_row_kernel``: the same one row at a time as 1-D blocks (Liger-Kernel's layout, no ROWS axis),
 optionally with the row loop software-pipelined (the next row's x and dy loads issued during this one).
+``norm_bwd_mix_kernel``: the row kernel as (1, BLOCK_N) blocks, w reloaded every row (torch.compile's shape).
 ``norm_bwd_split_kernel``: rows whose x, dy, w, dw and db do not all fit one program's registers: the
 row's two sums first, in chunks, then dx and dw/db of one column slice (the whole row or a part of it).
 ``norm_bwd_chunked_kernel``: the same for rows too long for registers, one row at a time in chunks.
@@ -189,6 +190,63 @@ def norm_bwd_chunked_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw
             tl.atomic_add(dw_out_ptr + cols, tl.load(dw_ptr + part + cols, mask=mask, other=0.0), mask=mask)
             if not RMS:
                 tl.atomic_add(db_out_ptr + cols, tl.load(db_ptr + part + cols, mask=mask, other=0.0), mask=mask)
+
+
+@triton.jit
+def norm_bwd_mix_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
+                        x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
+                        RMS: tl.constexpr, ATOMIC: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr = None):
+    """``norm_bwd_row_kernel`` in the shape of torch.compile's kernel for wide rows (its "mix order reduction"):
+    each row a (1, BLOCK_N) block at a row index that is itself a (1, 1) tensor, w loaded again on every row (it
+    stays in L2) instead of held in registers through the loop; EVEN (n_cols == BLOCK_N): no masks. For sm_90a
+    at bf16 N=16384 (RMSNorm, 8 warps) ptxas spills nothing of it, against 304 bytes a thread of the row kernel."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    mask = cols < n_cols
+    dw = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+    db = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+    first = pid * rows_per_program
+    inv_n = 1.0 / n_cols
+    rows = (first + tl.zeros((1, 1), dtype=tl.int32)).to(tl.int64)
+    for _ in tl.range(0, tl.minimum(rows_per_program, n_rows - first), num_stages=STAGES):
+        row = rows
+        rows += 1
+        if EVEN:
+            x = tl.load(x_ptr + (cols + x_row_stride * row)).to(tl.float32)
+            dy = tl.load(dy_ptr + (cols + dy_row_stride * row)).to(tl.float32)
+            w = tl.load(w_ptr + cols, eviction_policy="evict_last").to(tl.float32)
+        else:
+            x = tl.load(x_ptr + (cols + x_row_stride * row), mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + (cols + dy_row_stride * row), mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        rstd = tl.load(rstd_ptr + row, eviction_policy="evict_last")
+        if RMS:
+            x_hat = x * rstd
+        else:
+            x_hat = (x - tl.load(mean_ptr + row, eviction_policy="evict_last")) * rstd
+        g = dy * w
+        # dx = rstd * (g - x_hat * mean(g * x_hat) - mean(g)), the last term for LayerNorm only
+        if RMS:
+            dx = (g - x_hat * inv_n * tl.sum(x_hat * g, 1)[:, None]) * rstd
+        else:
+            dx = (g - x_hat * inv_n * tl.sum(x_hat * g, 1)[:, None] - inv_n * tl.sum(g, 1)[:, None]) * rstd
+        dx = dx.to(dx_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(dx_ptr + (cols + dx_row_stride * row), dx)
+        else:
+            tl.store(dx_ptr + (cols + dx_row_stride * row), dx, mask=mask)
+        dw += tl.sum(dy * x_hat, 0)
+        if not RMS:
+            db += tl.sum(dy, 0)
+    if ATOMIC:
+        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
+        if not RMS:
+            tl.atomic_add(db_ptr + cols, db, mask=mask)
+    else:
+        out = pid.to(tl.int64) * n_cols + cols
+        tl.store(dw_ptr + out, dw, mask=mask)
+        if not RMS:
+            tl.store(db_ptr + out, db, mask=mask)
 
 
 @triton.jit

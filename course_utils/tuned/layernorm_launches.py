@@ -15,7 +15,13 @@ import torch
 import triton
 
 from .launch import launch
-from .layernorm_kernels import norm_bwd_chunked_kernel, norm_bwd_kernel, norm_bwd_row_kernel, norm_bwd_split_kernel
+from .layernorm_kernels import (
+    norm_bwd_chunked_kernel,
+    norm_bwd_kernel,
+    norm_bwd_mix_kernel,
+    norm_bwd_row_kernel,
+    norm_bwd_split_kernel,
+)
 from .layernorm_plans import Plan
 
 
@@ -47,6 +53,10 @@ def backward_launch(p: Plan, n_cols: int, rms: bool, atomic: bool = False) -> Ba
                               dict(SLICE=p.BLOCK_N, CHUNK=p.chunk or p.BLOCK_N, RMS=rms, ATOMIC=atomic,
                                    num_warps=p.num_warps), p.grid // slices, (p.rows_per_program, slices), False)
     stages = dict(STAGES=p.stages or None, num_warps=p.num_warps)
+    if p.version == "mix":
+        return BackwardLaunch(norm_bwd_mix_kernel, "norm_bwd_mix", (p.grid,),
+                              dict(BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, EVEN=n_cols == p.BLOCK_N, **stages),
+                              p.grid, (p.rows_per_program,), False)
     if p.version == "row":
         return BackwardLaunch(norm_bwd_row_kernel, "norm_bwd_row", (p.grid,),
                               dict(BLOCK_N=p.BLOCK_N, RMS=rms, ATOMIC=atomic, **stages), p.grid,

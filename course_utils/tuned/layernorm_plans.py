@@ -62,6 +62,13 @@ ROW_WARPS = (16, 32)        # num_warps of the 1-D "row" candidates (N from CHUN
 # 0.26 KB; results/ptx/candidate_registers.csv), so that one only.
 ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192: ((16, 1, 2), (32, 1, 2)),
                  16384: ((32, 1, 2),)}
+# "mix": BLOCK_N -> (num_warps, pipeline stages) of norm_bwd_mix_kernel, MIX_ROWS rows a program (torch.compile's
+# layout: 2048 programs for 32768 rows), on sm_90. On an H200 (tools/gpu_checks/rms_bwd_variants.py, 2026-11-29, 1 GiB
+# of bf16 RMSNorm; the kernel as torch.compile generated it, which norm_bwd_mix_kernel follows) the backward took
+# 0.928 ms at N=16384 with 8 warps unpipelined against torch.compile's 0.949 and 1.130 for the row kernel at the same
+# grid; at N=8192 0.890-0.891 with 3 stages (8 or 16 warps) against 1.075 and 1.076-1.087. Timed with the others.
+MIX = {8192: ((8, 3), (16, 3)), 16384: ((8, 0), (16, 3))}
+MIX_ROWS = 16
 # "split": BLOCK_N -> (SLICE, CHUNK, num_warps, programs per SM). At N=16384 the 1-D kernels hold x, dy, w,
 # dw and db of a row, 5 x 64 KiB in float32, more than an SM's 256 KiB of registers: they spill (0.7-2.3 KB
 # a thread for sm_90, results/ptx/candidate_registers.csv, where the 8192 and 4096 slices spill nothing). The split
@@ -105,10 +112,11 @@ def column_sum_block_n(n_cols: int, default: int) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, "split": a column slice of
-    one row at a time, or "chunked"), BLOCK_N columns (CHUNK for "chunked", SLICE for "split"), ROWS rows
-    per tile, num_warps, grid programs, (backward) the rows each program sums, (row, tiles) the pipeline
-    stages of the row loop (0: not pipelined) and (split) the columns per step of the row's sums (0: SLICE)."""
+    """A launch: the version ("tiles", "row": one row at a time as 1-D blocks, "mix": the same as (1, BLOCK_N)
+    blocks in torch.compile's shape, "split": a column slice of one row at a time, or "chunked"), BLOCK_N
+    columns (CHUNK for "chunked", SLICE for "split"), ROWS rows per tile, num_warps, grid programs, (backward)
+    the rows each program sums, (row, mix, tiles) the pipeline stages of the row loop (0: not pipelined) and
+    (split) the columns per step of the row's sums (0: SLICE)."""
 
     version: str
     BLOCK_N: int
@@ -164,6 +172,18 @@ def row_plans(n_rows: int, n_cols: int, info: hardware.DeviceInfo) -> list[Plan]
     """The ``ROW_PIPELINED`` candidates of this row length (none for other lengths)."""
     return [Plan("row", _block(n_cols), 1, w, *_grid(n_rows, 1, info.sms * k), stages or 0)
             for w, k, stages in ROW_PIPELINED.get(_block(n_cols), ())]
+
+
+def mix_plans(n_rows: int, n_cols: int, itemsize: int, info: hardware.DeviceInfo) -> list[Plan]:
+    """The ``MIX`` candidates of this row length on sm_90 (none elsewhere), their stages cut to what fits."""
+    block = _block(n_cols)
+    if info.arch < 90:
+        return []
+    grid, rows_per_program = _grid(n_rows, 1, triton.cdiv(n_rows, MIX_ROWS))
+    plans = [Plan("mix", block, 1, w, grid, rows_per_program,
+                  loop_stages(block, 2 * itemsize, info, want=stages) if stages else 0)
+             for w, stages in MIX.get(block, ())]
+    return list(dict.fromkeys(plans))
 
 
 def split_plan(n_rows: int, n_cols: int, slice_: int, warps: int, programs: int, chunk: int = 0) -> Plan:
