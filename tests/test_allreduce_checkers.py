@@ -19,6 +19,20 @@ def _peer_pad(pad_table_ptr, peer):
 
 
 @triton.jit
+def _rows(pid, n_rows, WORLD: tl.constexpr, REDUCING: tl.constexpr, FAULT: tl.constexpr):
+    """(start, stop, step) of the rows program pid handles in one half: pid, pid + programs, ... but for FAULT."""
+    programs = tl.num_programs(0)
+    if FAULT == "no row loop":
+        return pid, pid + 1, programs
+    if FAULT == "reduce rows WORLD apart" and REDUCING:   # the grid's stride taken as the world size
+        return pid, n_rows, WORLD
+    if FAULT == "reduce rows in chunks" and REDUCING:     # program pid reduces a chunk, but published a stride
+        chunk = tl.cdiv(n_rows, programs)
+        return pid * chunk, tl.minimum(pid * chunk + chunk, n_rows), 1
+    return pid, n_rows, programs
+
+
+@triton.jit
 def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n_rows, n_cols, buf_offset, eps,
         max_spins, WORLD: tl.constexpr, BLOCK_N: tl.constexpr, PUBLISH: tl.constexpr, REDUCE: tl.constexpr,
         FUSED: tl.constexpr, FAULT: tl.constexpr):
@@ -34,7 +48,8 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if FUSED else None
     if PUBLISH:
         if FAULT != "barrier before the writes":
-            for row in tl.range(pid, n_rows if FAULT != "no row loop" else pid + 1, tl.num_programs(0)):
+            start, stop, step = _rows(pid, n_rows, WORLD, False, FAULT)
+            for row in tl.range(start, stop, step):
                 base = tl.cast(row, tl.int64) * (BLOCK_N if FAULT == "row stride BLOCK_N" else n_cols)
                 x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
                 if FAULT == "norm applied before the sum":
@@ -76,6 +91,9 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                         slot = _peer_pad(pad_table_ptr, peer) + pid * WORLD + rank
                     old = tl.atomic_cas(slot, 1, new, sem="acquire", scope="sys")
                     tries = 0
+                    if FAULT == "wait never gives up":    # max_spins ignored: spins until the flag comes
+                        while old != 1:
+                            old = tl.atomic_cas(slot, 1, new, sem="acquire", scope="sys")
                     while (old != 1) & (tries < max_spins):
                         old = tl.atomic_cas(slot, 1, new, sem="acquire", scope="sys")
                         tries += 1
@@ -84,13 +102,16 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
         if FAULT == "wait result ignored":     # waits, then reduces whether or not every flag came
             ready = ready * 0
         if ready == 0:
-            for row in tl.range(pid, n_rows if FAULT != "no row loop" else pid + 1, tl.num_programs(0)):
+            start, stop, step = _rows(pid, n_rows, WORLD, True, FAULT)
+            for row in tl.range(start, stop, step):
                 base = tl.cast(row, tl.int64) * (BLOCK_N if FAULT == "row stride BLOCK_N" else n_cols)
                 if FAULT == "barrier before the writes":
                     tl.store(mine + base + cols, tl.load(x_ptr + base + cols, mask=mask), mask=mask)
                 acc = tl.zeros((BLOCK_N,), tl.float32)
                 if FAULT == "sum in x's dtype":
                     acc = tl.zeros((BLOCK_N,), dtype)
+                if FAULT == "sum in float16":           # a 16-bit accumulator whatever x's dtype
+                    acc = tl.zeros((BLOCK_N,), tl.float16)
                 if FAULT == "own rows first":          # x from x_ptr, then the peers: each rank its own order
                     acc = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
                 for r in tl.static_range(WORLD):
@@ -106,6 +127,8 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                     buf = tl.load(buf_table_ptr + src).to(tl.pointer_type(dtype)) + peer_offset
                     if FAULT == "sum in x's dtype":
                         acc += tl.load(buf + base + cols, mask=mask, other=0.0)
+                    elif FAULT == "sum in float16":
+                        acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float16)
                     elif FAULT == "own rows first" or FAULT == "own rows left out":
                         if r != rank:
                             acc += tl.load(buf + base + cols, mask=mask, other=0.0).to(tl.float32)
@@ -132,6 +155,8 @@ def _ar(y_ptr, s_ptr, x_ptr, r_ptr, w_ptr, buf_table_ptr, pad_table_ptr, rank, n
                         sf = s
                     if FAULT == "norm of the sum without the residual":
                         sf = acc
+                    if FAULT == "norm of s before its rounding":   # the float32 s, not the s stored
+                        sf = acc + res
                     n = n_cols
                     if FAULT == "mean over BLOCK_N":
                         n = BLOCK_N
@@ -210,16 +235,55 @@ def test_norm_before_the_sum_is_named():
     ("no store mask", False),                                                  # lanes past n_cols stored
     ("row stride BLOCK_N", False), ("row stride BLOCK_N", True),               # rows a tile apart, not n_cols
     ("y and s swapped", True), ("x added instead of the residual", True),
+    ("sum in float16", False), ("sum in float16", True),                       # 16 bits whatever x's dtype
 ])
 def test_more_faults_are_named(fault, fused):
     words = {"averaged": "averaged instead of summed", "own rows first": "ranks summed in different orders",
              "no row loop": "rows past the grid never written", "one flag per rank": "wrong flag index",
              "waits for its own flag": "reduce never ran", "no sqrt": "the row's RMS is wrong",
              "wait result ignored": "no barrier", "no store mask": "wrote outside its buffer",
-             "row stride BLOCK_N": "rows BLOCK_N apart"}.get(fault, fault)
+             "row stride BLOCK_N": "rows BLOCK_N apart", "sum in float16": "sum in 16 bits"}.get(fault, fault)
     check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
     with pytest.raises(check.CheckFailure, match=words):
         check_fn(bound(fault, fused))
+
+
+@pytest.mark.skipif(env.on_gpu(), reason="a GPU's wait cannot be stopped from the host: the check would hang")
+@pytest.mark.parametrize("fused", [False, True], ids=["all-reduce", "fused"])
+def test_a_wait_that_never_gives_up_is_stopped_and_named(fused, monkeypatch):
+    from course_utils.checkers import allreduce_probes
+    monkeypatch.setattr(allreduce_probes, "WAIT_LIMIT_S", 1.0)
+    check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
+    with pytest.raises(check.CheckFailure, match="rank 0's reduce half: it had not returned after 1 s: wait never "
+                                                 "gives up: .*max_spins"):
+        check_fn(bound("wait never gives up", fused))
+    checks.check_all_reduce_kernel(bound("none"))   # the interpreter is left as it was: a right kernel passes
+
+
+@pytest.mark.skipif(env.on_gpu(), reason="loads are recorded under the interpreter only")
+@pytest.mark.parametrize("fault", ["reduce rows in chunks", "reduce rows WORLD apart"])
+@pytest.mark.parametrize("fused", [False, True], ids=["all-reduce", "fused"])
+def test_rows_reduced_without_their_flag_are_named(fault, fused):
+    check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
+    with pytest.raises(check.CheckFailure, match=r"every peer's program 2 had not yet published: it loaded \d+ "
+                                                 r"element\(s\) of the rows those programs publish \(2, 5, ...\): "
+                                                 "rows split otherwise than published"):
+        check_fn(bound(fault, fused))
+
+
+def test_rows_world_apart_are_named_without_the_loads(monkeypatch):
+    """A GPU records no loads: there 4 ranks' reduce stepping by WORLD leaves row 3 of 5 unwritten, named so."""
+    from course_utils.checkers import allreduce_probes
+    monkeypatch.setattr(allreduce_probes, "split_probe", lambda *a, **k: None)
+    with pytest.raises(check.CheckFailure, match=r"4 ranks, 5 rows .*rows WORLD apart"):
+        checks.check_all_reduce_kernel(bound("reduce rows WORLD apart"))
+
+
+def test_a_norm_of_the_unrounded_s_is_named():
+    # float16: y of the float32 sum is within the tolerance, not within one rounding of the norm of the stored s
+    with pytest.raises(check.CheckFailure, match=r"\(float16, .*rank \d's y: \d+ element\(s\) further from the "
+                                                 "float64 norm of the s you stored .*norm of s before its rounding"):
+        checks.check_all_reduce_add_rms_norm_kernel(bound("norm of s before its rounding", fused=True))
 
 
 def test_a_kernel_that_ignores_the_buffer_halves_fails():

@@ -94,6 +94,18 @@ def _gelu_grad_slip(z, FAULT: tl.constexpr):  # s' without the 2 of sigmoid(2a),
 
 
 @triton.jit
+def _gelu_grad_unclamped(z, Z3: tl.constexpr):  # the exercise's formula without its clamp to [-20, 20]
+    if Z3:  # z^3 computed once and reused: z * (1 + 3 * 0.044715 z^2) written z + 3 * 0.044715 z^3
+        z3 = z * z * z
+        a = SQRT_2_OVER_PI * (z + 0.044715 * z3)
+        s = 1.0 / (1.0 + tl.exp(-2.0 * a))
+        return s + 2.0 * s * (1.0 - s) * SQRT_2_OVER_PI * (z + 3.0 * 0.044715 * z3)
+    a = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
+    s = 1.0 / (1.0 + tl.exp(-2.0 * a))
+    return s + z * 2.0 * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
+
+
+@triton.jit
 def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE: tl.constexpr,
                    FAULT: tl.constexpr):
     pid = tl.program_id(0)
@@ -122,6 +134,8 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
         g = gelu_grad(x + b, False)
     elif FAULT == "s only":  # the product rule's second term, z * s', left out
         g = _sigmoid_2a(x + b)
+    elif FAULT == "no clamp" or FAULT == "no clamp, z^3 reused":
+        g = _gelu_grad_unclamped(x + b, FAULT == "no clamp, z^3 reused")
     elif FAULT == "cubic without its 3":
         g = _gelu_grad_cubic_slip(tl.minimum(tl.maximum(x + b, -20.0), 20.0))
     else:
@@ -164,6 +178,8 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
     ("bias by row", "bias\\[row\\]"),
     ("sigmoid(a)", "s is sigmoid\\(a\\), not sigmoid\\(2a\\)"),
     ("s' without its 2", "s' lost its factor 2"),
+    ("no clamp", "\\|z\\| up to 1e30(.|\n)*no clamp on z: (.|\n)*z \\* z \\* z is inf"),  # NaN past |z| = 1.84e19
+    ("no clamp, z^3 reused", "\\|z\\| up to 1e30(.|\n)*no clamp on z"),  # NaN past |z| = 7e12
     ("z in 16 bits", "float32 math rounded once to float16(.|\n)*the math ran in 16 bits"),
     # 8 GiB on a GPU: run where nothing else holds the card (make test-gpu's serial bigmem run)
     pytest.param("int32 offsets", "past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* BLOCK_SIZE", marks=pytest.mark.bigmem),
@@ -478,6 +494,22 @@ def test_gelu_backward_checker_refuses_the_course_derivative():
     # exercise 11.2 is the derivative: a kernel that calls the course's gelu_grad did not write it
     with pytest.raises(check.CheckFailure, match="calls gelu_grad, the course's GELU derivative"):
         checks.check_gelu_backward_kernel(_gelu_backward_borrowing)
+
+
+def test_gelu_backward_huge_z_has_a_finite_answer_the_course_kernel_gives():
+    # the 11.2 check's huge case: float32 cubes overflow from the third value on, the first two do not; the
+    # float64 answer there is exactly 1 or 0 (finite), and the course's clamped kernel gives exactly dy or 0
+    from course_utils.checkers.gelu_backward import HUGE_Z, _gelu_grad64
+    from course_utils.kernels.gelu_backward import bias_gelu_backward_teaching
+    z32 = torch.tensor(HUGE_Z, dtype=torch.float32, device=cu.DEVICE)
+    assert torch.isfinite(z32[:2] ** 3).all() and torch.isinf(z32[2:] * z32[2:] * z32[2:]).all()
+    assert torch.isinf(z32[-3:] * z32[-3:]).all()   # z * z overflows too at the last three
+    x = torch.cat([z32, -z32]).reshape(2, -1)
+    grad = _gelu_grad64(x)
+    assert torch.equal(grad, torch.tensor([1.0, 0.0], dtype=torch.float64, device=cu.DEVICE)[:, None].expand_as(x))
+    dy = check.randn(x.shape)
+    dx, _ = bias_gelu_backward_teaching(dy, x, torch.zeros(x.shape[1], device=cu.DEVICE))
+    assert torch.equal(dx.double(), dy.double() * grad)
 
 
 @pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")

@@ -28,6 +28,8 @@ def student(fault: str = "none"):
             dw = dy.transpose(-1, -2) @ x
         if fault == f"{name} dW in float32":             # accumulated in float32, never cast back
             dw = torch.mm(dy2.t().float(), x2.float())
+        if fault == f"{name} dW averaged":               # the mean over the rows, as if the loss were summed
+            dw = dw / dy2.shape[0]
         if fault == "dW added into .grad":
             lin.weight.grad += dw
         lin.weight.grad = dw
@@ -73,10 +75,13 @@ def student(fault: str = "none"):
         df = linear_backward(d_out, saved.acc if fault == "out from acc" else saved.f, blk.out, "out")
         f_rows = saved.f.reshape(-1, saved.f.shape[-1])   # acc's own layout (B * N, 4d)
         gelu_in = {"gelu from f": saved.f, "gelu from f as rows": f_rows}.get(fault, saved.acc)
+        if fault == "out skipped":                      # the out GEMM's backward left out: fc given ds
+            df = ds
         dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd(
             df, {"fc from h1": saved.h1, "fc from s1": saved.s1}.get(fault, saved.h2), blk.fc.weight, blk.fc.bias,
             gelu_in)
         stats = (saved.mean2, saved.rstd2) if fault == "ln2 with ln_next's statistics" else (saved.mean1, saved.rstd1)
+        d_s1 = dres if fault == "ln2 given dres" else d_s1       # the block's dres where ds belongs
         dx, blk.ln2.weight.grad, blk.ln2.bias.grad = Nm.add_layer_norm_bwd(
             dh2, None if fault == "ds dropped at ln2" else d_s1, saved.s2 if fault == "ln2 from s2" else saved.s1,
             ln_next.weight if fault == "ln2 with ln_next's weight" else blk.ln2.weight, *stats)
@@ -97,8 +102,11 @@ def student(fault: str = "none"):
                               blk.proj, "proj")
         B, H, N, hd = saved.o.shape
         do = do2.view(B, H, N, hd) if fault == "do not transposed" else do2.view(B, N, H, hd).transpose(1, 2)
+        if fault == "do as (B, N, H, hd)":               # the view without its transpose back
+            do = do2.view(B, N, H, hd)
         scale = {"scale forgotten": 1.0, "scale of d_model": saved.h1.shape[-1] ** -0.5}.get(fault, scale)
-        dqkv = A.attention_qkv_bwd(do, saved.qkv, saved.o, saved.lse, n_head, fault != "not causal", scale)
+        o = saved.o2 if fault == "attention given o2" else saved.o
+        dqkv = A.attention_qkv_bwd(do, saved.qkv, o, saved.lse, n_head, fault != "not causal", scale)
         dh_in = linear_backward(dqkv, saved.h2 if fault == "qkv from h2" else saved.h1, blk.qkv, "qkv")
         if fault == "returns None":
             return None
@@ -132,6 +140,13 @@ def test_right_block_backward_passes(capsys):
     ("dres passed through", "dres returned unchanged"),                                                    # (b)
     ("dres added twice", r"dres added twice: .*already adds the ds it is given"),                          # (b)
     ("dres_in plus dres", "dres added again to dres_in"),                                                  # (b)
+    ("ln2 given dres", r"the last block: dres=None\): ds dropped at LayerNorm 2"),   # the last block is judged first
+    ("qkv dW averaged", r"blk.qkv.weight.grad is averaged over the rows: dW = dy.T @ x sums over all 72 rows"),
+    ("proj dW averaged", r"blk.proj.weight.grad is averaged over the rows"),              # square: not "transposed"
+    # the op's own error names the operand: the view (B, N, H, hd) without its transpose, o2 for o
+    ("do as (B, N, H, hd)", r"raised ValueError: do must be a tensor of q's shape \(3, 2, 24, 16\)"),
+    ("attention given o2", r"raised ValueError: o must be a tensor of q's shape"),
+    ("out skipped", r"raised RuntimeError(.|\n)*at: dh2, blk.fc.weight.grad, blk.fc.bias.grad = L.linear_gelu_bwd"),
     ("proj dx with W.T", r"proj's dx with W.T: .*dx = dy @ W"),                                            # (c)
     ("not causal", r"attention backward not causal: .*n_head, True, scale\)"),                             # (e)
     ("returned swapped", "dh_in and dres_in returned in each other's place"),                              # (f)

@@ -60,12 +60,18 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
     scale = dloss * inv_n_rows
     if FAULT == "no inv_n_rows":
         scale = dloss
+    if FAULT == "inv_n_rows twice":  # the mean taken again: inv_n_rows * inv_n_rows
+        scale = scale * inv_n_rows
+    if FAULT == "dloss twice":  # dloss * dloss * inv_n_rows
+        scale = scale * dloss
     n_tiles = tl.cdiv(n_cols, BLOCK_SIZE)
     if FAULT == "one tile":
         n_tiles = 1
     for tile in tl.range(0, n_tiles):
         cols = tile * BLOCK_SIZE + offsets
         mask = cols < n_cols
+        if FAULT == "mask on offsets":  # the tile's lanes compared with n_cols, not its columns
+            mask = offsets < n_cols
         if FAULT == "no load mask":
             x = tl.load(row + cols).to(tl.float32)
         else:
@@ -77,6 +83,8 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
             hit = cols == target - 1
         if FAULT == "target + 1":
             hit = cols == target + 1
+        if FAULT == "flat target":  # the target taken as a flat index into the (rows x vocab) matrix
+            hit = pid * n_cols + cols == target
         onehot = tl.where(hit, 1.0, 0.0)
         if FAULT == "no onehot":
             onehot = onehot * 0.0
@@ -87,6 +95,8 @@ def _ce_bwd(dlogits_ptr, logits_ptr, targets_ptr, lse_ptr, dloss_ptr, n_cols, ro
             d = (x - lse - onehot) * scale
         if FAULT == "exp2":  # exp2 without the log2(e) factor
             d = (tl.exp2(x - lse) - onehot) * scale
+        if FAULT == "exp over exp":  # softmax as exp(x) / exp(lse): both overflow float32 past 88.7
+            d = (tl.exp(x) / tl.exp(lse) - onehot) * scale
         if FAULT == "onehot after the scale":
             d = tl.exp(x - lse) * scale - onehot
         if FAULT == "target apart":  # a right variant: the target's column rewritten after the loop
@@ -131,6 +141,13 @@ def test_right_kernel_passes(variant, capsys):
     pytest.param("no load mask", "outside its inputs",
                  marks=pytest.mark.skipif(cu.on_gpu(), reason="loads are inspected under the interpreter only")),
     ("no store mask", "wrote"),
+    ("inv_n_rows twice", r"the factor inv_n_rows twice \(the mean over rows taken twice\)"),
+    ("dloss twice", "the factor dloss twice"),
+    ("exp over exp", r"softmax as exp\(x\) / exp\(lse\): .*inf / inf = NaN"),
+    ("flat target", r"target compared with a flat index: .*compare cols == target"),
+    # a GPU records no loads: there the unmasked stores of the last tile are what fails
+    ("mask on offsets", "wrote" if cu.on_gpu() else r"outside its inputs(.|\n)*a mask on the lanes alone "
+                                                      r"\(offsets < n_cols\) is true on every lane"),
     ("rows n_cols apart", "row_stride apart"),
     ("one stride", "between the rows of dlogits"),
     pytest.param("int32 row offsets", r"never wrote the last row(.|\n)*pid.to\(tl.int64\) \* row_stride",
@@ -202,6 +219,13 @@ def test_launcher_faults_are_named():
         checks.check_ce_backward_launcher(_launcher(inv=lambda logits: 1.0 / logits.shape[1]))   # 1 / n_cols
     with pytest.raises(check.CheckFailure, match=r"rows 0 to 0 are right(.|\n)*one program per row"):
         checks.check_ce_backward_launcher(_launcher(grid=lambda logits: (1,)))       # one program, not n_rows
+    with pytest.raises(check.CheckFailure, match=r"inv_n_rows is 0: 1 // n_rows is integer division"):
+        checks.check_ce_backward_launcher(_launcher(inv=lambda logits: 1 // logits.shape[0]))
+
+    def dloss_in_the_scale_too(dloss, logits, targets, lse):   # the kernel multiplies by dloss already
+        return _launcher(inv=float(dloss) / logits.shape[0])(dloss, logits, targets, lse)
+    with pytest.raises(check.CheckFailure, match=r"times the right one: dloss applied twice"):
+        checks.check_ce_backward_launcher(dloss_in_the_scale_too)
     with pytest.raises(check.CheckFailure, match="the logits' dtype"):
         checks.check_ce_backward_launcher(_launcher(dtype=torch.float64))
 

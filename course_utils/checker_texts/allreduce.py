@@ -69,5 +69,23 @@ FAULTS = {
     "reduce never ran": "every rank had published and the pads held every flag, yet the reduce wrote nothing: "
                         "it waited for a flag no peer sets (your own rank's, p == rank, or another slot than "
                         "pid * WORLD + p on your own pad) and gave up after max_spins",
+    "wait never gives up": "your reduce half, launched before any peer published, still waits: a wait that "
+                           "ignores max_spins spins forever when a flag does not come (a hung job on GPUs). Retry "
+                           "the atomic_cas at most max_spins times, count the flags that did not come, and skip "
+                           "the reduce if one is missing",
+    "rows split otherwise than published": "a flag says that program pid of a peer published its rows, pid, pid + "
+                                           "programs, ...: your reduce half read rows of a program whose flag it "
+                                           "never waited for (a race on GPUs: the check's schedule hides it). "
+                                           "Split the rows the same way in both halves: tl.range(pid, n_rows, "
+                                           "tl.num_programs(0))",
+    "rows WORLD apart": "your reduce half stepped through the rows by WORLD, not by the number of programs: rows "
+                        "that no program reaches were never written (and where WORLD < programs, rows were "
+                        "reduced by programs that never waited for them). Step by tl.num_programs(0) in both halves",
+    "norm of s before its rounding": "y normalizes the float32 sum, not the s you stored: the next layer reads "
+                                     "the stored s, so normalize that one, s.to(tl.float32) after rounding it to "
+                                     "x's dtype, and round y once at its store",
+    "sum in 16 bits": "the sum was accumulated in a 16-bit dtype, rounding after every rank's add: accumulate in "
+                      "float32 (tl.zeros((BLOCK_N,), tl.float32), each load .to(tl.float32)) and round once, at "
+                      "the store",
 }
 

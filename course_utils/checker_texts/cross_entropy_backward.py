@@ -3,6 +3,9 @@ named fault means, keyed by the fault's name; the first that matches a kernel's 
 
 from __future__ import annotations
 
+HINT = ("one program per row: lse and the target come first; then a loop over the row in tiles of BLOCK_SIZE "
+        "(cols = start + tl.arange(0, BLOCK_SIZE), mask = cols < n_cols) that loads a tile in float32, computes "
+        "tl.exp(x - lse), subtracts 1 where cols == target, multiplies by dloss * inv_n_rows and stores it.")
 FLOAT32_EXP_MAX = 88.72  # exp(x) overflows float32 past this
 RECOMPUTED = ("your kernel recomputes the row's logsumexp (or its max) instead of using the saved one: the forward "
               "stored lse (lse_ptr) so that the backward reads each row once, p = exp(x - lse) in the same loop that "
@@ -28,6 +31,12 @@ FAULTS = {  # the first that matches names the fault: a kernel that ignores the 
         "tl.load(lse_ptr + pid)",
     "the first row's target in every row": "every row used the first row's target: targets_ptr holds one per row, "
         "tl.load(targets_ptr + pid)",
+    "the target compared with a flat index": "the one-hot compares the target with pid * n_cols + cols, an index "
+        "into the whole matrix, so only the first row got its 1: a target is a column index of its row, compare "
+        "cols == target",
+    "softmax as exp(x) / exp(lse)": f"exp(x) and exp(lse) each overflow float32 past {FLOAT32_EXP_MAX} (rows here "
+        "reach several hundred), and inf / inf = NaN: take one exponential of the difference, tl.exp(x - lse), "
+        "which is at most 1",
     "not normalized by lse": "the softmax needs the row's logsumexp: p = exp(x - lse) with the saved lse, "
         "not exp(x - max of the row)",
     "one-hot added instead of subtracted": "d(loss)/d(logits) = softmax - onehot(target): subtract 1 at the "

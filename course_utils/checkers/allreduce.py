@@ -24,6 +24,9 @@ rank-dependent order of the sum is named), and a sum accumulated in x's dtype is
 bits, below the tolerance; a reduce that wrote nothing is told apart by the pads as they stood after
 every publish. The fused check's rows cycle through drawn, quiet (mean(s^2) = eps) and loud (s about 1024)
 ones, where eps outside the square root and the norm's statistics taken in x's dtype show and are named.
+:mod:`.allreduce_probes` adds three: an interpreted launch that never returns is stopped and named (a wait that
+ignores max_spins), a reduce that reads rows of a program whose flags it never waited for (rows split otherwise
+than published; interpreter), and in 16 bits a y that is not the stored s's norm rounded once.
 What the interpreter cannot see, since it runs one program at a time: a missing release or acquire
 (``sem="relaxed"``), or a signal placed before the stores of the same half. Those show on GPUs, in
 the stress loop of benchmarks/multigpu.py.
@@ -37,6 +40,7 @@ from .. import check, env
 from ..checker_texts.allreduce import HINT
 from ..faults.allreduce import EPS, _diagnose, _fail, _low_precision_sum, _rmsnorm, _same_bits
 from ..symmetric import SimulatedRanks
+from . import allreduce_probes as probes
 from . import answer_keys
 from .loads import span
 
@@ -70,19 +74,25 @@ def _launch(kernel, fused, ranks, rank, publish, reduce, t, i, n_rows, n_cols, o
     w = ranks.world_size
     block = 1 << max(n_cols - 1, 0).bit_length()
     common = dict(WORLD=w, BLOCK_N=block, PUBLISH=publish, REDUCE=reduce)
+    half = "publish half" if publish else "reduce half"
     try:
-        if fused:
-            kernel[(_programs(n_rows),)](t["y"][i].tensor, t["s"][i].tensor, t["x"][i], t["r"], t["w"],
-                                         ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols, offset, EPS,
-                                         ranks.max_spins, **common)
-        else:
-            kernel[(_programs(n_rows),)](t["out"][i].tensor, t["x"][i], ranks.buf_table, ranks.pad_table, rank,
-                                         n_rows, n_cols, offset, ranks.max_spins, **common)
+        with probes.watchdog(case, f"rank {rank}'s {half}"):
+            _launch_now(kernel, fused, ranks, rank, t, i, n_rows, n_cols, offset, common)
     except (NotImplementedError, check.CheckFailure):
         raise
     except Exception as e:
         raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\nIt is launched "
                                  "as described in course_utils/checkers/allreduce.py.") from e
+
+
+def _launch_now(kernel, fused, ranks, rank, t, i, n_rows, n_cols, offset, common):
+    if fused:
+        kernel[(_programs(n_rows),)](t["y"][i].tensor, t["s"][i].tensor, t["x"][i], t["r"], t["w"],
+                                     ranks.buf_table, ranks.pad_table, rank, n_rows, n_cols, offset, EPS,
+                                     ranks.max_spins, **common)
+    else:
+        kernel[(_programs(n_rows),)](t["out"][i].tensor, t["x"][i], ranks.buf_table, ranks.pad_table, rank,
+                                     n_rows, n_cols, offset, ranks.max_spins, **common)
 
 
 def _outputs(t, fused):
@@ -156,6 +166,9 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
         if rank == 1:
             _alone_published(kernel, fused, ranks, t, n_rows, n_cols, offset, case)
     pads_ok = _pads_hold_every_flag(ranks, _programs(n_rows))
+    split = probes.split_probe(
+        lambda: _launch(kernel, fused, ranks, 0, False, True, t, 0, n_rows, n_cols, offset, case),
+        ranks, _outputs(t, fused)[0::w], n_rows, n_cols, offset, _programs(n_rows), case)
     for rank in reversed(range(w)):
         _launch(kernel, fused, ranks, rank, False, True, t, rank, n_rows, n_cols, offset, case)
     for g in (t["y"] + t["s"] if fused else t["out"]):
@@ -183,6 +196,10 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
             check.compare(f"{case}, rank {rank}'s {what}", got, want, dtype=dtype, hint=HINT)
     _low_precision_sum(case, t, fused, dtype)
     _same_bits(case, t, fused)
+    if fused:
+        probes.check_y_of_stored_s(case, t, dtype)
+    if split:
+        _fail(split, "rows split otherwise than published")
     for rank in range(w):
         if not torch.equal(ranks.buffers[rank][offset:offset + n].view(n_rows, n_cols), t["x"][rank]):
             raise check.CheckFailure(f"{case}: rank {rank}'s buffer does not hold its x at buf_offset after the call: "

@@ -18,7 +18,7 @@ loss's dh times a power-of-two loss scale, which keeps float16's gradients clear
 block is compared with a float64 reference made of the same saved activations, per op with
 torch.autograd in float64 (:func:`reference`); a wrong answer is compared with the float64 answer of
 each usual mistake (:data:`FLOW_FAULTS`, then each tensor's own: a transposed or misplaced GEMM, a
-bias averaged) to name it; an error torch raised is named by that call's operands (which .grad, which
+bias or dW averaged) to name it; an error torch raised is named by that call's operands (which .grad, which
 GEMM's weight the wrong way round), and attention_qkv_bwd's scale by the argument itself. The student's
 function must call the course's backward functions (``add_layer_norm_bwd`` twice, ``linear_gelu_bwd``
 and ``attention_qkv_bwd`` once) and no autograd, nor :mod:`course_utils.step`'s own backward: those

@@ -29,16 +29,14 @@ from types import SimpleNamespace
 import torch
 
 from .. import check, env
-from ..checker_texts.cross_entropy_backward import FAULTS, FLOAT32_EXP_MAX, RECOMPUTED  # noqa: F401 (re-exported)
+from ..checker_texts.cross_entropy_backward import FAULTS, FLOAT32_EXP_MAX, HINT, RECOMPUTED  # noqa: F401
+from ..faults.cross_entropy_backward import _candidates, _diagnose
 from ..profile import triton_launch_hook
 from . import offsets64
 from .loads import LOADS_SEEN, reads_per_element
 
 OFFSET = 60.0          # exp(60) and up overflow float16 and, summed over a row with outliers, float32
 GAP = 5                # extra columns between rows of the logits (and 3 between rows of dlogits)
-HINT = ("one program per row: lse and the target come first; then a loop over the row in tiles of BLOCK_SIZE "
-        "(cols = start + tl.arange(0, BLOCK_SIZE), mask = cols < n_cols) that loads a tile in float32, computes "
-        "tl.exp(x - lse), subtracts 1 where cols == target, multiplies by dloss * inv_n_rows and stores it.")
 BLOCK_CAP = 4096       # the largest BLOCK_SIZE exercise 12.2 lets its launcher pick
 
 
@@ -68,66 +66,6 @@ def _inputs(n_rows, n_cols, dtype, strided: bool):
     # missing inv_n_rows would look like a missing dloss * inv_n_rows
     dloss = 1.25 + 0.5 * torch.rand((1,), generator=check.generator(logits.device), device=logits.device)
     return g, logits, targets, lse, dloss
-
-
-def _candidates(logits, targets, lse, block, own_lse=None, scale=None):
-    """(fault, what a kernel with that fault computes divided by dloss * inv_n_rows), float64; ``own_lse``:
-    the rows' logsumexp, when the ``lse`` passed is another; ``scale``: dloss * inv_n_rows."""
-    x = logits.double().cpu()
-    lse64 = lse.double().cpu()[:, None]
-    t = targets.cpu()[:, None]
-    cols = torch.arange(x.shape[1])[None, :]
-    p = torch.exp(x - lse64)
-    onehot = (cols == t).double()
-    first_tile_onehot = ((cols % block) == t).double()            # compares target with offsets, not start + offsets
-    p_max = torch.exp(x - x.amax(-1, keepdim=True))
-    naive = torch.exp(x.float()).sum(-1, keepdim=True).log().double()   # float32: inf once an exp overflows
-    cands = {
-        "right": p - onehot,
-        "no one-hot": p,
-        "target column found only in the first tile": p - first_tile_onehot,
-        "the one-hot at target - 1": p - (cols == t - 1).double(),
-        "the one-hot at target + 1": p - (cols == t + 1).double(),
-        "not normalized by lse": p_max - onehot,
-        "one-hot added instead of subtracted": p + onehot,
-        "lse recomputed without the max": torch.exp(x - naive) - onehot,
-        "log-softmax, not softmax": (x - lse64) - onehot,
-        "exp2 without the factor log2(e)": torch.exp2(x - lse64) - onehot,
-        # lse_ptr without + pid. In float32, as the kernel computes it: another row's lse can sit hundreds below
-        # this row's outliers, where exp overflows to inf (float64 would not) and float32's x - lse rounds by more
-        # than the tolerance's 1e-5 relative error
-        "the first row's lse in every row": torch.exp(x.float() - lse.float().cpu()[:1, None]).double() - onehot,
-        "the first row's target in every row": p - (cols == t[:1]).double(),     # targets_ptr without + pid
-    }
-    if scale is not None:
-        cands["one-hot subtracted after the scaling"] = p - onehot / scale
-    if own_lse is not None:
-        cands["the given lse ignored"] = torch.exp(x - own_lse.double().cpu()[:, None]) - onehot
-    return cands
-
-
-def _diagnose(case, got, cands, scale, n_cols, block, dtype) -> None:
-    g = got.detach().double().cpu() / scale
-    atol, rtol = check.tolerance(dtype)
-    right = cands["right"]
-    if n_cols > block and bool(g[:, block:].isnan().all()) and bool(torch.isclose(
-            g[:, :block], right[:, :block], atol=atol, rtol=rtol).all()):
-        raise check.CheckFailure(f"{case}: only the first {block} columns of each row were written: loop over "
-                                 f"the row in tiles of BLOCK_SIZE={block} (for start in tl.range(0, n_cols, "
-                                 "BLOCK_SIZE)).\nHint: " + HINT)
-    n_rows = got.shape[0]
-    for factor, missing in ((1.0 / scale, "dloss * inv_n_rows"), (float(n_rows), "inv_n_rows (the loss is a mean "
-                            "over rows)"), (1.0 / (scale * n_rows), "dloss (read it from dloss_ptr)")):
-        if factor != 1.0 and bool(torch.isclose(g, right * factor, atol=atol * abs(factor), rtol=rtol).all()):
-            raise check.CheckFailure(f"{case}: your gradient is missing the factor {missing}: dlogits = (softmax - "
-                                     "onehot) * dloss * inv_n_rows.")
-    found = [(fault, why) for fault, why in FAULTS.items()
-             if fault in cands and bool(torch.isclose(g, cands[fault], atol=atol, rtol=rtol).all())]
-    if len(found) == 1:
-        raise check.CheckFailure(f"{case}: {found[0][0]}: {found[0][1]}.")
-    if found:   # a case too small to tell them apart (one column: the target's neighbours lie outside the row)
-        raise check.CheckFailure(f"{case}: one of these faults (this case cannot tell them apart):\n" + "\n".join(
-            f"- {fault}: {why}." for fault, why in found))
 
 
 def _launch(kernel, dlogits, logits, targets, lse, dloss, block, case):
@@ -181,7 +119,12 @@ def _one_case(kernel, name, dtype, n_rows, n_cols, strided, block, shift_lse=Fal
     dlogits = out.tensor[:, :n_cols]
     with check.track_loads() as loads:
         _launch(kernel, dlogits, logits, targets, lse, dloss, block, case)
-    check.check_loads_inside(case, loads, [logits, targets, lse, dloss])
+    try:
+        check.check_loads_inside(case, loads, [logits, targets, lse, dloss])
+    except check.CheckFailure as e:
+        raise check.CheckFailure(f"{e}\nHere a tile's mask is cols < n_cols with cols = start + tl.arange(0, "
+                                 "BLOCK_SIZE): a mask on the lanes alone (offsets < n_cols) is true on every lane of "
+                                 "every tile once the row is longer than BLOCK_SIZE.") from None
     if not torch.equal(out.tensor[:, n_cols:].isnan(), gap_before.isnan()) or \
             not torch.equal(out.tensor[:, n_cols:].nan_to_num(), gap_before.nan_to_num()):
         raise check.CheckFailure(f"{case}: your kernel wrote between the rows of dlogits: row pid starts at "
@@ -311,6 +254,10 @@ def _launcher_case(fn, name, dtype, n_rows, n_cols, strided):
     factor = float(flat_got @ flat_ref) / max(float(flat_ref @ flat_ref), 1e-300)
     if abs(factor - 1.0) > 1e-2 and bool(torch.isclose(got.double(), ref * factor, atol=atol * abs(float(dloss)) /
                                                        n_rows, rtol=rtol * 4).all()):
+        if abs(factor - float(dloss)) < 1e-3 * float(dloss) or factor == 0.0:
+            raise check.CheckFailure(f"{case}: your gradient is {factor:.4g} times the right one: " + (
+                "dloss applied twice, the kernel reads it from dloss_ptr: inv_n_rows = 1.0 / n_rows alone."
+                if factor else "inv_n_rows is 0: 1 // n_rows is integer division; pass 1.0 / n_rows."))
         raise check.CheckFailure(f"{case}: your gradient is {factor:.4g} times the right one: the scale you pass is "
                                  "wrong. The kernel multiplies by dloss (read from its pointer) and inv_n_rows, and "
                                  "inv_n_rows = 1.0 / n_rows: the loss is the mean over rows (n_rows = "

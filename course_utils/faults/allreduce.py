@@ -56,6 +56,14 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
     if want is not None and bool(nan_rows[programs:].all()) and bool(torch.isclose(
             got[:programs], want[:programs], atol=atol, rtol=rtol).all()):
         _fail(case, "rows past the grid never written")
+    world = len(x)
+    if want is not None and world > programs:   # rows stepped by WORLD: those no program reaches stay unwritten
+        reached = torch.zeros(got.shape[0], dtype=torch.bool)
+        for pid in range(programs):
+            reached[pid::world] = True
+        if not bool(reached.all()) and torch.equal(nan_rows, ~reached) and bool(torch.isclose(
+                got[reached], want[reached], atol=atol, rtol=rtol).all()):
+            _fail(case, "rows WORLD apart")
     total = sum(x)
     candidates = []
     if kind in ("s", "y"):
@@ -99,10 +107,29 @@ def _diagnose(case, t, got, stale, other_half, rank, kind, dtype, want=None, pro
             _fail(case, "the row's RMS is wrong")
 
 
+def _sum_in_16_bits(case, t, fused, dtype) -> None:
+    """Fail, naming it, an s or out that holds bit for bit a sum accumulated in float16 or bfloat16 whatever x's
+    dtype (each load converted, one rounding per rank's add), then widened: float32's x included."""
+    for low_dtype in (torch.float16, torch.bfloat16):
+        if low_dtype == dtype:   # that is the sum in x's dtype, named apart
+            continue
+        low = torch.zeros_like(t["x"][0], dtype=low_dtype)
+        for v in t["x"]:
+            low = low + v.to(low_dtype)
+        want = (low.float() + t["r"].float()).to(dtype) if fused else low.to(dtype)
+        right = sum(v.float() for v in t["x"]) + (t["r"].float() if fused else 0.0)
+        if torch.equal(want, right.to(dtype)):
+            continue
+        for rank, g in enumerate(t["s"] if fused else t["out"]):
+            if torch.equal(g.tensor, want):
+                _fail(f"{case}, rank {rank}'s {'s' if fused else 'out'}", "sum in 16 bits")
+
+
 def _low_precision_sum(case, t, fused, dtype) -> None:
     """Fail, naming it, an s (fused) or out that holds bit for bit the sum accumulated in x's dtype (one rounding
     per rank's add) where that differs from the float32 sum rounded once: a difference too small for the
-    tolerance, found on the exact bits."""
+    tolerance, found on the exact bits; or a sum accumulated in 16 bits whatever x's dtype."""
+    _sum_in_16_bits(case, t, fused, dtype)
     if dtype == torch.float32:
         return
     xs = t["x"]

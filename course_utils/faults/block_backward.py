@@ -4,7 +4,7 @@ torch.autograd in float64.
 
 :func:`reference` is the right answer, or with ``fault`` one of :data:`FLOW_FAULTS` (a gradient that
 misses one of its paths through the block's two adds); :func:`tensor_faults` names a mistake that
-touches one tensor only (a transposed or misplaced GEMM, a bias averaged, LayerNorm's two swapped);
+touches one tensor only (a transposed or misplaced GEMM, a bias or dW averaged, LayerNorm's two swapped);
 :func:`raised_slip` names a mistake that makes torch raise (a .grad of the wrong shape, out's or qkv's
 dx with W.T) by the operands of the call that raised.
 
@@ -201,6 +201,7 @@ def tensor_faults(name: str, got: torch.Tensor, ref: dict, sv, rows: int, tol: f
         dy = ref[f"dy.{lin}"].reshape(-1, r.shape[0])
         if r.shape[0] == r.shape[1]:
             cands["transposed: dW = dy.T @ x is (out_features, in_features), not x.T @ dy"] = r.t()
+        cands[f"averaged over the rows: dW = dy.T @ x sums over all {rows} rows, not their mean"] = r / rows
         # the residual sums too: s1 and s2 are the LayerNorms' inputs, which a GEMM after a LayerNorm does not read
         inputs = {"saved.h1": sv.h1, "saved.h2": sv.h2, "saved.o2": sv.o2, "saved.f": sv.f, "saved.acc": sv.acc,
                   "saved.o reshaped without its transpose": sv.o,   # (B, H, N, hd) read as (B * N, d)
