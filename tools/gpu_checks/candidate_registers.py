@@ -1,6 +1,7 @@
 """Registers, local-memory spills and shared memory of the timed candidates, for sm_90, without a GPU.
 
-Each LayerNorm backward candidate (``backward_candidates``, bf16 and fp32, N = 4096, 8192, 16384) and each
+Each LayerNorm backward candidate (``backward_candidates``, bf16 and fp32, N = 4096, 8192, 16384; the "row" and
+"mix" ones for RMSNorm too, which has no db to hold) and each
 d=128 attention backward configuration (``backward_configs`` and kernel_candidates.py's tries) is compiled
 for sm_90 as its launcher configures it (the compile matrix's recording, ``course_utils.aot_compile``),
 and the wheel's ``ptxas -v`` reports the registers per thread and the bytes each thread spills to local
@@ -64,12 +65,14 @@ def layernorm_rows(info) -> list[dict]:
         for n in (4096, 8192, 16384):
             m = 2**28 // (n * dt.itemsize)  # the benchmark's 256 MiB input
             x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
-            for p in T.backward_candidates(m, n, dt.itemsize, info, interpreter=False):
-                for k in ptx_of(lambda p=p: T._backward(x, x, w, st, st, False, False, "registers", p), 90):
+            cands = T.backward_candidates(m, n, dt.itemsize, info, interpreter=False)
+            for p, rms in [(c, rms) for c in cands for rms in ((False, True) if c.version in ("row", "mix") else (False,))]:
+                for k in ptx_of(lambda p=p, rms=rms: T._backward(x, x, w, st, st, rms, False, "registers", p), 90):
                     if "column_sum" in k["kernel"]:
                         continue
                     regs, stores, loads = ptxas_report(k["ptx"])
-                    rows.append({"op": "layernorm_bwd", "dtype": str(dt)[6:], "N": n, "version": p.version,
+                    rows.append({"op": "rmsnorm_bwd" if rms else "layernorm_bwd", "dtype": str(dt)[6:], "N": n,
+                                 "version": p.version,
                                  "block": p.BLOCK_N, "num_warps": p.num_warps, "grid": p.grid, "stages": p.stages,
                                  "chunk": p.chunk, "kernel": k["kernel"].rsplit(".", 1)[-1], "registers": regs,
                                  "spill_store_bytes": stores, "spill_load_bytes": loads,
