@@ -66,7 +66,8 @@ def layernorm_rows(info) -> list[dict]:
             m = 2**28 // (n * dt.itemsize)  # the benchmark's 256 MiB input
             x, w, st = empty(m, n, dtype=dt), empty(n, dtype=dt), empty(m)
             cands = T.backward_candidates(m, n, dt.itemsize, info, interpreter=False)
-            for p, rms in [(c, rms) for c in cands for rms in ((False, True) if c.version in ("row", "mix") else (False,))]:
+            norms = {c: (False, True) if c.version in ("row", "mix") else (False,) for c in cands}   # rms or not
+            for p, rms in [(c, rms) for c in cands for rms in norms[c]]:
                 for k in ptx_of(lambda p=p, rms=rms: T._backward(x, x, w, st, st, rms, False, "registers", p), 90):
                     if "column_sum" in k["kernel"]:
                         continue
