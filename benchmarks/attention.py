@@ -157,7 +157,8 @@ def _ratio(df, num, den, **where):
 
 
 def targets(df) -> list:
-    """Issue 6 (forward) and issue 16 (forward + backward), each the worst ratio over its cases."""
+    """Issue 6 (forward), issue 16 (forward + backward) and issue 29 (forward + backward against cuDNN at d=128,
+    a higher bar than 16's), each the worst ratio over its cases."""
     big = lambda s: s >= 4096  # noqa: E731
     if "pass" not in df.columns:  # a recorded forward-only table
         df = df.assign(**{"pass": "fwd"})
@@ -175,6 +176,11 @@ def targets(df) -> list:
                 claim = f"fwd+bwd bf16: triton / {den}, d={d}, causal={causal}, N in {{4096, 16384}} (worst)"
                 out.append(bench.Target(16, claim, _ratio(df, "triton", den, head_dim=d, causal=causal, n=big,
                                                           **{"pass": "fwd+bwd"}), need))
+    for causal in (False, True):   # issue 29 raised issue 16's bar against cuDNN at d=128 to 0.8
+        claim = (f"fwd+bwd bf16 at issue 29's bar: triton / sdpa_cudnn, d=128, causal={causal}, "
+                 "N in {4096, 16384} (worst)")
+        out.append(bench.Target(29, claim, _ratio(df, "triton", "sdpa_cudnn", head_dim=128, causal=causal, n=big,
+                                                  **{"pass": "fwd+bwd"}), 0.8))
     return out
 
 
