@@ -48,6 +48,21 @@ def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_co
 
 
 @triton.jit
+def _store_sums(dw_ptr, db_ptr, dw, db, part, n_cols, cols, mask, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+    """A backward program's sums of dy * x_hat and dy (db: LayerNorm only): added into dw/db with atomics, or
+    stored as partial row ``part`` of the float32 (programs, n_cols) buffers that a column sum adds up."""
+    if ATOMIC:
+        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
+        if not RMS:
+            tl.atomic_add(db_ptr + cols, db, mask=mask)
+    else:
+        out = part.to(tl.int64) * n_cols + cols
+        tl.store(dw_ptr + out, dw, mask=mask)
+        if not RMS:
+            tl.store(db_ptr + out, db, mask=mask)
+
+
+@triton.jit
 def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols,
                      x_row_stride, dy_row_stride, dx_row_stride, rows_per_program, BLOCK_N: tl.constexpr,
                      ROWS: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr = None):
@@ -83,15 +98,7 @@ def norm_bwd_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db
         tl.store(dx_ptr + rows64 * dx_row_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += tl.sum(dy * x_hat, axis=0)
         db += tl.sum(dy, axis=0)
-    if ATOMIC:
-        tl.atomic_add(dw_ptr + cols, dw, mask=col_mask)
-        if not RMS:
-            tl.atomic_add(db_ptr + cols, db, mask=col_mask)
-    else:
-        out = pid.to(tl.int64) * n_cols + cols
-        tl.store(dw_ptr + out, dw, mask=col_mask)
-        if not RMS:
-            tl.store(db_ptr + out, db, mask=col_mask)
+    _store_sums(dw_ptr, db_ptr, dw, db, pid, n_cols, cols, col_mask, RMS, ATOMIC)
 
 
 @triton.jit
@@ -123,15 +130,7 @@ def norm_bwd_row_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr
         tl.store(dx_ptr + r64 * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * x_hat
         db += dy
-    if ATOMIC:
-        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
-        if not RMS:
-            tl.atomic_add(db_ptr + cols, db, mask=mask)
-    else:
-        out = pid.to(tl.int64) * n_cols + cols
-        tl.store(dw_ptr + out, dw, mask=mask)
-        if not RMS:
-            tl.store(db_ptr + out, db, mask=mask)
+    _store_sums(dw_ptr, db_ptr, dw, db, pid, n_cols, cols, mask, RMS, ATOMIC)
 
 
 @triton.jit
@@ -238,15 +237,7 @@ def norm_bwd_mix_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr
         dw += tl.sum(dy * x_hat, 0)
         if not RMS:
             db += tl.sum(dy, 0)
-    if ATOMIC:
-        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
-        if not RMS:
-            tl.atomic_add(db_ptr + cols, db, mask=mask)
-    else:
-        out = pid.to(tl.int64) * n_cols + cols
-        tl.store(dw_ptr + out, dw, mask=mask)
-        if not RMS:
-            tl.store(db_ptr + out, db, mask=mask)
+    _store_sums(dw_ptr, db_ptr, dw, db, pid, n_cols, cols, mask, RMS, ATOMIC)
 
 
 @triton.jit
@@ -297,15 +288,7 @@ def norm_bwd_split_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dw_p
         tl.store(dx_ptr + r64 * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * x_hat  # dy = 0 past the row's end
         db += dy
-    if ATOMIC:
-        tl.atomic_add(dw_ptr + cols, dw, mask=mask)
-        if not RMS:
-            tl.atomic_add(db_ptr + cols, db, mask=mask)
-    else:
-        out = run.to(tl.int64) * n_cols + cols
-        tl.store(dw_ptr + out, dw, mask=mask)
-        if not RMS:
-            tl.store(db_ptr + out, db, mask=mask)
+    _store_sums(dw_ptr, db_ptr, dw, db, run, n_cols, cols, mask, RMS, ATOMIC)
 
 
 @triton.jit
