@@ -197,7 +197,7 @@ def _one_call(kernel, fused, ranks, dtype, n_rows, n_cols, name):
     _low_precision_sum(case, t, fused, dtype)
     _same_bits(case, t, fused)
     if fused:
-        probes.check_y_of_stored_s(case, t, dtype)
+        probes.stored_s_probe(case, t, dtype)
     if split:
         _fail(split, "rows split otherwise than published")
     for rank in range(w):

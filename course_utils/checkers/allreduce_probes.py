@@ -1,4 +1,5 @@
-"""Three more probes of chapter 13's all-reduce check (:mod:`course_utils.checkers.allreduce` runs them):
+"""Three more probes of chapter 13's all-reduce check (:mod:`course_utils.checkers.allreduce` runs them, and it
+refuses the course's own kernels and torch's symmetric-memory ops as the answer before any probe runs):
 
 - :func:`watchdog`: a launch that has not returned after :data:`WAIT_LIMIT_S` seconds under Triton's interpreter
   is stopped and named: a wait that ignores ``max_spins`` spins forever on the check's reduce launched before any
@@ -10,7 +11,7 @@
   that splits the rows otherwise than the publish half (chunks of rows, or a stride other than the grid's)
   reads rows whose flag it never checked: right on the check's schedule, a race on GPUs. Loads are recorded
   under the interpreter only.
-- :func:`check_y_of_stored_s`: in 16 bits, y must be RMSNorm of the s the kernel stored, rounded once (within
+- :func:`stored_s_probe`: in 16 bits, y must be RMSNorm of the s the kernel stored, rounded once (within
   half a unit in its last place of the float64 norm of that s, plus float32's error): a y normalized from the
   float32 sum before its rounding passes the dtype's tolerance, not this.
 """
@@ -100,7 +101,7 @@ def split_probe(reduce_rank0, ranks, outputs, n_rows: int, n_cols: int, offset: 
             f"{hits} element(s) of the rows those programs publish ({k}, {k + programs}, ...)")
 
 
-def check_y_of_stored_s(case: str, t, dtype) -> None:
+def stored_s_probe(case: str, t, dtype) -> None:
     """16-bit y: RMSNorm(stored s) * w in float32, rounded once (see the module docstring)."""
     if dtype not in (torch.float16, torch.bfloat16):
         return

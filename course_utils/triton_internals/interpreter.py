@@ -15,17 +15,23 @@ def _check(name: str) -> str:
     return check(name)
 
 
+def _builder(internal: str):
+    """Triton's InterpreterBuilder, or None where ``internal`` of it cannot be used (no Triton, or the internal
+    changed: :func:`problems` says how)."""
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # pragma: no cover - no triton
+        return None
+    return None if _check(internal) else InterpreterBuilder
+
+
 @contextlib.contextmanager
 def interpreter_load_hook(on_load: Callable[[object, object], None]) -> Iterator[bool]:
     """Under the interpreter, call ``on_load(ptrs, mask)`` before every ``tl.load`` of the block
     (``ptrs.data``/``mask.data``: NumPy arrays of addresses and lanes). Yields True when hooked,
     False where it cannot be (no interpreter, or the internal changed: :func:`problems` says how)."""
-    try:
-        from triton.runtime.interpreter import InterpreterBuilder
-    except ImportError:  # pragma: no cover - no triton
-        yield False
-        return
-    if _check("InterpreterBuilder.create_masked_load"):
+    InterpreterBuilder = _builder("InterpreterBuilder.create_masked_load")
+    if InterpreterBuilder is None:
         yield False
         return
     original = InterpreterBuilder.create_masked_load
@@ -48,12 +54,8 @@ def interpreter_programs_from(first: int, n_programs: int) -> Iterator[bool]:
     ``first + k - 1`` of a grid of ``n_programs`` (``tl.program_id(0)`` and ``tl.num_programs(0)`` say
     so): the last programs of a grid too long to interpret, with its offsets past 2**31. Yields True
     when in place, False where it cannot be (no interpreter, or the internal changed)."""
-    try:
-        from triton.runtime.interpreter import InterpreterBuilder
-    except ImportError:  # pragma: no cover - no triton
-        yield False
-        return
-    if _check("InterpreterBuilder.set_grid_idx"):
+    InterpreterBuilder = _builder("InterpreterBuilder.set_grid_idx")
+    if InterpreterBuilder is None:
         yield False
         return
     set_idx, set_dim = InterpreterBuilder.set_grid_idx, InterpreterBuilder.set_grid_dim

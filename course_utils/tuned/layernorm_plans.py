@@ -149,8 +149,9 @@ def plan_forward(n_rows: int, n_cols: int, itemsize: int, info: hardware.DeviceI
     device."""
     block = _block(n_cols)
     interpreter = (not env.on_gpu()) if interpreter is None else interpreter
-    tiles = {**FWD_TILES, **RMS_FWD_TILES} if rms else FWD_TILES
-    tile, warps = tiles.get((block, itemsize), (TILE_ELEMENTS, None)) if info.arch >= 90 else (TILE_ELEMENTS, None)
+    key = (block, itemsize)
+    entry = (rms and RMS_FWD_TILES.get(key)) or FWD_TILES.get(key)   # no merged dict per call: host time
+    tile, warps = entry if entry and info.arch >= 90 else (TILE_ELEMENTS, None)
     rows = _rows(n_rows, block, 16384 if interpreter else tile)
     return Plan("tiles", block, rows, warps or _warps(rows * block), triton.cdiv(n_rows, rows))
 
