@@ -328,3 +328,24 @@ def test_targets_md_carries_the_multi_gpu_targets_and_their_judge_rewrites_that_
     (tmp_path / "multigpu_targets.csv").unlink()
     runner.replace_multigpu_section(tmp_path)   # nothing recorded: no section
     assert runner.MULTIGPU_HEADING not in (tmp_path / "targets.md").read_text()
+
+
+def test_gemm_targets_judge_the_worst_shape_with_its_own_noise_and_ceilings():
+    import pandas as pd
+
+    from benchmarks import gemm as G
+
+    def row(m, impl, ms, pct, spread=0.01):
+        return {"kind": "mlp", "m": m, "k": 64, "n": 64, "dtype": "bfloat16", "impl": impl,
+                **_timed(ms, spread=spread, ceiling="pct_of_matmul", pct=pct)}
+    # shape 1: ours 2% ahead; shape 2: 0.2% behind within noise, both at the matmul ceiling; shape 3: 5% behind
+    # off the ceiling, so the worst shape alone decides and it is short
+    near = [row(1, "fused", 1.0, 92), row(1, "addmm+gelu", 1.02, 92), row(2, "fused", 1.0, 93),
+            row(2, "addmm+gelu", 0.998, 93)]
+    t = {x.claim: x for x in G.targets(pd.DataFrame(near))}["fused / addmm+gelu, MLP shapes (worst of bf16, fp16)"]
+    assert t.measured == pytest.approx(0.998) and t.status == bench.TIE and t.row()["at_ceiling"] == "93% / 93%"
+    far = near + [row(3, "fused", 1.0, 70), row(3, "addmm+gelu", 0.95, 74)]
+    t = {x.claim: x for x in G.targets(pd.DataFrame(far))}["fused / addmm+gelu, MLP shapes (worst of bf16, fp16)"]
+    assert t.measured == pytest.approx(0.95) and t.status == "short" and t.row()["at_ceiling"] == "70% / 74%"
+    missing = {x.claim: x for x in G.targets(pd.DataFrame(near))}["triton matmul / torch.mm (cuBLAS), MLP shapes"]
+    assert missing.measured != missing.measured and missing.status == "short"   # no rows: NaN, never a tie

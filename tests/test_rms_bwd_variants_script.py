@@ -41,7 +41,8 @@ def test_every_variant_matches_float64(tool, m, n):
 
 def test_a_wrong_dx_is_caught(tool):
     m, n = 16, 64
-    x, dy, w = torch.randn(m, n), torch.randn(m, n), torch.randn(n)
+    device = "cuda" if cu.on_gpu() else "cpu"   # the tool's kernels run where its tensors are
+    x, dy, w = (torch.randn(*shape, device=device) for shape in ((m, n), (m, n), (n,)))
     rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
     table, dx, ws = tool.variants(x, dy, w, rstd)
     run = tool.runs(table, ws)["w in loop even w8 sNone"]
