@@ -498,3 +498,41 @@ def test_bench_keeps_compile_fallbacks_as_such_and_never_judges_them():
     assert any("F.layer_norm" in n for n in names) and not any("torch.compile" in n for n in names)
     df.loc[df.impl == "torch.compile", "fallback"] = False
     assert B.ratios(df).iloc[0]["vs_torch.compile"] == 4.0 and B.ratios(df).iloc[0]["compile"] == "compiled"
+
+
+@pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
+@pytest.mark.parametrize("shape", [(7, 50), (9, 64)])   # masked: a ragged last tile and N below the block; even
+def test_the_forward_that_reads_x_twice_matches_float64(monkeypatch, rms, shape):
+    """RMS_FWD_RELOAD's form (x read again for y) on every width of the table, forced on small shapes: y and the
+    statistics of both norms against float64, every row of a NaN-poisoned output written."""
+    m, n = shape
+    x, w, b, dy = _inputs(m, n, torch.float32, offset=-7.0)
+    real = T.plan_forward
+
+    def forced(*args, **kwargs):
+        p = real(*args, **kwargs)
+        return dataclasses.replace(p, ROWS=2, grid=-(-args[0] // 2), reload=True)
+    monkeypatch.setattr(T, "plan_forward", forced)
+    poisoned = torch.empty
+    monkeypatch.setattr(T.torch, "empty", lambda *a, **k: poisoned(*a, **k).fill_(float("nan")))
+    y, mean, rstd = T._forward(x, w, None if rms else b, 1e-6 if rms else 1e-5, rms, True, "forms")
+    monkeypatch.undo()
+    ref = _ref(x, w, b, dy, rms=rms)[0]
+    _close("y", y, ref, torch.float32)
+    xd = x.double()
+    want_rstd = torch.rsqrt((xd.pow(2) if rms else (xd - xd.mean(-1, keepdim=True)).pow(2)).mean(-1)
+                            + (1e-6 if rms else 1e-5))
+    _close("rstd", rstd, want_rstd, torch.float32)
+    if not rms:
+        _close("mean", mean, xd.mean(-1), torch.float32)
+
+
+def test_reload_plans_are_rmsnorms_on_sm90_only():
+    for arch in (80, 90):
+        info = hardware.DeviceInfo.for_arch(arch)
+        for (block, size) in T.RMS_FWD_RELOAD:
+            rows = 2**30 // (block * size)
+            assert T.plan_forward(rows, block, size, info, interpreter=False, rms=True).reload == (arch >= 90)
+            assert not T.plan_forward(rows, block, size, info, interpreter=False).reload   # LayerNorm: one read
+    info = hardware.DeviceInfo.for_arch(90)
+    assert not T.plan_forward(4096, 1024, 4, info, interpreter=False, rms=True).reload   # a width not measured

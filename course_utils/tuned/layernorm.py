@@ -54,6 +54,7 @@ from .layernorm_plans import (  # noqa: F401  (re-exported: the shelf's plans, b
     MIX,
     MIX_ROWS,
     PER_SM_MAX_BLOCK,
+    RMS_FWD_RELOAD,
     RMS_FWD_TILES,
     ROW_PIPELINED,
     ROW_WARPS,
@@ -152,7 +153,7 @@ def _forward(x, weight, bias, eps, rms: bool, stats: bool, what: str):
                (y, x2, weight, dummy if bias is None else bias, dummy if mean is None else mean,
                 dummy if rstd is None else rstd, n_rows, n_cols, x2.stride(0), y.stride(0), eps),
                dict(BLOCK_N=p.BLOCK_N, ROWS=p.ROWS, RMS=rms, HAS_BIAS=bias is not None, STATS=stats,
-                    num_warps=p.num_warps))
+                    RELOAD=p.reload, num_warps=p.num_warps))
     return y.view(x.shape), mean, rstd
 
 

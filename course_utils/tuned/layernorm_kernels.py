@@ -18,8 +18,9 @@ import triton.language as tl
 @triton.jit
 def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, x_row_stride, y_row_stride,
                      eps, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     STATS: tl.constexpr):
-    """Rows pid * ROWS + [0, ROWS): y = (x - mean) * rstd * w + b (RMSNorm: x * rstd * w)."""
+                     STATS: tl.constexpr, RELOAD: tl.constexpr = False):
+    """Rows pid * ROWS + [0, ROWS): y = (x - mean) * rstd * w + b (RMSNorm: x * rstd * w). RELOAD: x is read
+    twice, kept in L2 for the sums (evict_last) and loaded again for y (evict_first), as torch.compile does."""
     eps = tl.cast(eps, tl.float32)  # fp64 from torch.compile: math in float32
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -27,7 +28,11 @@ def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_co
     col_mask = cols < n_cols
     mask = row_mask[:, None] & col_mask[None, :]
     rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_ptrs = x_ptr + rows64 * x_row_stride + cols[None, :]
+    if RELOAD:
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    else:
+        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     # w before the row's sums, b after them: the order of tools/gpu_checks/norm_fwd_tiles.py's kernel, whose
     # tiles ran faster than the same tiles here with both loaded after (chapter 10, section 3)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -37,6 +42,10 @@ def norm_fwd_kernel(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_co
         mean = tl.sum(x, axis=1) / n_cols
         xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+    if RELOAD:   # x again, from L2: the registers that held it are free while the sums reduce
+        xc = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if not RMS:
+            xc = tl.where(mask, xc - mean[:, None], 0.0)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]

@@ -40,7 +40,17 @@ FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {
 # in the tool against 0.520 at LayerNorm's 2 x 16 (results/h200/layernorm_fwd_tiles_s21.log, code bc8d6ed; 0.510
 # against 0.519 in layernorm_fwd_tiles_s19.log); the full sweep of bc8d6ed (bench_layernorm_s21.log) took RMSNorm's
 # forward there from 0.989 to 0.996 of Liger-Kernel's speed, a tie at the copy ceiling.
-RMS_FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (16384, 16)}
+RMS_FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (16384, 16), (4096, 4): (4096, 16),
+                                                          (8192, 2): (8192, 16)}
+# RMSNorm's entries that read x again for the output (the kernel's RELOAD: x kept in L2 by an evict_last load for
+# the row's sum of squares, then loaded again, evict_first, for y), as torch.compile's kernel does. On an H200, 1 GiB
+# inputs (tools/gpu_checks/norm_fwd_forms.py, results/h200/norm_fwd_forms_s22.log), torch.compile's time over the
+# shipped kernel's (masks, 64-bit offsets), one read -> two, in the same rounds: float32 N=2048 0.961 -> 0.999,
+# N=4096 0.960 (8 rows x 32 warps) -> 1.001 (1 x 16, the entry above; 8 x 32 took 0.959 with two reads), N=8192
+# 0.973 -> 1.002, N=16384 0.971 -> 0.992; bfloat16 N=8192 0.969 (2 x 16) -> 1.001 (1 x 16, above; 2 x 16 took 0.765
+# with two reads). The read twice helps only at some tiles, and not LayerNorm's float32 N=4096 in this kernel (every
+# masked form of it with two reads took 0.679-0.939): LayerNorm keeps one read.
+RMS_FWD_RELOAD = frozenset({(2048, 4), (4096, 4), (8192, 4), (16384, 4), (8192, 2)})
 BWD_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (1024, 2): (2048, 4, 4), (2048, 2): (2048, 4, 4), (4096, 2): (4096, 8, 2), (8192, 2): (8192, 16, 2),
     (1024, 4): (4096, 8, 2), (2048, 4): (4096, 8, 2), (4096, 4): (8192, 16, 2), (8192, 4): (8192, 32, 2)}
@@ -116,7 +126,8 @@ class Plan:
     blocks in torch.compile's shape, "split": a column slice of one row at a time, or "chunked"), BLOCK_N
     columns (CHUNK for "chunked", SLICE for "split"), ROWS rows per tile, num_warps, grid programs, (backward)
     the rows each program sums, (row, mix, tiles) the pipeline stages of the row loop (0: not pipelined) and
-    (split) the columns per step of the row's sums (0: SLICE)."""
+    (split) the columns per step of the row's sums (0: SLICE), and (forward) whether x is read again for the output
+    (``RMS_FWD_RELOAD``)."""
 
     version: str
     BLOCK_N: int
@@ -126,6 +137,7 @@ class Plan:
     rows_per_program: int = 0
     stages: int = 0
     chunk: int = 0
+    reload: bool = False
 
 
 def _warps(tile: int) -> int:
@@ -151,9 +163,11 @@ def plan_forward(n_rows: int, n_cols: int, itemsize: int, info: hardware.DeviceI
     interpreter = (not env.on_gpu()) if interpreter is None else interpreter
     key = (block, itemsize)
     entry = (rms and RMS_FWD_TILES.get(key)) or FWD_TILES.get(key)   # no merged dict per call: host time
-    tile, warps = entry if entry and info.arch >= 90 else (TILE_ELEMENTS, None)
+    tuned = entry is not None and info.arch >= 90
+    tile, warps = entry if tuned else (TILE_ELEMENTS, None)
     rows = _rows(n_rows, block, 16384 if interpreter else tile)
-    return Plan("tiles", block, rows, warps or _warps(rows * block), triton.cdiv(n_rows, rows))
+    return Plan("tiles", block, rows, warps or _warps(rows * block), triton.cdiv(n_rows, rows),
+                reload=tuned and rms and key in RMS_FWD_RELOAD)
 
 
 def _grid(n_rows: int, rows: int, programs: int) -> tuple[int, int]:
