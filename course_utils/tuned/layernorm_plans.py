@@ -76,7 +76,10 @@ ROW_PIPELINED = {4096: ((8, 1, None), (8, 2, None), (8, 1, 2), (8, 2, 2)), 8192:
 # layout: 2048 programs for 32768 rows), on sm_90. On an H200 (tools/gpu_checks/rms_bwd_variants.py, 2026-11-29, 1 GiB
 # of bf16 RMSNorm; the kernel as torch.compile generated it, which norm_bwd_mix_kernel follows) the backward took
 # 0.928 ms at N=16384 with 8 warps unpipelined against torch.compile's 0.949 and 1.130 for the row kernel at the same
-# grid; at N=8192 0.890-0.891 with 3 stages (8 or 16 warps) against 1.075 and 1.076-1.087. Timed with the others.
+# grid; at N=8192 0.890-0.891 with 3 stages (8 or 16 warps) against 1.075 and 1.076-1.087. Timed with the others:
+# in the H200's sweep of bfc63c0 (results/h200/layernorm_bwd_choice_s22.log, 256 MiB) the choice kept a mix plan only
+# at bf16 RMSNorm N=16384 (16 warps, 3 stages: 0.244 ms against 0.297 at 8 warps), and that row's forward + backward
+# went from 0.917 to 1.008 of torch.compile's speed (bench_layernorm_s22.log).
 MIX = {8192: ((8, 3), (16, 3)), 16384: ((8, 0), (16, 3))}
 MIX_ROWS = 16
 # "split": BLOCK_N -> (SLICE, CHUNK, num_warps, programs per SM). At N=16384 the 1-D kernels hold x, dy, w,
