@@ -59,6 +59,21 @@ def _skip_repeated_interpreter_patching() -> None:
 
 _skip_repeated_interpreter_patching()
 
+@pytest.fixture(scope="module")
+def gpu_check(request):
+    """``tools/gpu_checks/<TOOL>.py`` loaded as a module, ``TOOL`` named by the test module: the tests of a GPU
+    check run its kernels under the interpreter, so that a GPU run times right kernels only."""
+    import importlib.util
+    from pathlib import Path
+
+    name = request.module.TOOL
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" /
+                                                  "gpu_checks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def nan_empty(monkeypatch):
     """Every floating torch.empty / empty_like / empty_strided / new_empty / new_empty_strided starts as NaN: an
