@@ -49,7 +49,7 @@ RMS_FWD_TILES: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (16384, 16),
 # N=4096 0.960 (8 rows x 32 warps) -> 1.001 (1 x 16, the entry above; 8 x 32 took 0.959 with two reads), N=8192
 # 0.973 -> 1.002, N=16384 0.971 -> 0.992; bfloat16 N=8192 0.969 (2 x 16) -> 1.001 (1 x 16, above; 2 x 16 took 0.765
 # with two reads). The read twice helps only at some tiles, and not LayerNorm's float32 N=4096 in this kernel (every
-# masked form of it with two reads took 0.679-0.939): LayerNorm keeps one read.
+# masked form of it with two reads took 0.679-0.929): LayerNorm keeps one read.
 RMS_FWD_RELOAD = frozenset({(2048, 4), (4096, 4), (8192, 4), (16384, 4), (8192, 2)})
 BWD_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (1024, 2): (2048, 4, 4), (2048, 2): (2048, 4, 4), (4096, 2): (4096, 8, 2), (8192, 2): (8192, 16, 2),
