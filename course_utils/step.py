@@ -39,9 +39,17 @@ _NO_PADDING = -1
 #: the kernels the step calls: the ops' Python functions (the eager step), or the registered ops themselves,
 #: which ``torch.compile`` traces (on a GPU they are triton_ops: Inductor launches their kernels)
 FUNCTIONS = (Nm, A, L, C)
+def _add_layer_norm_bwd_low(dy, ds, s, weight, mean, rstd, low_dtype):
+    """The registered op, then a cast to ``low_dtype``: in a compiled graph Inductor fuses the cast (the eager
+    functions' ``add_layer_norm_bwd_low`` has the kernel write both dtypes)."""
+    dx, dw, db = torch.ops.course.add_layer_norm_bwd(dy, ds, s, weight, mean, rstd)
+    return dx, dx.to(low_dtype), dw, db
+
+
 OPS = (SimpleNamespace(layer_norm_fwd=torch.ops.course.layer_norm_fwd, layer_norm_bwd=torch.ops.course.layer_norm_bwd,
                        add_layer_norm_fwd=torch.ops.course.add_layer_norm_fwd,
-                       add_layer_norm_bwd=torch.ops.course.add_layer_norm_bwd),
+                       add_layer_norm_bwd=torch.ops.course.add_layer_norm_bwd,
+                       add_layer_norm_bwd_low=_add_layer_norm_bwd_low),
        SimpleNamespace(attention_qkv_fwd=torch.ops.course.attention_qkv_fwd,
                        attention_qkv_bwd=torch.ops.course.attention_qkv_bwd),
        SimpleNamespace(linear_gelu_fwd=torch.ops.course.linear_gelu_fwd,

@@ -89,3 +89,20 @@ def test_too_wide_rows_are_refused():
     with pytest.raises(ValueError, match="at most"):
         K.add_layer_norm_teaching(torch.zeros(1, K.MAX_BLOCK_N + 1), torch.zeros(1, K.MAX_BLOCK_N + 1),
                                   torch.zeros(K.MAX_BLOCK_N + 1), torch.zeros(K.MAX_BLOCK_N + 1))
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.float32], ids=str)
+def test_dx_in_the_branch_dtype_is_the_cast_of_dx_bit_for_bit(nan_empty, low):
+    """LOW: the kernel stores dx a second time in the branch's dtype from the same registers; that is exactly what
+    casting the stored float32 dx gives, on a ragged tile of rows split over several programs."""
+    shape = (11, 50)
+    x, r = check.randn(shape, torch.float16, scale=2.0), check.randn(shape)
+    w, b = check.randn((50,)), check.randn((50,))
+    _, s, mean, rstd = K.add_layer_norm_teaching(x, r, w, b, 1e-5)
+    dy, ds = check.randn(shape), check.randn(shape)
+    want = K.add_layer_norm_backward_teaching(dy, ds, s, w, mean, rstd, programs=3, rows=2)
+    dx, dx_low, dw, db = K.add_layer_norm_backward_teaching(dy, ds, s, w, mean, rstd, programs=3, rows=2,
+                                                            low_dtype=low)
+    assert dx_low.dtype == low and torch.equal(dx_low, dx.to(low))
+    for name, got, ref in (("dx", dx, want[0]), ("dw", dw, want[1]), ("db", db, want[2])):
+        assert torch.equal(got, ref), name

@@ -357,6 +357,29 @@ def test_add_layer_norm_mixed_dtypes_give_each_input_its_own_gradient_dtype():
     want = torch.autograd.grad((F.layer_norm(s64, (24,), w64, b64, 1e-5), s64), x64, (dy.double(), ds.double()))[0]
     check.compare("dresidual", dr, want, atol=1e-4, rtol=1e-4)
     check.compare("dx", dx, want)
+    assert torch.equal(dx, dr.to(torch.float16))   # the kernel's second store: the cast of dr, bit for bit
+
+
+def test_add_layer_norm_writes_the_branch_gradient_in_its_kernel(monkeypatch):
+    """The eager path's backward asks the kernel for dx in the 16-bit branch's dtype too (LOW), and casts nothing;
+    the compiled step's namespace casts the registered op's dx instead (Inductor fuses that cast)."""
+    from course_utils import step
+    from course_utils.ops import norms
+    asked = []
+    real = norms._aln_bwd
+    monkeypatch.setattr(norms, "_aln_bwd", lambda *a: asked.append(a[-1]) or real(*a))
+    x, r = _leaf((5, 24), dtype=torch.float16), _leaf((5, 24))
+    y, s = ops.add_layer_norm(x, r, _leaf((24,)), _leaf((24,)))
+    torch.autograd.grad((y, s), (x, r), (check.randn(y.shape, torch.float16), check.randn(s.shape)))
+    assert asked == [torch.float16]
+    t = [check.randn((5, 24)), check.randn((5, 24)), check.randn((5, 24)), check.randn((24,))]
+    mean, rstd = t[2].mean(-1), t[2].var(-1).add(1e-5).rsqrt()
+    got = norms.add_layer_norm_bwd_low(*t, mean, rstd, torch.float16)
+    ref = step.OPS[0].add_layer_norm_bwd_low(*t, mean, rstd, torch.float16)
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    same = norms.add_layer_norm_bwd_low(*t, mean, rstd, torch.float32)
+    assert same[0] is same[1]   # no second copy where the branch is as wide as the stream
 
 
 def test_decoding_with_a_growing_cache_chooses_tiles_once_per_doubling():

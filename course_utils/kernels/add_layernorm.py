@@ -11,7 +11,8 @@ v2  ``add_layer_norm_fwd_kernel``: a tile of ROWS rows per program reads x and r
 v3  ``add_layer_norm_bwd_kernel``: the gradient of the residual stream arrives twice, as ``dy`` (through
     the norm) and ``ds`` (straight down the stream); one kernel reads s, dy and ds once and writes
     ``dx = dresidual = ds + dLN(dy)`` (both inputs of the add get the same gradient), and each program's
-    partial sums of dy * s_hat and dy; ``column_sum_kernel`` (chapter 10) adds the partials up.
+    partial sums of dy * s_hat and dy; ``column_sum_kernel`` (chapter 10) adds the partials up. When the
+    stream is wider than the branch (float32 against bf16) it can write dx in both dtypes (``LOW``).
 
 Launchers: ``add_layer_norm_teaching`` (returns y, s, mean, rstd) and ``add_layer_norm_backward_teaching``
 (returns dx, dw, db). The registered operator ``torch.ops.course.add_layer_norm`` is in
@@ -62,14 +63,16 @@ def add_layer_norm_fwd_kernel(s_ptr, y_ptr, x_ptr, r_ptr, w_ptr, b_ptr, mean_ptr
 
 
 @triton.jit
-def add_layer_norm_bwd_kernel(dx_ptr, dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr,
+def add_layer_norm_bwd_kernel(dx_ptr, dx_low_ptr, dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr,
                               n_rows, n_cols, dy_row_stride, ds_row_stride, rows_per_program,
                               BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_DS: tl.constexpr,
-                              STAGES: tl.constexpr = None):
+                              STAGES: tl.constexpr = None, LOW: tl.constexpr = False):
     """dx = ds + rstd * (g - mean(g) - s_hat * mean(g * s_hat)), g = dy * w, for the rows
     [pid * rows_per_program, ...) in tiles of ROWS; this run's sums of dy * s_hat and dy go to
     partial row pid of dw and db (float32). STAGES (None: the loop as written) asks Triton to fetch the
-    next tile while this one computes (it pipelines loads that feed no dot product only when asked)."""
+    next tile while this one computes (it pipelines loads that feed no dot product only when asked).
+    LOW: dx is stored a second time, in dx_low_ptr's dtype (the narrower input of the add, the branch's
+    compute dtype), from the same registers: the cast that would read dx back from HBM is not needed."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -95,6 +98,8 @@ def add_layer_norm_bwd_kernel(dx_ptr, dy_ptr, ds_ptr, s_ptr, w_ptr, mean_ptr, rs
         if HAS_DS:
             dx += tl.load(ds_ptr + rows64 * ds_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + rows64 * n_cols + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if LOW:
+            tl.store(dx_low_ptr + rows64 * n_cols + cols[None, :], dx.to(dx_low_ptr.dtype.element_ty), mask=mask)
         dw += tl.sum(dy * s_hat, axis=0)
         db += tl.sum(dy, axis=0)
     out = pid.to(tl.int64) * n_cols + cols
@@ -163,28 +168,31 @@ def add_layer_norm_teaching(x, residual, weight, bias, eps: float = 1e-5, *, row
 
 def add_layer_norm_backward_teaching(dy, ds, s, weight, mean, rstd, *, programs: int = 64,
                                      rows: int | None = None, num_warps: int | None = None,
-                                     stages: int | None = None):
+                                     stages: int | None = None, low_dtype: torch.dtype | None = None):
     """v3: (dx, dw, db) of (y, s) = add_layer_norm(x, r) from dy, ds (None: no gradient on s) and the
     saved s, mean and rstd; dx is also the residual's gradient. Two launches (rows, then columns).
-    ``stages``: pipeline stages of the row loop (None: as written; needs sm_80+ to matter)."""
+    ``stages``: pipeline stages of the row loop (None: as written; needs sm_80+ to matter).
+    ``low_dtype``: also dx in that dtype, written by the same kernel: (dx, dx_low, dw, db)."""
     n = check("add_layer_norm_backward", s, weight, ("dy", dy, s.shape), ("ds", ds, s.shape))
     s2, dy2 = rows_of(s, n), rows_of(dy, n)
     ds2 = rows_of(ds, n) if ds is not None else dy2
     n_rows = s2.shape[0]
     dx = torch.empty(s.shape, dtype=s.dtype, device=s.device)
+    dx_low = None if low_dtype is None else torch.empty(s.shape, dtype=low_dtype, device=s.device)
     if s.numel() == 0:
-        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
+        return (dx, *(() if dx_low is None else (dx_low,)), torch.zeros_like(weight), torch.zeros_like(weight))
     block = triton.next_power_of_2(n)
     rows = rows or max(1, min(TILE_ELEMENTS // block, triton.next_power_of_2(n_rows)))
     per_program = triton.cdiv(triton.cdiv(n_rows, programs), rows) * rows
     grid = triton.cdiv(n_rows, per_program)
     dw = torch.empty((grid, n), dtype=torch.float32, device=s.device)
     db = torch.empty_like(dw)
-    add_layer_norm_bwd_kernel[(grid,)](dx, dy2, ds2, s2, weight, mean, rstd, dw, db, n_rows, n,
-                                       dy2.stride(0), ds2.stride(0), per_program, BLOCK_N=block, ROWS=rows,
-                                       HAS_DS=ds is not None, STAGES=stages,
+    add_layer_norm_bwd_kernel[(grid,)](dx, dx if dx_low is None else dx_low, dy2, ds2, s2, weight, mean, rstd, dw,
+                                       db, n_rows, n, dy2.stride(0), ds2.stride(0), per_program, BLOCK_N=block,
+                                       ROWS=rows, HAS_DS=ds is not None, STAGES=stages, LOW=dx_low is not None,
                                        num_warps=num_warps or max(4, min(16, rows * block // 512)))
-    return dx, column_sum(dw, weight.dtype), column_sum(db, weight.dtype)
+    sums = column_sum(dw, weight.dtype), column_sum(db, weight.dtype)
+    return (dx, *sums) if dx_low is None else (dx, dx_low, *sums)
 
 
 def add_layer_norm_ref(x, residual, weight, bias, eps: float = 1e-5):
@@ -208,6 +216,9 @@ def compile_cases(info):
                     yield (f"add_layer_norm backward {name} s={dtype_name(s.dtype)} {m}x{n} ds={ds is not None}",
                            lambda s=s, w=w, st=st, ds=ds, rows=rows: add_layer_norm_backward_teaching(
                                s, ds, s, w, st, st, rows=rows))
+            yield (f"add_layer_norm backward {name} s=float32 {m}x{n} dx also in {name}",
+                   lambda r=r, w=w, st=st, rows=rows, dt=dt: add_layer_norm_backward_teaching(
+                       r, r, r, w, st, st, rows=rows, low_dtype=dt))
         if info.arch >= 80:   # the op's launch at GPT-2's shape: the row loop pipelined, 4 warps
             s, w, st = empty(8192, 768, dtype=dt), empty(768, dtype=dt), empty(8192)
             yield (f"add_layer_norm backward pipelined {name} 8192x768", lambda s=s, w=w, st=st:

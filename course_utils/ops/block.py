@@ -87,12 +87,13 @@ def block_backward(kernels, dh, dres, sv: Saved, p: tuple, n_head: int, scale: f
     qkv_w, _, proj_w, _, ln2_w, _, fc_w, fc_b, out_w, _, nxt_w, _ = p
     compute = sv.h1.dtype                          # the branches' dtype; the stream may be wider (float32)
     # hn, s2 = add_layer_norm(out(f), s1): both inputs of the add get ds
-    ds, dnxt_w, dnxt_b = Nm.add_layer_norm_bwd(dh, dres, sv.s2, nxt_w, sv.mean2, sv.rstd2)
-    df, dout_w, dout_b = linear_backward(ds.to(compute), sv.f, out_w)   # the branch's copy of ds in its dtype
+    # (ds_c: the branch's copy of ds in its dtype, written by the norm's kernel beside ds)
+    ds, ds_c, dnxt_w, dnxt_b = Nm.add_layer_norm_bwd_low(dh, dres, sv.s2, nxt_w, sv.mean2, sv.rstd2, compute)
+    df, dout_w, dout_b = linear_backward(ds_c, sv.f, out_w)
     dh2, dfc_w, dfc_b = L.linear_gelu_bwd(df, sv.h2, fc_w, fc_b, sv.acc)
     # h2, s1 = add_layer_norm(proj(o2), x)
-    dx, dln2_w, dln2_b = Nm.add_layer_norm_bwd(dh2, ds, sv.s1, ln2_w, sv.mean1, sv.rstd1)
-    do2, dproj_w, dproj_b = linear_backward(dx.to(compute), sv.o2, proj_w)
+    dx, dx_c, dln2_w, dln2_b = Nm.add_layer_norm_bwd_low(dh2, ds, sv.s1, ln2_w, sv.mean1, sv.rstd1, compute)
+    do2, dproj_w, dproj_b = linear_backward(dx_c, sv.o2, proj_w)
     do = do2.view(sv.o.shape[0], sv.o.shape[2], sv.o.shape[1], sv.o.shape[3]).transpose(1, 2)
     dqkv = A.attention_qkv_bwd(do, sv.qkv, sv.o, sv.lse, n_head, True, scale)
     dh_in, dqkv_w, dqkv_b = linear_backward(dqkv, sv.h1, qkv_w)

@@ -230,11 +230,27 @@ def _aln_bwd_plan(dy, ds, s, weight):
 
 def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
     """``(dx, dw, db)``: dx = ds + dLayerNorm(dy) in s's dtype (both inputs of the add get it)."""
+    dx, _, dw, db = _aln_bwd(dy, ds, s, weight, mean, rstd, None)
+    return dx, dw, db
+
+
+def add_layer_norm_bwd_low(dy, ds, s, weight, mean, rstd, low_dtype: torch.dtype):
+    """``(dx, dx_low, dw, db)``: :func:`add_layer_norm_bwd` with dx also in ``low_dtype`` (the branch's compute
+    dtype, where the stream s is wider), stored by the same kernel from the same registers: no cast kernel reads
+    dx back. ``dx_low`` is dx itself when ``low_dtype`` is s's dtype."""
+    if low_dtype == s.dtype:
+        dx, dw, db = add_layer_norm_bwd(dy, ds, s, weight, mean, rstd)
+        return dx, dx, dw, db
+    return _aln_bwd(dy, ds, s, weight, mean, rstd, low_dtype)
+
+
+def _aln_bwd(dy, ds, s, weight, mean, rstd, low_dtype):
     p = _aln_bwd_plan(dy, ds, s, weight)
     n, n_rows = p["n"], p["n_rows"]
     dx = torch.empty_like(s, memory_format=torch.contiguous_format)
+    dx_low = dx if low_dtype is None else torch.empty_like(dx, dtype=low_dtype)
     if n_rows == 0:
-        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
+        return dx, dx_low, torch.zeros_like(weight), torch.zeros_like(weight)
     dys, dss = p["dy_stride"], p["ds_stride"]
     if dys is None:
         dy, dys = A.rows_of(dy, n), n
@@ -243,11 +259,11 @@ def add_layer_norm_bwd(dy, ds, s, weight, mean, rstd):
     dw = torch.empty_strided((p["grid"], n), (n, 1), dtype=torch.float32, device=s.device)
     db = torch.empty_like(dw)
     _lib.launch(A.add_layer_norm_bwd_kernel, "aln_bwd", (p["grid"],),
-                (dx, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
+                (dx, dx_low, dy, dy if ds is None else ds, s, weight, mean, rstd, dw, db, n_rows, n, dys,
                  dys if ds is None else dss, p["per_program"]),
                 dict(BLOCK_N=p["block"], ROWS=p["rows"], HAS_DS=ds is not None, STAGES=p["stages"],
-                     num_warps=p["num_warps"]))
-    return (dx, *T.column_sum_pair(dw, db, weight.dtype))
+                     LOW=low_dtype is not None, num_warps=p["num_warps"]))
+    return (dx, dx_low, *T.column_sum_pair(dw, db, weight.dtype))
 
 
 def _fake_aln_bwd(dy, ds, s, weight, mean, rstd):
@@ -268,8 +284,16 @@ def _aln_backward(ctx, dy, ds, _dmean=None, _drstd=None):
         return None, None, None, None, None
     if dy is None:
         dy = torch.zeros_like(s)
-    dx, dw, db = ctx.bwd(dy, ds, s, weight, mean, rstd)
-    dx_in, dr_in = (dx if dx.dtype == t else dx.to(t) for t in ctx.dtypes)
+    low = next((t for t in ctx.dtypes if t != s.dtype), None)   # an input narrower than the stream s
+    if low is not None and ctx.bwd is add_layer_norm_bwd:
+        # the eager fast path's own function (not the registered op, whose graph Inductor fuses the cast into):
+        # its kernel writes dx in both dtypes
+        dx, dx_low, dw, db = _aln_bwd(dy, ds, s, weight, mean, rstd, low)
+    else:
+        dx, dw, db = ctx.bwd(dy, ds, s, weight, mean, rstd)
+        dx_low = None
+    dx_in, dr_in = (dx if t == dx.dtype else dx_low if dx_low is not None and t == dx_low.dtype else dx.to(t)
+                    for t in ctx.dtypes)
     return dx_in, dr_in, dw, db, None
 
 

@@ -90,7 +90,7 @@ def launch(dy, ds, s, w, mean, rstd, c):
     dx = torch.empty_like(s)
     dw = torch.empty((grid, n), dtype=torch.float32, device=s.device)
     db = torch.empty_like(dw)
-    A.add_layer_norm_bwd_kernel[(grid,)](dx, dy, ds, s, w, mean, rstd, dw, db, m, n, n, n, per_program,
+    A.add_layer_norm_bwd_kernel[(grid,)](dx, dx, dy, ds, s, w, mean, rstd, dw, db, m, n, n, n, per_program,
                                          BLOCK_N=triton.next_power_of_2(n), ROWS=rows, HAS_DS=True,
                                          STAGES=stages, num_warps=warps)
     return (dx, *column_sum_pair(dw, db, w.dtype))
