@@ -494,6 +494,25 @@ def test_gelu_checker_names_more_wrong_kernels(mode, words):
 
 
 @triton.jit
+def _quick_gelu(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    y = x / (1.0 + tl.exp(-1.702 * x))   # x * sigmoid(1.702 x), not the tanh form
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def test_gelu_checker_names_the_quick_gelu():
+    """Refused before with no hint: x * sigmoid(1.702 x) is another approximation, not the tanh form asked for."""
+    def gelu(x, out=None):
+        out = torch.empty_like(x) if out is None else out
+        _quick_gelu[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK_SIZE=BLOCK)
+        return out
+    with pytest.raises(CheckFailure, match="sigmoid approximation x . sigmoid.1.702 x."):
+        chk.check_gelu(gelu)
+
+
+@triton.jit
 def _chain_more(x_ptr, b_ptr, y_ptr, n_elements, n_cols, scale, BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements

@@ -546,3 +546,57 @@ def test_an_unstable_exp_is_named_on_the_first_case_whatever_the_draw(monkeypatc
     monkeypatch.setattr(checks.check, "randn", low_draw)
     with pytest.raises(check.CheckFailure, match=r"\(float32, 1 rows x 1 cols\).*got nan"):
         checks.check_row_kernel(_unstable_exp)
+
+
+# ------------------------------------------------------------------ rows a whole number of tiles long
+
+@triton.jit
+def _full_tiles_then_tail(y_ptr, x_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_SIZE: tl.constexpr,
+                          SHORT_STATS: tl.constexpr, SHORT_WRITE: tl.constexpr):
+    """Exercise 6.2 with unmasked full tiles and a masked tail; SHORT_*: that loop's bound is start < n_cols -
+    BLOCK_SIZE (one tile short when n_cols is a multiple of BLOCK_SIZE, right on every other length)."""
+    pid = tl.program_id(0)
+    x_row = x_ptr + pid.to(tl.int64) * x_row_stride
+    y_row = y_ptr + pid.to(tl.int64) * y_row_stride
+    offsets = tl.arange(0, BLOCK_SIZE)
+    full = n_cols // BLOCK_SIZE * BLOCK_SIZE
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols - BLOCK_SIZE if SHORT_STATS else full, BLOCK_SIZE):
+        x = tl.load(x_row + start + offsets).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
+        m = m_new
+    cols = full + offsets
+    x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
+    m = m_new
+    for start in range(0, n_cols - BLOCK_SIZE if SHORT_WRITE else full, BLOCK_SIZE):
+        x = tl.load(x_row + start + offsets).to(tl.float32)
+        tl.store(y_row + start + offsets, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty))
+    x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+    tl.store(y_row + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+class _FullTiles:
+    def __init__(self, short_stats, short_write):
+        self.kw = {"SHORT_STATS": short_stats, "SHORT_WRITE": short_write}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: _full_tiles_then_tail[grid](*args, **self.kw, **kw)
+
+
+@pytest.mark.parametrize("short_stats, short_write, words", [
+    (True, False, r"(?s)x 512 cols\).*last tile of the row is left out of the running max and sum when n_cols is a "
+                  r"multiple of BLOCK_SIZE \(512 = 4 x 128"),
+    (False, True, r"(?s)x 512 cols\).*last tile of the row is never written when n_cols is a multiple of BLOCK_SIZE"),
+    (True, True, r"(?s)x 512 cols\).*never written when n_cols is a multiple.*running max and sum stops one tile "
+                 r"early too"),
+], ids=["max and sum", "write", "both"])
+def test_long_row_checker_names_a_full_tile_loop_one_tile_short(short_stats, short_write, words):
+    """Passed before: no row length tried was a multiple of BLOCK_SIZE, where such a loop misses the last tile."""
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_long_row_kernel(_FullTiles(short_stats, short_write))

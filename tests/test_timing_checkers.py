@@ -413,6 +413,10 @@ def clock_before_the_warmup(fn, warmup, reps, sync, clock):
     return (clock() - t0) / reps * 1e6
 
 
+def divided_by_reps_minus_one(fn, warmup, reps, sync, clock):   # refused before, with no hint
+    return good(fn, warmup, reps, sync, clock) * reps / (reps - 1)
+
+
 def one_warmup_call(fn, warmup, reps, sync, clock):
     return good(fn, 1, reps, sync, clock)   # one warm-up call, whatever warmup says
 
@@ -431,6 +435,7 @@ def one_warmup_call(fn, warmup, reps, sync, clock):
     (clock_around_each_call, "clock inside the timed loop"),
     (clock_before_the_warmup, "before you started the clock"),
     (one_warmup_call, "should call it warmup . reps"),
+    (divided_by_reps_minus_one, "long kernels, short loop.*divided by reps - 1"),
 ])
 def test_time_call_wrong_answers_fail_and_say_why(wrong, says):
     with pytest.raises(CheckFailure, match=says):

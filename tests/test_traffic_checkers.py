@@ -118,13 +118,13 @@ def test_kernel_time_names_the_usual_mistakes(wrong, words):
 
 
 def _speedup(*, launch=True, peak_dtype=None, nbytes=lambda k: k.total_bytes, add=False, merged=False,
-             one_launch=False):
+             one_launch=False, flops=True):
     def fusion_speedup(comparison, gpu, dtype):
         spec = hardware.lookup(gpu)
         peak, lat = spec.peak_tflops(peak_dtype or dtype), T.LAUNCH_OVERHEAD_US if launch else 0.0
 
         def one(b, f):
-            mem, comp = b / (spec.hbm_gbps * 1e9) * 1e6, f / (peak * 1e12) * 1e6
+            mem, comp = b / (spec.hbm_gbps * 1e9) * 1e6, (f if flops else 0) / (peak * 1e12) * 1e6
             return (mem + comp if add else max(mem, comp)) + (0.0 if one_launch else lat)
 
         def total(t):
@@ -148,6 +148,7 @@ def test_the_speedup_helper_of_these_tests_is_right(capsys):
     # without launches a memory-bound fusion's speedup is its traffic ratio: named "the traffic ratio alone" before
     (_speedup(launch=False), "add each kernel's launch overhead"),
     (_speedup(one_launch=True), "once per kernel, not once per version"),
+    (_speedup(flops=False), "a kernel's FLOPs count too"),   # refused before, with no hint
 ])
 def test_fusion_speedup_names_the_usual_mistakes(wrong, words):
     with pytest.raises(CheckFailure, match=words):

@@ -227,6 +227,8 @@ def _name_gelu_fault(gelu: Callable) -> None:
         "tl.where(a < 0, -t, t)": 0.5 * x64 * (1 + torch.tanh(a.abs())),
         "the cubic term sits outside the sqrt(2/pi) factor: a = sqrt(2/pi) * (x + 0.044715 x^3), the factor "
         "multiplies both terms": 0.5 * x64 * (1 + torch.tanh(0.7978845608028654 * x64 + 0.044715 * x64**3)),
+        "that is the sigmoid approximation x * sigmoid(1.702 x) (the 'quick GELU'): the exercise asks for the tanh "
+        "form, x * sigmoid(2a) with a = sqrt(2 / pi) (x + 0.044715 x^3)": x64 * torch.sigmoid(1.702 * x64),
     }
     atol, rtol = check.tolerance(torch.float32)
     for fault, w in wrong.items():

@@ -275,7 +275,7 @@ def reference_speedup(comparison: T.Comparison, gpu: str, dtype: str = "bfloat16
 
 def _model_speedup(comp: T.Comparison, gpu: str, dtype: str, *, launch: bool = True, peak_dtype: str | None = None,
                    reads_only: bool = False, add: bool = False, merged: bool = False,
-                   one_launch: bool = False) -> float:
+                   one_launch: bool = False, flops: bool = True) -> float:
     """Exercise 2.5's speedup computed with one of the usual mistakes (see SPEEDUP_FAULTS)."""
     from .. import hardware
     spec = hardware.lookup(gpu)
@@ -286,7 +286,7 @@ def _model_speedup(comp: T.Comparison, gpu: str, dtype: str, *, launch: bool = T
         return (mem + compute if add else max(mem, compute)) + (0.0 if one_launch else lat)
 
     def total(t):
-        ks = [(k.read_bytes if reads_only else k.total_bytes, k.flops) for k in t.kernels]
+        ks = [(k.read_bytes if reads_only else k.total_bytes, k.flops if flops else 0) for k in t.kernels]
         return (one(sum(b for b, _ in ks), sum(f for _, f in ks)) if merged else sum(one(b, f) for b, f in ks)) \
             + (lat if one_launch else 0.0)
     return total(comp.unfused) / total(comp.fused)
@@ -304,6 +304,9 @@ SPEEDUP_FAULTS = {
     "time for all the bytes and FLOPs together is a single kernel's": {"merged": True},
     "every kernel pays its own launch: add T.LAUNCH_OVERHEAD_US once per kernel, not once per version":
         {"one_launch": True},
+    "a kernel's FLOPs count too: its time is the larger of bytes / bandwidth and flops / peak (pass k.flops to "
+    "your kernel_time_us, not 0); with the bytes alone a compute-bound kernel, a GEMM or attention's matmuls, "
+    "looks memory-bound and far too fast": {"flops": False},
 }
 
 

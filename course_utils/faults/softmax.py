@@ -1,7 +1,8 @@
 """The usual faults of chapters 5 and 6's softmax exercises, recomputed and named (used by
 :mod:`course_utils.checkers.softmax`): no max subtracted, masked lanes padded with 0 instead of -inf, rows
 found n_cols apart instead of a row stride apart, and for the online softmax a running sum not rescaled,
-rescaled by exp(m_new - m) (inverted) or a tile shifted by the old max or by its own.
+rescaled by exp(m_new - m) (inverted) or a tile shifted by the old max or by its own, and a loop over the full
+tiles that stops one tile short when n_cols is a multiple of BLOCK_SIZE.
 
 The kernels' faults are replayed in float32, the precision the kernel computes in, tile by tile as the kernel
 folds them (an overflow to inf and 0 / 0 = NaN come out where the kernel's do). The update rule's (6.1) are
@@ -28,20 +29,31 @@ INVERTED = ("the running sum is rescaled by exp(m_new - m), the inverse of the r
             "the old terms shrink, so rescale s by exp(m - m_new) (at most 1; the inverse overflows)")
 OLD_MAX = ("the tile's terms are shifted by the old max, exp(x - m): after the rescale s is a sum against m_new, "
            "so add exp(x - m_new)")
+LAST_TILE_STATS = ("the last tile of the row is left out of the running max and sum when n_cols is a multiple of "
+                   "BLOCK_SIZE ({cols} = {tiles} x {block} here): a loop over the full tiles that runs while start < "
+                   "n_cols - BLOCK_SIZE stops one tile early, and the masked tail after it is empty. Run the full "
+                   "tiles while start + BLOCK_SIZE <= n_cols (range(0, n_cols // BLOCK_SIZE * BLOCK_SIZE, "
+                   "BLOCK_SIZE)), or mask every tile of one loop (range(0, n_cols, BLOCK_SIZE), mask=cols < n_cols)")
+LAST_TILE_UNWRITTEN = ("the last tile of the row is never written when n_cols is a multiple of BLOCK_SIZE ({cols} = "
+                       "{tiles} x {block} here; its elements still hold the NaN the output was poisoned with): the "
+                       "writing loop over the full tiles runs while start < n_cols - BLOCK_SIZE and stops one tile "
+                       "early, and the masked tail after it is empty. Run the full tiles while start + BLOCK_SIZE <= "
+                       "n_cols, or mask every tile of one loop (range(0, n_cols, BLOCK_SIZE), mask=cols < n_cols)")
 OWN_MAX = ("the tile's terms are shifted by the tile's own max, exp(x - tile.amax()): s is a sum against the "
            "running max, so add exp(x - m_new) with m_new = max(m, tile's max)")
 
 
 def _fold(x: torch.Tensor, block: int, rescale: str = "right", pad: float = float("-inf"),
-          subtract_max: bool = True, guard: bool = True) -> torch.Tensor:
+          subtract_max: bool = True, guard: bool = True, stats_cols: int | None = None) -> torch.Tensor:
     """exp(x - m) / s in float32, m and s folded over tiles of ``block`` as a kernel does, the last partial
     tile padded with ``pad``; ``rescale``: 'right' (exp(m - m_new)), 'none' or 'inverted' (exp(m_new - m));
-    ``guard``: m_new = -inf replaced by 0 where subtracted (without it a tile of -inf gives NaN)."""
+    ``guard``: m_new = -inf replaced by 0 where subtracted (without it a tile of -inf gives NaN);
+    ``stats_cols``: fold only the tiles before this column (a loop that stops early), write every column."""
     x = x.to("cpu", torch.float32)
     rows, cols = x.shape
     m = torch.full((rows,), float("-inf"))
     s = torch.zeros(rows)
-    for start in range(0, cols, block):
+    for start in range(0, cols if stats_cols is None else stats_cols, block):
         t = x[:, start:start + block]
         if t.shape[1] < block:
             t = torch.cat([t, torch.full((rows, block - t.shape[1]), pad)], dim=1)
@@ -67,6 +79,16 @@ def row_faults(x: torch.Tensor, block: int, flat_rows: torch.Tensor, online: boo
         out += [(NO_RESCALE, _fold(x, block, rescale="none")), (INVERTED, _fold(x, block, rescale="inverted")),
                 (NO_RESCALE + " (and while a row has seen only -inf, exp(-inf - -inf) is NaN: keep s = 0 there)",
                  _fold(x, block, rescale="none", guard=False))]
+        cols = x.shape[1]
+        if cols % block == 0 and cols >= 2 * block:   # full tiles, then an empty tail: a loop bound one tile short
+            where = {"cols": cols, "tiles": cols // block, "block": block}
+            short = _fold(x, block, stats_cols=cols - block)
+            unwritten, both = _fold(x, block), short.clone()
+            unwritten[:, cols - block:] = float("nan")
+            both[:, cols - block:] = float("nan")
+            out += [(LAST_TILE_STATS.format(**where), short), (LAST_TILE_UNWRITTEN.format(**where), unwritten),
+                    (LAST_TILE_UNWRITTEN.format(**where) + "; the loop of the running max and sum stops one tile "
+                     "early too", both)]
     return out
 
 
