@@ -26,9 +26,11 @@ def _delta(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOC
         o_stride, do_stride = head_dim, head_dim
     o = tl.load(o_ptr + pid * o_stride + offsets, mask=mask, other=0.0)
     do = tl.load(do_ptr + pid * do_stride + offsets, mask=mask, other=0.0)
-    if FAULT != "16-bit products":
+    if FAULT != "16-bit products" and FAULT != "16-bit products, float32 sum":
         o, do = o.to(tl.float32), do.to(tl.float32)
-    if FAULT == "mean not sum":
+    if FAULT == "16-bit products, float32 sum":   # each product rounded to float16, then summed in float32
+        tl.store(delta_ptr + pid, tl.sum((o * do).to(tl.float32), axis=0))
+    elif FAULT == "mean not sum":
         tl.store(delta_ptr + pid, tl.sum(o * do, axis=0) / head_dim)
     elif FAULT == "O times O":
         tl.store(delta_ptr + pid, tl.sum(o * o, axis=0))
@@ -61,6 +63,23 @@ def test_delta_checker_passes_the_right_kernel(capsys):
 def test_delta_checker_fails_wrong_kernels(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_delta_kernel(bound(_delta, fault))
+
+
+def test_delta_products_rounded_to_16_bits_are_named():
+    """16-bit products summed in float32: the 1-element row misses float16's tolerance (named by the diagnosis), the
+    longer rows mostly stay inside it and are held to float32's rounding of the sum (next test)."""
+    with pytest.raises(check.CheckFailure, match="products O \\* dO \\(or their sum\\) were rounded to float16"):
+        checks.check_delta_kernel(bound(_delta, "16-bit products, float32 sum"))
+
+
+def test_delta_products_rounded_to_16_bits_fail_inside_the_dtypes_tolerance(monkeypatch):
+    """Without the 1-element row: the float16 tolerance passes most rows, float32's rounding of the sum does not."""
+    from course_utils import env
+    pick = env.pick
+    monkeypatch.setattr(env, "pick", lambda gpu=None, cpu=None: tuple(s for s in pick(gpu=gpu, cpu=cpu) if s != (1, 1)))
+    with pytest.raises(check.CheckFailure, match="row\\(s\\) of delta are further from the float64 sum than float32 "
+                                                 "products and a float32 sum can be"):
+        checks.check_delta_kernel(bound(_delta, "16-bit products, float32 sum"))
 
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)

@@ -3,7 +3,8 @@
 
 - :func:`check_delta_kernel` launches a student's FlashAttention-backward preprocessing kernel
   ``kernel[(n_rows,)](o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D=...)``
-  that writes ``delta[i] = sum_j O[i, j] * dO[i, j]`` (float32).
+  that writes ``delta[i] = sum_j O[i, j] * dO[i, j]`` (float32); with 16-bit O and dO each row must be within
+  float32's rounding of the sum (F32_DELTA), which products rounded to 16 bits miss while float16's tolerance passes.
 - :func:`check_gelu_backward_kernel` launches a student's bias + GELU + dropout backward kernel
   ``kernel[grid](dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE=...)``
   over a flat contiguous (rows x n_cols) tensor, writing ``dx = dy * gelu'(x + b) * keep / (1 - p)``
@@ -71,6 +72,12 @@ def _delta_diagnose(kernel, dtype) -> str:
         return ("delta is what O and dO read with their rows head_dim elements apart give, as if they were "
                 "contiguous: the check's rows are further apart. Row pid of O is at o_ptr + pid * o_row_stride, "
                 "of dO at do_ptr + pid * do_row_stride.")
+    if dtype != torch.float32:   # products rounded to 16 bits, summed exactly: float32's sum is far closer than that
+        rounded = (o * do).to("cpu", torch.float64).sum(-1)
+        size = (o64 * do64).abs().sum(-1)
+        near = lambda want: bool(((got - want).abs() <= F32_DELTA * size).all())  # noqa: E731
+        if near(rounded) and not near(right):
+            return PRODUCTS_16.format(name=_name(dtype))
     if fits(right / head_dim):
         return "delta is the row's sum divided by head_dim (a mean): D is the plain sum, tl.sum(o * do)."
     if fits((o64 * o64).sum(-1)) or fits((do64 * do64).sum(-1)):
@@ -80,6 +87,30 @@ def _delta_diagnose(kernel, dtype) -> str:
                 "time in 2^13), off by the 16-bit rounding of the products and of the running sum. Convert O and dO "
                 "with .to(tl.float32) before multiplying.")
     return ""
+
+
+#: float32's error in a right delta, relative to its row's sum of |O * dO|: the products of 16-bit numbers are exact in
+#: float32 and tl.sum adds them in a tree, log2(head_dim) roundings of at most 6e-8 each (under 5e-7 up to 256); a
+#: product rounded to 16 bits is off by up to 2.4e-4 (float16) of itself, a row's sum of them by far more than this
+F32_DELTA = 2e-6
+PRODUCTS_16 = ("the products O * dO (or their sum) were rounded to {name}: a product of two 16-bit numbers is exact in "
+               "float32, not in {name}. Convert O and dO with .to(tl.float32) before multiplying, then tl.sum the "
+               "float32 products.")
+
+
+def _check_delta_rounding(case: str, delta, o, do) -> None:
+    """16-bit O and dO: each row of delta within F32_DELTA of its sum of |O * dO| (float32 products, exact); the
+    dtype's tolerance lets products rounded to 16 bits through on most rows."""
+    if o.dtype == torch.float32:
+        return
+    p = o.to("cpu", torch.float64) * do.to("cpu", torch.float64)
+    err = (delta.to("cpu", torch.float64) - p.sum(-1)).abs()
+    bad = err > F32_DELTA * p.abs().sum(-1) + 1e-30
+    if bool(bad.any()):
+        raise check.CheckFailure(f"{case}: {int(bad.sum())} row(s) of delta are further from the float64 sum than "
+                                 "float32 products and a float32 sum can be (more than "
+                                 f"{F32_DELTA:g} of the row's sum of |O * dO|): "
+                                 + PRODUCTS_16.format(name=_name(o.dtype)))
 
 
 def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = rowsum(dO * O)") -> None:
@@ -119,6 +150,7 @@ def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = row
                 if not cause:
                     raise
                 raise check.CheckFailure(f"{e}\nLikely cause: {cause}") from None
+            _check_delta_rounding(case, delta.tensor, o, do)
             og.check(f"{case}, O's buffer")
             dg.check(f"{case}, dO's buffer")
     check.verdict(name, "matches the float64 reference on every shape and dtype tried, strided rows, "
