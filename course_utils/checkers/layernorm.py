@@ -6,7 +6,7 @@ Fresh inputs every call: odd row lengths; strided rows (the gap holds +/-3e4); e
 OFFSET = 1000 (E[x^2] - E[x]^2 cancels in float32, 16-bit sums overflow); one row in four with a variance
 below the non-default ``eps`` every check passes; NaN-poisoned outputs in guard zones; loads outside the
 inputs recorded under the interpreter; the course's kernels, launchers and torch's norms refused as answers;
-float16 rows whose last starts past 2**31 elements (``layernorm_common.wide_rows``), where an int32 row offset
+float16 rows whose last starts past 2**31 elements (``offsets64.wide_rows``), where an int32 row offset
 wraps (the forward, RMSNorm's dx and the dw/db partial sums).
 Under the interpreter the loads also show a tensor's rows read with another tensor's stride (named), and, for
 the forward in chunks (exercise 10.1, Welford's statistics), how many times the kernel reads each element of
@@ -33,13 +33,10 @@ from .layernorm_common import (
     refuse,
     rstd_rtol,
     store_stride_fault,
-    wide_case,
-    wide_last_row,
-    wide_launch,
-    wide_rows,
 )
 from .loads import LOADS_SEEN
 from .offsets64 import HINT as WIDE_HINT
+from .offsets64 import wide_case, wide_last_row, wide_launch, wide_rows
 
 FWD_HINT = ("compute in float32 (x.to(tl.float32)): mean = sum(x) / n_cols, then the variance of the centered "
             "values (x - mean, with masked lanes set to 0), rstd = 1 / sqrt(var + eps); store mean and rstd.")
@@ -141,7 +138,7 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
 
 
 def _check_forward_past_2_31(kernel, name: str, chunk, signature: str) -> None:
-    """float16 rows whose last starts past 2**31 elements (``layernorm_common.wide_rows``): pid * x_row_stride in
+    """float16 rows whose last starts past 2**31 elements (``offsets64.wide_rows``): pid * x_row_stride in
     int32 wraps there, and the kernel reads and writes the padding instead."""
     n_cols = 3 * (chunk or 64) + 5
     case = wide_case(name, n_cols)

@@ -19,13 +19,10 @@ from .layernorm_common import (
     _stats64,
     refuse,
     store_stride_fault,
-    wide_case,
-    wide_last_row,
-    wide_launch,
-    wide_rows,
 )
 from .loads import LOADS_SEEN
 from .offsets64 import HINT as WIDE_HINT
+from .offsets64 import wide_case, wide_last_row, wide_launch, wide_rows
 
 # --------------------------------------------------------------------------- the dw/db reduction
 
@@ -216,7 +213,7 @@ def check_dw_db_kernel(kernel, name: str = "dw/db reduction over rows") -> None:
 
 
 def _dw_past_2_31(kernel, name: str) -> None:
-    """float16 x and dy whose last row starts past 2**31 elements (``layernorm_common.wide_rows``), runs of 2 rows
+    """float16 x and dy whose last row starts past 2**31 elements (``offsets64.wide_rows``), runs of 2 rows
     in tiles of 2: rows * x_row_stride in int32 wraps at the last row, which then sums the padding."""
     n_cols, rows_per_program, block_m, block_n = 197, 2, 2, 64
     case = wide_case(name, n_cols) + f", BLOCK_M={block_m}, BLOCK_N={block_n}, rows_per_program={rows_per_program}"
@@ -379,7 +376,7 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
 
 
 def _rms_past_2_31(kernel, name: str, signature: str) -> None:
-    """float16 x, dy and dx whose last row starts past 2**31 elements (``layernorm_common.wide_rows``): pid times a
+    """float16 x, dy and dx whose last row starts past 2**31 elements (``offsets64.wide_rows``): pid times a
     row stride in int32 wraps there, and the kernel reads and writes the padding instead."""
     n_cols = 197
     case = wide_case(name, n_cols)

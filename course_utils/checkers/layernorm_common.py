@@ -6,14 +6,11 @@ like), the refusal of the course's answers and a student's launch with its loads
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 import triton
 
 from .. import check
-from . import offsets64
 
 OFFSET = 1000.0
 EPS = 1e-3      # the eps every check passes: not a default of any norm, and above the small rows' variance
@@ -229,47 +226,3 @@ def _launch(what, fn, case, hint, inputs=(), rows=None, strides=None):
     check.check_loads_inside(case, loads, list(inputs))
     return loads
 
-
-# --------------------------------------------------------------------------- rows past 2**31 elements
-#: three float16 rows WIDE_STRIDE elements apart, the first WIDE_START elements into a wide buffer: the last row
-#: starts 2 * WIDE_STRIDE = 2**31 + 8198 elements past its tensor's pointer, where pid * row_stride in int32 wraps
-#: about 2**32 back, into the buffer's first elements (8 GiB; a few pages under the interpreter)
-WIDE_ROWS, WIDE_STRIDE, WIDE_START = 3, 2**30 + 4099, 2**31
-
-
-def wide_case(name: str, n_cols: int) -> str:
-    return (f"{name} (float16, {WIDE_ROWS} rows x {n_cols} cols {WIDE_STRIDE} elements apart: the last row starts "
-            f"{(WIDE_ROWS - 1) * WIDE_STRIDE} elements in, past 2**31)")
-
-
-@contextlib.contextmanager
-def wide_rows(n_cols: int, names: tuple[str, ...]):
-    """``{name: (WIDE_ROWS, n_cols) float16 view}`` for each of ``names``, rows WIDE_STRIDE apart, side by side
-    after WIDE_START elements of padding; None where the buffer cannot be had (the case is skipped, with a
-    warning). The caller copies what it needs out before the block ends (the memory goes back then)."""
-    gap = n_cols + 8
-    with offsets64.wide_buffer(WIDE_START + (WIDE_ROWS - 1) * WIDE_STRIDE + len(names) * gap, torch.float16) as buf:
-        if buf is None:
-            yield None
-            return
-        views = {n: buf.as_strided((WIDE_ROWS, n_cols), (WIDE_STRIDE, 1), WIDE_START + i * gap)
-                 for i, n in enumerate(names)}
-        del buf
-        yield views
-
-
-def wide_launch(launch, case: str, signature: str) -> None:
-    """Run a launch on the wide rows (no load tracking: a wrapped offset reads the padding, named after)."""
-    try:
-        launch()
-    except (NotImplementedError, check.CheckFailure):
-        raise
-    except Exception as e:  # a crash in the student's kernel: say where
-        raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n{signature}") from e
-
-
-def wide_last_row(case: str, got: torch.Tensor, name: str, what: str) -> None:
-    """Fail, named, when the last row of ``got`` (NaN-filled before the launch) was never written."""
-    if bool(got[-1].isnan().all()) and not bool(got[0].isnan().any()):
-        raise check.CheckFailure(f"{case}: your kernel never wrote the last row of {name}: "
-                                 + offsets64.HINT.format(what=what) + ".")
