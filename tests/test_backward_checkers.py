@@ -15,7 +15,7 @@ from course_utils.kernels.gelu_backward import gelu_grad
 @triton.jit
 def _delta(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D: tl.constexpr,
            FAULT: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0) if FAULT == "int32 row offsets" else tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK_D)
     mask = offsets < head_dim
     if FAULT == "no mask":
@@ -576,3 +576,10 @@ def test_the_wide_case_refuses_the_course_kernel_itself():
     from course_utils.kernels import gelu_backward
     with pytest.raises(C.CheckFailure):
         offsets64.launch_last_programs(gelu_backward.bias_gelu_backward_kernel, 4, 1, (), {})
+
+
+def test_delta_int32_row_offsets_fail_past_2_31_elements():
+    """The case 11.1's check ends with, on its own (the right kernel passes it in the whole check above)."""
+    from course_utils.checkers.backward import _delta_past_2_31
+    with pytest.raises(check.CheckFailure, match="past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* o_row_stride"):
+        _delta_past_2_31(bound(_delta, "int32 row offsets"), "delta", "")

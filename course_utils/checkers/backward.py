@@ -4,7 +4,8 @@
 - :func:`check_delta_kernel` launches a student's FlashAttention-backward preprocessing kernel
   ``kernel[(n_rows,)](o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D=...)``
   that writes ``delta[i] = sum_j O[i, j] * dO[i, j]`` (float32); with 16-bit O and dO each row must be within
-  float32's rounding of the sum (F32_DELTA), which products rounded to 16 bits miss while float16's tolerance passes.
+  float32's rounding of the sum (F32_DELTA), which products rounded to 16 bits miss while float16's tolerance passes;
+  a last case's rows start past 2**31 elements (``offsets64.wide_rows``), where int32 row offsets wrap.
 - :func:`check_gelu_backward_kernel` launches a student's bias + GELU + dropout backward kernel
   ``kernel[grid](dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE=...)``
   over a flat contiguous (rows x n_cols) tensor, writing ``dx = dy * gelu'(x + b) * keep / (1 - p)``
@@ -113,6 +114,30 @@ def _check_delta_rounding(case: str, delta, o, do) -> None:
                                  + PRODUCTS_16.format(name=_name(o.dtype)))
 
 
+def _delta_past_2_31(kernel, name: str, signature: str) -> None:
+    """float16 O and dO whose last row starts past 2**31 elements (``offsets64.wide_rows``): pid * o_row_stride in
+    int32 wraps there, and the kernel sums the padding instead."""
+    from .offsets64 import HINT, wide_case, wide_launch, wide_rows
+    head_dim = 80
+    case = wide_case(name, head_dim)
+    o_small, do_small = (check.randn((3, head_dim), torch.float16, scale=2.0) for _ in range(2))
+    delta = torch.full((3,), float("nan"), device=o_small.device)
+
+    def run(o, do):
+        o.copy_(o_small)
+        do.copy_(do_small)
+        wide_launch(lambda: kernel[(3,)](o, do, delta, head_dim, o.stride(0), do.stride(0),
+                                         BLOCK_D=triton.next_power_of_2(head_dim)), case, signature)
+
+    with wide_rows(head_dim, ("o", "do")) as t:
+        if t is None:
+            return
+        run(t.pop("o"), t.pop("do"))   # the views die with run: the memory goes back as the block ends
+    expected = (o_small.double() * do_small.double()).sum(-1)
+    check.compare(case, delta, expected, dtype=torch.float32, atol=1e-3,
+                  hint=HINT.format(what="o_row_stride (and do_row_stride)"))
+
+
 def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = rowsum(dO * O)") -> None:
     for fn in (kernel, getattr(kernel, "fn", None)):  # the kernel, and the body of a @triton.jit one
         check.refuse_answer_key(name, fn, _delta_forbidden())
@@ -153,5 +178,6 @@ def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = row
             _check_delta_rounding(case, delta.tensor, o, do)
             og.check(f"{case}, O's buffer")
             dg.check(f"{case}, dO's buffer")
+    _delta_past_2_31(kernel, name, signature)
     check.verdict(name, "matches the float64 reference on every shape and dtype tried, strided rows, "
                         "no writes outside the output")
