@@ -362,7 +362,12 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
         kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
         k = tl.load(k_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
-        p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
+        if FAULT == "top-left in the dQ pass":   # the dK/dV pass right, the dQ pass's mask top-left
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, "top-left", PREC)
+        elif FAULT == "no causal mask in the dQ pass":
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, False, FAULT, PREC)
+        else:
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC).to(dq.dtype)
@@ -583,3 +588,17 @@ def test_delta_int32_row_offsets_fail_past_2_31_elements():
     from course_utils.checkers.backward import _delta_past_2_31
     with pytest.raises(check.CheckFailure, match="past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* o_row_stride"):
         _delta_past_2_31(bound(_delta, "int32 row offsets"), "delta", "")
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("top-left in the dQ pass", "dK and dV are right, and matches P recomputed with a top-left causal mask(.|\n)*"
+                                "in the dQ pass only"),
+    ("no causal mask in the dQ pass", "matches P recomputed with no causal mask(.|\n)*in the dQ pass only"),
+])
+def test_a_mask_wrong_in_the_dq_pass_alone_is_named(fault, words, monkeypatch):
+    """The dK/dV pass right, the dQ pass's P masked wrong: named as the dQ pass's P (was "P is right"). The check's
+    causal cases only (the first of them fails), to keep the test short."""
+    from course_utils.checkers import flash_backward as fb
+    monkeypatch.setattr(fb, "ATTN_CASES", tuple(c for c in fb.ATTN_CASES if c[6]))
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_flash_backward(make_flash_backward(fault))
