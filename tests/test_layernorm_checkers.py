@@ -465,7 +465,7 @@ def test_a_stride_mixup_is_named_from_the_output_alone():
 # (the mean, then the centered squares, then y: right numbers, not Welford), 6 delta^2 taken from the mean after
 # its update, 7 eps outside the square root, 8 eps added after it, 9 w and b loaded at the first chunk's columns
 # in every chunk of the y pass, 10 the statistics of the row's first chunk alone (no loop for them), 11 int32 row
-# offsets (pid * x_row_stride wraps past 2**31 elements).
+# offsets (pid * x_row_stride wraps past 2**31 elements), 12 the count updated before M2's delta^2 term.
 
 
 @triton.jit
@@ -499,6 +499,9 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
                 delta = mean_b - mean
             if MODE == 4:
                 m2 += tl.sum(xc * xc, axis=0)
+            elif MODE == 12:   # the count moved before M2's delta^2 term: n_a = n there
+                count = total
+                m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
             else:
                 m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
             count = total
@@ -551,6 +554,7 @@ def test_chunked_welford_kernel_passes_the_chunked_check(capsys):
                                          (7, "eps is outside the square root"), (8, "eps is outside the square root"),
                                          (9, "w and b read at the first chunk's columns"),
                                          (10, "first chunk alone"),
+                                         (12, "takes n_a after the count moved"),
                                          pytest.param(5, "reads each element of x 3.00 times", marks=INTERPRETER_ONLY)])
 def test_wrong_chunked_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):

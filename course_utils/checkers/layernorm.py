@@ -119,6 +119,10 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
                         raise check.CheckFailure(f"{case}: {fault}") from None
                     raise
             hint = diagnose_stats(mean.tensor, rstd.tensor, before, block=block) or fwd_hint
+            if chunk and hint.startswith("rstd matches 1 / sqrt(mean(x^2) + eps)"):
+                hint += (" In Welford's method that is also what Chan's merge gives when its delta^2 * n_a * n_b / n "
+                         "takes n_a after the count moved (n_a = n): for the first chunk, n_a = 0 and delta = m_b, "
+                         "so the term must vanish. Update the count last.")
             check.compare(f"{case}: mean", mean.tensor, mean64, dtype=torch.float32, atol=1e-4, rtol=1e-5, hint=hint)
             rtol = rstd_rtol(mean64, rstd64, n_cols)
             off = _rel(rstd.tensor, rstd64) > rtol
