@@ -68,7 +68,8 @@ def test_delta_checker_fails_wrong_kernels(fault, words):
 def test_delta_products_rounded_to_16_bits_are_named():
     """16-bit products summed in float32: the 1-element row misses float16's tolerance (named by the diagnosis), the
     longer rows mostly stay inside it and are held to float32's rounding of the sum (next test)."""
-    with pytest.raises(check.CheckFailure, match="products O \\* dO \\(or their sum\\) were rounded to float16"):
+    words = "products O \\* dO \\(or their sum\\) were computed in 16 bits, rounded to float16"
+    with pytest.raises(check.CheckFailure, match=words):
         checks.check_delta_kernel(bound(_delta, "16-bit products, float32 sum"))
 
 

@@ -94,9 +94,9 @@ def _delta_diagnose(kernel, dtype) -> str:
 #: float32 and tl.sum adds them in a tree, log2(head_dim) roundings of at most 6e-8 each (under 5e-7 up to 256); a
 #: product rounded to 16 bits is off by up to 2.4e-4 (float16) of itself, a row's sum of them by far more than this
 F32_DELTA = 2e-6
-PRODUCTS_16 = ("the products O * dO (or their sum) were rounded to {name}: a product of two 16-bit numbers is exact in "
-               "float32, not in {name}. Convert O and dO with .to(tl.float32) before multiplying, then tl.sum the "
-               "float32 products.")
+PRODUCTS_16 = ("the products O * dO (or their sum) were computed in 16 bits, rounded to {name}: a product of two "
+               "16-bit numbers is exact in float32, not in {name}. Convert O and dO with .to(tl.float32) before "
+               "multiplying, then tl.sum the float32 products.")
 
 
 def _check_delta_rounding(case: str, delta, o, do) -> None:
