@@ -15,7 +15,7 @@ from course_utils.kernels.gelu_backward import gelu_grad
 @triton.jit
 def _delta(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D: tl.constexpr,
            FAULT: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0) if FAULT == "int32 row offsets" else tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK_D)
     mask = offsets < head_dim
     if FAULT == "no mask":
@@ -26,9 +26,11 @@ def _delta(o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOC
         o_stride, do_stride = head_dim, head_dim
     o = tl.load(o_ptr + pid * o_stride + offsets, mask=mask, other=0.0)
     do = tl.load(do_ptr + pid * do_stride + offsets, mask=mask, other=0.0)
-    if FAULT != "16-bit products":
+    if FAULT != "16-bit products" and FAULT != "16-bit products, float32 sum":
         o, do = o.to(tl.float32), do.to(tl.float32)
-    if FAULT == "mean not sum":
+    if FAULT == "16-bit products, float32 sum":   # each product rounded to float16, then summed in float32
+        tl.store(delta_ptr + pid, tl.sum((o * do).to(tl.float32), axis=0))
+    elif FAULT == "mean not sum":
         tl.store(delta_ptr + pid, tl.sum(o * do, axis=0) / head_dim)
     elif FAULT == "O times O":
         tl.store(delta_ptr + pid, tl.sum(o * o, axis=0))
@@ -61,6 +63,26 @@ def test_delta_checker_passes_the_right_kernel(capsys):
 def test_delta_checker_fails_wrong_kernels(fault, words):
     with pytest.raises(check.CheckFailure, match=words):
         checks.check_delta_kernel(bound(_delta, fault))
+
+
+def test_delta_products_rounded_to_16_bits_are_named():
+    """16-bit products summed in float32: the 1-element row misses float16's tolerance (named by the diagnosis), the
+    longer rows mostly stay inside it and are held to float32's rounding of the sum (next test)."""
+    words = "products O \\* dO \\(or their sum\\) were computed in 16 bits, rounded to float16"
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_delta_kernel(bound(_delta, "16-bit products, float32 sum"))
+
+
+def test_delta_products_rounded_to_16_bits_fail_inside_the_dtypes_tolerance():
+    """Rows of 40 to 96 float16 products rounded to float16 mostly pass the dtype's tolerance; the check of the rows'
+    rounding refuses them, and passes float32 products of the same numbers summed in float32."""
+    from course_utils.checkers.backward import _check_delta_rounding
+    for n_rows, head_dim in ((7, 40), (33, 80), (65, 96)):
+        o, do = (check.randn((n_rows, head_dim), torch.float16, scale=2.0) for _ in range(2))
+        _check_delta_rounding("right", (o.float() * do.float()).sum(-1), o, do)
+        with pytest.raises(check.CheckFailure, match="row\\(s\\) of delta are further from the float64 sum than "
+                                                     "float32 products and a float32 sum can be"):
+            _check_delta_rounding("products rounded", (o * do).float().sum(-1), o, do)
 
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
@@ -341,7 +363,12 @@ def _dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_heads, group,
         kv_mask = (cols[:, None] < n_kv) & (offs_d[None, :] < head_dim)
         k = tl.load(k_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_head + cols[:, None] * head_dim + offs_d[None, :], mask=kv_mask, other=0.0)
-        p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
+        if FAULT == "top-left in the dQ pass":   # the dK/dV pass right, the dQ pass's mask top-left
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, "top-left", PREC)
+        elif FAULT == "no causal mask in the dQ pass":
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, False, FAULT, PREC)
+        else:
+            p = _scores(q, k, lse, rows, cols, n_q, n_kv, causal_offset, sm_scale, CAUSAL, FAULT, PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * dp if FAULT == "no delta" else p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC).to(dq.dtype)
@@ -555,3 +582,24 @@ def test_the_wide_case_refuses_the_course_kernel_itself():
     from course_utils.kernels import gelu_backward
     with pytest.raises(C.CheckFailure):
         offsets64.launch_last_programs(gelu_backward.bias_gelu_backward_kernel, 4, 1, (), {})
+
+
+def test_delta_int32_row_offsets_fail_past_2_31_elements():
+    """The case 11.1's check ends with, on its own (the right kernel passes it in the whole check above)."""
+    from course_utils.checkers.backward import _delta_past_2_31
+    with pytest.raises(check.CheckFailure, match="past 2\\*\\*31(.|\n)*pid.to\\(tl.int64\\) \\* o_row_stride"):
+        _delta_past_2_31(bound(_delta, "int32 row offsets"), "delta", "")
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("top-left in the dQ pass", "dK and dV are right, and matches P recomputed with a top-left causal mask(.|\n)*"
+                                "in the dQ pass only"),
+    ("no causal mask in the dQ pass", "matches P recomputed with no causal mask(.|\n)*in the dQ pass only"),
+])
+def test_a_mask_wrong_in_the_dq_pass_alone_is_named(fault, words, monkeypatch):
+    """The dK/dV pass right, the dQ pass's P masked wrong: named as the dQ pass's P (was "P is right"). The check's
+    causal cases only (the first of them fails), to keep the test short."""
+    from course_utils.checkers import flash_backward as fb
+    monkeypatch.setattr(fb, "ATTN_CASES", tuple(c for c in fb.ATTN_CASES if c[6]))
+    with pytest.raises(check.CheckFailure, match=words):
+        checks.check_flash_backward(make_flash_backward(fault))

@@ -48,7 +48,7 @@ def _replayable_draws(monkeypatch):
 @triton.jit
 def _forward(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride, eps,
              BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_cols
     stride = n_cols if MODE == 6 else x_row_stride
@@ -204,7 +204,8 @@ def test_untouched_exercise_raises_not_implemented():
 # 11 dw sums dy (db's sum), 12 the tile loop drops a run's last, partial tile, 13 dw and db stored swapped,
 # 14 x_hat without rstd (x - mean), 15 dw sums x_hat (dy left out), 16 no loop over tiles (a run's first BLOCK_M
 # rows only), 17 the partial rows stored without pid_m (every program writes row 0), 18 dy left in its dtype (each
-# tile's db sum in 16 bits, added to the float32 accumulator).
+# tile's db sum in 16 bits, added to the float32 accumulator), 19 int32 row offsets (rows * x_row_stride wraps
+# past 2**31 elements).
 
 
 @triton.jit
@@ -227,9 +228,10 @@ def _dw_db(dw_partial_ptr, db_partial_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, n_
         row_mask = rows < (n_rows if MODE == 5 else end)
         mask = row_mask[:, None] & col_mask[None, :]
         x_stride = dy_row_stride if MODE == 10 else x_row_stride
-        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rows64 = rows[:, None] if MODE == 19 else rows.to(tl.int64)[:, None]   # 19: int32 row offsets
+        x = tl.load(x_ptr + rows64 * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy_stride = x_row_stride if MODE == 9 else dy_row_stride
-        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + rows64 * dy_stride + cols[None, :], mask=mask, other=0.0)
         if MODE != 18:
             dy = dy.to(tl.float32)
         if MODE == 7:
@@ -363,13 +365,13 @@ def test_fresh_inputs_every_call():
 # loaded without a mask, 6 dy's rows found with x_row_stride, 7 the weight left out (g = dy), 8 the weight
 # multiplied in at the end, 9 x_hat * sum(g * x_hat) not divided by n_cols, 10 the last factor rstd left out,
 # 11 the sum taken over dy * x_hat (the weight left out of it alone), 12 dx stored with x_row_stride, 13 dy and w
-# left in their dtype (g = dy * w in 16 bits).
+# left in their dtype (g = dy * w in 16 bits), 14 int32 row offsets (pid * x_row_stride wraps past 2**31 elements).
 
 
 @triton.jit
 def _rms_dx(dx_ptr, dy_ptr, x_ptr, w_ptr, n_cols, x_row_stride, dy_row_stride, dx_row_stride, eps,
             BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0) if MODE == 14 else tl.program_id(0).to(tl.int64)   # 14: int32 row offsets
     offsets = tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_cols
     n = BLOCK_SIZE if MODE == 4 else n_cols
@@ -462,13 +464,14 @@ def test_a_stride_mixup_is_named_from_the_output_alone():
 # BLOCK_SIZE lanes, 3 its padded lanes in the chunk's M2, 4 Chan's merge without the delta^2 term, 5 three passes
 # (the mean, then the centered squares, then y: right numbers, not Welford), 6 delta^2 taken from the mean after
 # its update, 7 eps outside the square root, 8 eps added after it, 9 w and b loaded at the first chunk's columns
-# in every chunk of the y pass, 10 the statistics of the row's first chunk alone (no loop for them).
+# in every chunk of the y pass, 10 the statistics of the row's first chunk alone (no loop for them), 11 int32 row
+# offsets (pid * x_row_stride wraps past 2**31 elements), 12 the count updated before M2's delta^2 term.
 
 
 @triton.jit
 def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_stride, y_row_stride, eps,
              BLOCK_SIZE: tl.constexpr, MODE: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0) if MODE == 11 else tl.program_id(0).to(tl.int64)   # 11: int32 row offsets
     offsets = tl.arange(0, BLOCK_SIZE)
     count = 0.0
     mean = 0.0
@@ -496,6 +499,9 @@ def _chunked(y_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, x_row_strid
                 delta = mean_b - mean
             if MODE == 4:
                 m2 += tl.sum(xc * xc, axis=0)
+            elif MODE == 12:   # the count moved before M2's delta^2 term: n_a = n there
+                count = total
+                m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
             else:
                 m2 += tl.sum(xc * xc, axis=0) + delta * delta * count * n_b / total
             count = total
@@ -548,6 +554,7 @@ def test_chunked_welford_kernel_passes_the_chunked_check(capsys):
                                          (7, "eps is outside the square root"), (8, "eps is outside the square root"),
                                          (9, "w and b read at the first chunk's columns"),
                                          (10, "first chunk alone"),
+                                         (12, "takes n_a after the count moved"),
                                          pytest.param(5, "reads each element of x 3.00 times", marks=INTERPRETER_ONLY)])
 def test_wrong_chunked_kernels_fail_naming_the_fault(mode, words):
     with pytest.raises(check.CheckFailure, match=words):
@@ -559,3 +566,21 @@ def test_chunked_check_fails_one_pass_sums_and_a_whole_row_kernel():
         checks.check_forward_kernel(_chunked_mode(1), chunk=64)
     with pytest.raises(check.CheckFailure, match="first chunk alone"):
         checks.check_forward_kernel(_mode(0), chunk=64)  # the whole row in one block: only its first chunk
+
+
+@pytest.mark.parametrize("exercise", ["10.1", "10.2", "10.3"])
+def test_int32_row_offsets_fail_past_2_31_elements(exercise):
+    """The case each chapter 10 kernel check ends with, on its own (the right kernels pass it in the checks above):
+    float16 rows whose last starts past 2**31 elements, where pid * x_row_stride in int32 wraps."""
+    from course_utils.checkers import layernorm_backward as LB
+    if exercise == "10.1":
+        run = lambda: checks._check_forward_past_2_31(_chunked_mode(11), "chunked", 64, "")  # noqa: E731
+        words = "past 2\\*\\*31(.|\n)*never wrote the last row of y(.|\n)*pid.to\\(tl.int64\\) \\* x_row_stride"
+    elif exercise == "10.2":
+        run = lambda: LB._rms_past_2_31(_rms_mode(14), "rms", "")  # noqa: E731
+        words = "past 2\\*\\*31(.|\n)*never wrote the last row of dx(.|\n)*pid.to\\(tl.int64\\) \\* x_row_stride"
+    else:
+        run = lambda: LB._dw_past_2_31(_dw_mode(19), "dw/db")  # noqa: E731
+        words = "past 2\\*\\*31(.|\n)*rows.to\\(tl.int64\\) \\* x_row_stride"
+    with pytest.raises(check.CheckFailure, match=words):
+        run()

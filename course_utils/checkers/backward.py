@@ -3,7 +3,9 @@
 
 - :func:`check_delta_kernel` launches a student's FlashAttention-backward preprocessing kernel
   ``kernel[(n_rows,)](o_ptr, do_ptr, delta_ptr, head_dim, o_row_stride, do_row_stride, BLOCK_D=...)``
-  that writes ``delta[i] = sum_j O[i, j] * dO[i, j]`` (float32).
+  that writes ``delta[i] = sum_j O[i, j] * dO[i, j]`` (float32); with 16-bit O and dO each row must be within
+  float32's rounding of the sum (F32_DELTA), which products rounded to 16 bits miss while float16's tolerance passes;
+  a last case's rows start past 2**31 elements (``offsets64.wide_rows``), where int32 row offsets wrap.
 - :func:`check_gelu_backward_kernel` launches a student's bias + GELU + dropout backward kernel
   ``kernel[grid](dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed, BLOCK_SIZE=...)``
   over a flat contiguous (rows x n_cols) tensor, writing ``dx = dy * gelu'(x + b) * keep / (1 - p)``
@@ -71,6 +73,12 @@ def _delta_diagnose(kernel, dtype) -> str:
         return ("delta is what O and dO read with their rows head_dim elements apart give, as if they were "
                 "contiguous: the check's rows are further apart. Row pid of O is at o_ptr + pid * o_row_stride, "
                 "of dO at do_ptr + pid * do_row_stride.")
+    if dtype != torch.float32:   # products rounded to 16 bits, summed exactly: float32's sum is far closer than that
+        rounded = (o * do).to("cpu", torch.float64).sum(-1)
+        size = (o64 * do64).abs().sum(-1)
+        near = lambda want: bool(((got - want).abs() <= F32_DELTA * size).all())  # noqa: E731
+        if near(rounded) and not near(right):
+            return PRODUCTS_16.format(name=_name(dtype))
     if fits(right / head_dim):
         return "delta is the row's sum divided by head_dim (a mean): D is the plain sum, tl.sum(o * do)."
     if fits((o64 * o64).sum(-1)) or fits((do64 * do64).sum(-1)):
@@ -80,6 +88,54 @@ def _delta_diagnose(kernel, dtype) -> str:
                 "time in 2^13), off by the 16-bit rounding of the products and of the running sum. Convert O and dO "
                 "with .to(tl.float32) before multiplying.")
     return ""
+
+
+#: float32's error in a right delta, relative to its row's sum of |O * dO|: the products of 16-bit numbers are exact in
+#: float32 and tl.sum adds them in a tree, log2(head_dim) roundings of at most 6e-8 each (under 5e-7 up to 256); a
+#: product rounded to 16 bits is off by up to 2.4e-4 (float16) of itself, a row's sum of them by far more than this
+F32_DELTA = 2e-6
+PRODUCTS_16 = ("the products O * dO (or their sum) were computed in 16 bits, rounded to {name}: a product of two "
+               "16-bit numbers is exact in float32, not in {name}. Convert O and dO with .to(tl.float32) before "
+               "multiplying, then tl.sum the float32 products.")
+
+
+def _check_delta_rounding(case: str, delta, o, do) -> None:
+    """16-bit O and dO: each row of delta within F32_DELTA of its sum of |O * dO| (float32 products, exact); the
+    dtype's tolerance lets products rounded to 16 bits through on most rows."""
+    if o.dtype == torch.float32:
+        return
+    p = o.to("cpu", torch.float64) * do.to("cpu", torch.float64)
+    err = (delta.to("cpu", torch.float64) - p.sum(-1)).abs()
+    bad = err > F32_DELTA * p.abs().sum(-1) + 1e-30
+    if bool(bad.any()):
+        raise check.CheckFailure(f"{case}: {int(bad.sum())} row(s) of delta are further from the float64 sum than "
+                                 "float32 products and a float32 sum can be (more than "
+                                 f"{F32_DELTA:g} of the row's sum of |O * dO|): "
+                                 + PRODUCTS_16.format(name=_name(o.dtype)))
+
+
+def _delta_past_2_31(kernel, name: str, signature: str) -> None:
+    """float16 O and dO whose last row starts past 2**31 elements (``offsets64.wide_rows``): pid * o_row_stride in
+    int32 wraps there, and the kernel sums the padding instead."""
+    from .offsets64 import HINT, wide_case, wide_launch, wide_rows
+    head_dim = 80
+    case = wide_case(name, head_dim)
+    o_small, do_small = (check.randn((3, head_dim), torch.float16, scale=2.0) for _ in range(2))
+    delta = torch.full((3,), float("nan"), device=o_small.device)
+
+    def run(o, do):
+        o.copy_(o_small)
+        do.copy_(do_small)
+        wide_launch(lambda: kernel[(3,)](o, do, delta, head_dim, o.stride(0), do.stride(0),
+                                         BLOCK_D=triton.next_power_of_2(head_dim)), case, signature)
+
+    with wide_rows(head_dim, ("o", "do")) as t:
+        if t is None:
+            return
+        run(t.pop("o"), t.pop("do"))   # the views die with run: the memory goes back as the block ends
+    expected = (o_small.double() * do_small.double()).sum(-1)
+    check.compare(case, delta, expected, dtype=torch.float32, atol=1e-3,
+                  hint=HINT.format(what="o_row_stride (and do_row_stride)"))
 
 
 def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = rowsum(dO * O)") -> None:
@@ -119,7 +175,9 @@ def check_delta_kernel(kernel, name: str = "FlashAttention backward: delta = row
                 if not cause:
                     raise
                 raise check.CheckFailure(f"{e}\nLikely cause: {cause}") from None
+            _check_delta_rounding(case, delta.tensor, o, do)
             og.check(f"{case}, O's buffer")
             dg.check(f"{case}, dO's buffer")
+    _delta_past_2_31(kernel, name, signature)
     check.verdict(name, "matches the float64 reference on every shape and dtype tried, strided rows, "
                         "no writes outside the output")

@@ -80,6 +80,35 @@ def _rel(got, want) -> float:
     return float(err / want.abs().max().clamp_min(1e-30)) if torch.isfinite(got).all() else float("inf")
 
 
+def _wrong_p(causal, scale, g, H, N, N_kv) -> dict:
+    """{the usual mistake in recomputing P: attention_grads64's keywords that make it} (None: not in this case)."""
+    return {
+        "a top-left causal mask: the course aligns it bottom-right (key j visible from query i when "
+        "j <= i + causal_offset, causal_offset = n_kv - n_q), as FlashAttention does":
+            dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep).tril(0))) if causal else None,
+        "no causal mask (both passes mask P: key j visible from query i when j <= i + causal_offset)":
+            dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep))) if causal else None,
+        "a causal mask that hides the diagonal: key j is visible from query i when j <= i + causal_offset "
+        "(<=, not <)":
+            dict(p=lambda s, lse, keep: _masked_p(s, lse, keep & torch.ones_like(keep).tril(N_kv - N - 1)))
+            if causal else None,
+        "P = exp(S) without subtracting lse: P = exp(Q K^T * sm_scale - lse), the forward's normalization":
+            dict(p=lambda s, lse, keep: _masked_p(s, torch.zeros_like(lse), keep)),
+        "no softmax scale in S = Q K^T * sm_scale":
+            dict(p=lambda s, lse, keep: _masked_p(s / scale, lse, keep)),
+        "a softmax scale applied twice in S = Q K^T * sm_scale":
+            dict(p=lambda s, lse, keep: _masked_p(s * scale, lse, keep)),
+        "the log-sum-exp in the wrong base: the forward's lse is natural (base e), so P = exp(S - lse) "
+        "(or exp2(S * log2(e) - lse * log2(e)))":
+            dict(p=lambda s, lse, keep: _masked_p(s, lse, keep, torch.exp2)),
+        "the log-sum-exp in the wrong base (exp2 of S * log2(e) - lse: convert lse too, or use exp)":
+            dict(p=lambda s, lse, keep: _masked_p(s * LOG2E, lse, keep, torch.exp2)),
+        "the log-sum-exp of the wrong row: read lse (and D) of the q head h = h_kv * group + g, at "
+        "(b * n_heads + h) * n_q + rows, not at the k/v head's index h_kv":
+            dict(lse_rows=lambda lse: lse[:, torch.arange(H, device=lse.device) // g]) if g > 1 else None,
+    }
+
+
 def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
     """What a wrong (dq, dk, dv) most likely did: the float64 answer of each usual mistake, compared."""
     dq, dk, dv = got
@@ -100,6 +129,7 @@ def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
                     "query i when j <= i + causal_offset (causal_offset = n_kv - n_q < 0 here), and keep P = 0 "
                     "where masked.")
         return unwritten + "NaN or inf in your gradients: mask every load and keep P = 0 on masked and padded lanes."
+    wrong_p = _wrong_p(causal, scale, g, H, N, N_kv)
     if _rel(dv, right[4]) > tol:
         if _rel(dv, right[3]) < tol and _rel(dk, right[4]) < tol:
             return ("dK and dV are swapped: your dV holds dK = sm_scale * dS^T Q and your dK holds dV = P^T dO. "
@@ -107,32 +137,6 @@ def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
         if g > 1 and any(_rel(dv, right[6][:, i::g]) < tol for i in (0, g - 1)):
             return (f"dV holds one q head's share: with {H} q heads on {H_kv} k/v heads, every q head of the "
                     "group adds P^T dO into its k/v head's dK and dV (loop over the group, accumulate).")
-        wrong_p = {
-            "a top-left causal mask: the course aligns it bottom-right (key j visible from query i when "
-            "j <= i + causal_offset, causal_offset = n_kv - n_q), as FlashAttention does":
-                dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep).tril(0))) if causal else None,
-            "no causal mask (the dK/dV pass must mask P as the dQ pass does: key j visible from query i when "
-            "j <= i + causal_offset)":
-                dict(p=lambda s, lse, keep: _masked_p(s, lse, torch.ones_like(keep))) if causal else None,
-            "a causal mask that hides the diagonal: key j is visible from query i when j <= i + causal_offset "
-            "(<=, not <)":
-                dict(p=lambda s, lse, keep: _masked_p(s, lse, keep & torch.ones_like(keep).tril(N_kv - N - 1)))
-                if causal else None,
-            "P = exp(S) without subtracting lse: P = exp(Q K^T * sm_scale - lse), the forward's normalization":
-                dict(p=lambda s, lse, keep: _masked_p(s, torch.zeros_like(lse), keep)),
-            "no softmax scale in S = Q K^T * sm_scale":
-                dict(p=lambda s, lse, keep: _masked_p(s / scale, lse, keep)),
-            "a softmax scale applied twice in S = Q K^T * sm_scale":
-                dict(p=lambda s, lse, keep: _masked_p(s * scale, lse, keep)),
-            "the log-sum-exp in the wrong base: the forward's lse is natural (base e), so P = exp(S - lse) "
-            "(or exp2(S * log2(e) - lse * log2(e)))":
-                dict(p=lambda s, lse, keep: _masked_p(s, lse, keep, torch.exp2)),
-            "the log-sum-exp in the wrong base (exp2 of S * log2(e) - lse: convert lse too, or use exp)":
-                dict(p=lambda s, lse, keep: _masked_p(s * LOG2E, lse, keep, torch.exp2)),
-            "the log-sum-exp of the wrong row: read lse (and D) of the q head h = h_kv * group + g, at "
-            "(b * n_heads + h) * n_q + rows, not at the k/v head's index h_kv":
-                dict(lse_rows=lambda lse: lse[:, torch.arange(H, device=lse.device) // g]) if g > 1 else None,
-        }
         for what, kw in wrong_p.items():
             if kw is not None and _rel(dv, grads(**kw)[4]) < tol:
                 return f"dV = P^T dO is wrong, and matches P recomputed with {what}."
@@ -149,6 +153,11 @@ def _diagnose_attention(got, q, k, v, do, causal, scale, tol) -> str:
             return f"{name} misses the softmax scale: {name} = sm_scale * (...)."
         if _rel(t, r * scale) < tol:
             return f"{name} has the softmax scale twice: multiply by sm_scale once."
+    if _rel(dq, right[2]) > tol and _rel(dk, right[3]) <= tol:   # P right in the dK/dV pass: the dQ pass's own P?
+        for what, kw in wrong_p.items():
+            if kw is not None and _rel(dq, grads(**kw)[2]) < tol:
+                return (f"dQ is wrong while dK and dV are right, and matches P recomputed with {what}, in the dQ pass "
+                        "only: the dQ pass recomputes P as the dK/dV pass does, with the same mask and lse.")
     bad = [n for t, r, n in ((dq, right[2], "dQ (the dQ pass)"), (dk, right[3], "dK")) if _rel(t, r) > tol]
     return f"{' and '.join(bad)} wrong while dV is right: P is right, check dP = dO V^T, dS, and the product."
 

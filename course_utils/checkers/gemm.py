@@ -6,9 +6,11 @@
 gelu(x @ w + b)`` (tanh GELU, bias per output column) and :func:`check_linear_gelu_residual`
 ``fn(x, w, b, r) -> gelu(x @ w + b) + r`` (``r`` a strided M x N view). Every call draws fresh signed
 inputs; the cases go from sizes that are multiples of any tile to ragged M and N, a ragged K, odd
-sizes down to 1 and transposed operands (a view with stride 1 along its first dimension); in float32,
-the epilogue checks add an accumulator that every precision computes exactly, with ``acc + bias``
-spread where the tanh and erf forms of GELU differ by up to 4.7e-4 (far above that case's tolerance).
+sizes down to 1 and transposed operands (a view with stride 1 along its first dimension); the epilogue
+checks add an accumulator that every precision computes exactly, with ``acc + bias`` spread where the tanh
+and erf forms of GELU differ by up to 4.7e-4 (far above that case's float32 tolerance); in float16 and
+bfloat16 that case's output must be float32 math rounded once, at the store (an epilogue that rounds
+``acc + bias`` or GELU's output to 16 bits on the way stays inside the dtype's tolerance, not inside that).
 
 Inputs sit inside guard zones filled with NaN: a load past the end of an operand brings a NaN into the
 sum, so a K mask missing on one operand fails on a GPU as well, every time. Under the interpreter every
@@ -69,6 +71,31 @@ def cases():
 #: float32 only: operands in {-0.5, 0, 0.5} make every product and partial sum exact in tf32, float16
 #: and float32, so the tolerance can be far below the 4.7e-4 between the tanh and erf forms of GELU
 EXACT_TOL = (2e-5, 2e-5)
+#: the same exact accumulator in float16 and bfloat16: the epilogue in float32, rounded once at the store, is within
+#: half a unit in the last place of the float64 answer, plus float32's error, this much of |acc + bias| + |r|
+F32_EPILOGUE = 2e-5
+
+
+def _rounded_once(case: str, got, expected, terms, dtype) -> None:
+    """A 16-bit output of the exact-accumulator case must be float32 math rounded once, at the store: within half a
+    unit in its last place of the float64 answer (and half a float16 subnormal step), plus F32_EPILOGUE of its terms.
+    The dtype's tolerance lets through an epilogue that rounds on the way (acc + bias, or GELU's output before the
+    residual is added): one more rounding, up to half a unit of a term, which a residual that cancels GELU's output
+    leaves far larger than half a unit of the result."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return
+    unit = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    g = got.detach().to("cpu", torch.float64)
+    bad = (g - expected).abs() > unit * expected.abs() + 2.0**-25 + F32_EPILOGUE * terms
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        name = _name(dtype)
+        raise check.CheckFailure(
+            f"{case}: {int(bad.sum())} element(s) of the output are further from the float64 answer than float32 math "
+            f"rounded once to {name} (first at ({i}, {j}): got {float(g[i, j]):.6g}, expected "
+            f"{float(expected[i, j]):.6g}): part of the epilogue ran in {name} (acc + bias rounded to {name} before "
+            "GELU, or GELU's output rounded before the residual is added, say). Keep the epilogue in float32 "
+            "(.to(tl.float32) right after each tl.load, no cast on the way) and round once, at the store.")
 
 
 def _name(dtype) -> str:
@@ -154,8 +181,9 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
             # pass or fail it by luck (a sum that lost precision), naming the same fault two ways
             k = 640 if env.on_gpu() else 576
             todo.insert(0, ("cancelling sums that pass 65504 in the middle of the K loop", 16, 32, k, False))
-        if with_bias and dtype == torch.float32:
-            todo.append((EXACT, 19, 37, 24, False))
+        if with_bias:   # float32: the GELU form, last; 16-bit dtypes: the epilogue rounded once (_rounded_once), early
+            exact = (EXACT, 19, 37, 24, False)
+            todo.append(exact) if dtype == torch.float32 else todo.insert(1, exact)
         passed = 0
         for what, m, n, k, transposed in todo:
             case = f"{name} ({_name(dtype)}, M={m}, N={n}, K={k}, {what})"
@@ -187,11 +215,15 @@ def _check(fn, name: str, epilogue: str, dtypes, hint: str, k_slices: int = 1, p
                 res_flat = inner[: m * n].view(m, n).double().cpu()
             expected = acc if bias is None else gelu_tanh(acc.cpu() + bias) + (0.0 if res is None else res)
             atol = per_sqrt_k * (k ** 0.5) * (16 if "cancelling" in what else 1)
-            atol, rtol = EXACT_TOL if what == EXACT else (atol, GEMM_TOLERANCES[dtype][1])
+            exact32 = what == EXACT and dtype == torch.float32
+            atol, rtol = EXACT_TOL if exact32 else (atol, GEMM_TOLERANCES[dtype][1])
             if not _close(got, expected, atol, rtol):
                 extra = slice_faults(a, b, k_slices) if epilogue == "none" else ()
                 fault = _k_stop(diagnose(got, acc, bias, res, res_flat, atol, rtol, what, passed > 0, extra), k_slices)
                 check.compare(case, got, expected, dtype=dtype, atol=atol, rtol=rtol, hint=fault or hint)
+            if what == EXACT:
+                terms = (acc.cpu() + bias).abs() + (0.0 if res is None else res.abs())
+                _rounded_once(case, got, expected, terms, dtype)
             require_slice_walked(case, loads, k_slices, ops)
             passed += 1
     # one Triton kernel: the product and its epilogue in a single launch (torch.empty for the output is fine)

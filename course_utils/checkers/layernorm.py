@@ -5,7 +5,9 @@
 Fresh inputs every call: odd row lengths; strided rows (the gap holds +/-3e4); every other row around
 OFFSET = 1000 (E[x^2] - E[x]^2 cancels in float32, 16-bit sums overflow); one row in four with a variance
 below the non-default ``eps`` every check passes; NaN-poisoned outputs in guard zones; loads outside the
-inputs recorded under the interpreter; the course's kernels, launchers and torch's norms refused as answers.
+inputs recorded under the interpreter; the course's kernels, launchers and torch's norms refused as answers;
+float16 rows whose last starts past 2**31 elements (``offsets64.wide_rows``), where an int32 row offset
+wraps (the forward, RMSNorm's dx and the dw/db partial sums).
 Under the interpreter the loads also show a tensor's rows read with another tensor's stride (named), and, for
 the forward in chunks (exercise 10.1, Welford's statistics), how many times the kernel reads each element of
 x: one pass for the statistics and one for y, where a mean pass, a variance pass and a y pass read it three
@@ -33,6 +35,8 @@ from .layernorm_common import (
     store_stride_fault,
 )
 from .loads import LOADS_SEEN
+from .offsets64 import HINT as WIDE_HINT
+from .offsets64 import wide_case, wide_last_row, wide_launch, wide_rows
 
 FWD_HINT = ("compute in float32 (x.to(tl.float32)): mean = sum(x) / n_cols, then the variance of the centered "
             "values (x - mean, with masked lanes set to 0), rstd = 1 / sqrt(var + eps); store mean and rstd.")
@@ -115,6 +119,10 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
                         raise check.CheckFailure(f"{case}: {fault}") from None
                     raise
             hint = diagnose_stats(mean.tensor, rstd.tensor, before, block=block) or fwd_hint
+            if chunk and hint.startswith("rstd matches 1 / sqrt(mean(x^2) + eps)"):
+                hint += (" In Welford's method that is also what Chan's merge gives when its delta^2 * n_a * n_b / n "
+                         "takes n_a after the count moved (n_a = n): for the first chunk, n_a = 0 and delta = m_b, "
+                         "so the term must vanish. Update the count last.")
             check.compare(f"{case}: mean", mean.tensor, mean64, dtype=torch.float32, atol=1e-4, rtol=1e-5, hint=hint)
             rtol = rstd_rtol(mean64, rstd64, n_cols)
             off = _rel(rstd.tensor, rstd64) > rtol
@@ -128,8 +136,37 @@ def check_forward_kernel(kernel, name: str = "LayerNorm forward, one row per pro
             if not torch.equal(x, before):
                 raise check.CheckFailure(f"{case}: your kernel changed its input; it must only write y, mean, rstd")
             _check_passes(case, loads, x, chunk)
+    _check_forward_past_2_31(kernel, name, chunk, signature)
     check.verdict(name, "y, mean and rstd match float64: rows around 1000, small rows (eps matters), strided rows, "
                         "no loads or writes outside the tensors " + LOADS_SEEN)
+
+
+def _check_forward_past_2_31(kernel, name: str, chunk, signature: str) -> None:
+    """float16 rows whose last starts past 2**31 elements (``offsets64.wide_rows``): pid * x_row_stride in
+    int32 wraps there, and the kernel reads and writes the padding instead."""
+    n_cols = 3 * (chunk or 64) + 5
+    case = wide_case(name, n_cols)
+    x_small = check.randn((3, n_cols), torch.float16, scale=2.0)
+    w = check.randn((n_cols,), torch.float16, scale=0.5, offset=1.0)
+    b = check.randn((n_cols,), torch.float16)
+    mean, rstd = (torch.empty(3, dtype=torch.float32, device=w.device) for _ in range(2))
+    block = chunk or triton.next_power_of_2(n_cols)
+
+    def run(x, y):
+        x.copy_(x_small)
+        y.fill_(float("nan"))
+        wide_launch(lambda: kernel[(3,)](y, x, w, b, mean, rstd, n_cols, x.stride(0), y.stride(0), EPS,
+                                         BLOCK_SIZE=block), case, signature)
+        return y.to("cpu", torch.float64)
+
+    with wide_rows(n_cols, ("x", "y")) as t:
+        if t is None:
+            return
+        got = run(t.pop("x"), t.pop("y"))   # the views die with run: the memory goes back as the block ends
+    wide_last_row(case, got, "y", "x_row_stride (and y_row_stride)")
+    x64, mean64, rstd64 = _stats64(x_small)
+    y64 = (x64 - mean64[:, None]) * rstd64[:, None] * w.cpu().double() + b.cpu().double()
+    check.compare(f"{case}: y", got, y64, dtype=torch.float16, hint=WIDE_HINT.format(what="x_row_stride"))
 
 
 def check_layer_norm_fn(fn, name: str = "layer_norm") -> None:

@@ -21,6 +21,8 @@ from .layernorm_common import (
     store_stride_fault,
 )
 from .loads import LOADS_SEEN
+from .offsets64 import HINT as WIDE_HINT
+from .offsets64 import wide_case, wide_last_row, wide_launch, wide_rows
 
 # --------------------------------------------------------------------------- the dw/db reduction
 
@@ -205,8 +207,43 @@ def check_dw_db_kernel(kernel, name: str = "dw/db reduction over rows") -> None:
     for dtype in env.supported_dtypes():
         for n_rows, n_cols, block_m, block_n, rows_per_program in cases:
             _dw_case(kernel, n_rows, n_cols, dtype, block_m, block_n, rows_per_program)
+    _dw_past_2_31(kernel, name)
     check.verdict(name, "every partial row is float64's sum over its own run of rows (runs ending inside a tile), "
                         "strided rows, no loads or writes outside the tensors " + LOADS_SEEN)
+
+
+def _dw_past_2_31(kernel, name: str) -> None:
+    """float16 x and dy whose last row starts past 2**31 elements (``offsets64.wide_rows``), runs of 2 rows
+    in tiles of 2: rows * x_row_stride in int32 wraps at the last row, which then sums the padding."""
+    n_cols, rows_per_program, block_m, block_n = 197, 2, 2, 64
+    case = wide_case(name, n_cols) + f", BLOCK_M={block_m}, BLOCK_N={block_n}, rows_per_program={rows_per_program}"
+    x_small, dy_small = (check.randn((3, n_cols), torch.float16, scale=2.0) for _ in range(2))
+    x64, mean64, rstd64 = _stats64(x_small)
+    mean, rstd = (s.float().to(x_small.device) for s in (mean64, rstd64))
+    n_programs = triton.cdiv(3, rows_per_program)
+    dw, db = (torch.full((n_programs, n_cols), float("nan"), device=x_small.device) for _ in range(2))
+    signature = "It is launched as " + check_dw_db_kernel.__doc__.split("``")[1]
+
+    def run(x, dy):
+        x.copy_(x_small)
+        dy.copy_(dy_small)
+        wide_launch(lambda: kernel[(n_programs, triton.cdiv(n_cols, block_n))](
+            dw, db, x, dy, mean, rstd, 3, n_cols, x.stride(0), dy.stride(0), rows_per_program, BLOCK_M=block_m,
+            BLOCK_N=block_n), case, signature)
+
+    with wide_rows(n_cols, ("x", "dy")) as t:
+        if t is None:
+            return
+        run(t.pop("x"), t.pop("dy"))   # the views die with run: the memory goes back as the block ends
+    dy64 = dy_small.to("cpu", torch.float64)
+    x_hat = (x64 - mean.cpu().double()[:, None]) * rstd.cpu().double()[:, None]
+    bounds = [(0, 2), (2, 3)]
+    hint = ("a row offset computed in int32 wraps around past 2**31 elements (the rows from tl.program_id and "
+            "tl.arange, and a row stride below 2**31, are int32): widen the rows before the product, "
+            "rows.to(tl.int64) * x_row_stride (and * dy_row_stride)")
+    for got, v, what in ((dw, dy64 * x_hat, "dw"), (db, dy64, "db")):
+        check.compare(f"{case}: {what}_partial", got, _run_sums(v, bounds), dtype=torch.float32, atol=1e-3,
+                      rtol=1e-4, hint=hint)
 
 
 # --------------------------------------------------------------------------- RMSNorm's backward, rstd recomputed
@@ -333,5 +370,31 @@ def check_rms_backward_kernel(kernel, name: str = "RMSNorm backward dx, rstd rec
                           hint=_rms_diagnose(got, x64, dy64, w64, x, dy) or RMS_HINT)
             _rms_rounded_once(case, got, want, scale, dtype)
             xg.check(f"{case}, the input buffer")
+    _rms_past_2_31(kernel, name, signature)
     check.verdict(name, "dx matches float64: rows around 1000, small rows (eps matters), strided rows, no loads or "
                         "writes outside the tensors " + LOADS_SEEN)
+
+
+def _rms_past_2_31(kernel, name: str, signature: str) -> None:
+    """float16 x, dy and dx whose last row starts past 2**31 elements (``offsets64.wide_rows``): pid times a
+    row stride in int32 wraps there, and the kernel reads and writes the padding instead."""
+    n_cols = 197
+    case = wide_case(name, n_cols)
+    x_small, dy_small = (check.randn((3, n_cols), torch.float16, scale=2.0) for _ in range(2))
+    w = check.randn((n_cols,), torch.float16, scale=0.5, offset=1.0)
+
+    def run(x, dy, dx):
+        x.copy_(x_small)
+        dy.copy_(dy_small)
+        dx.fill_(float("nan"))
+        wide_launch(lambda: kernel[(3,)](dx, dy, x, w, n_cols, x.stride(0), dy.stride(0), dx.stride(0), EPS,
+                                         BLOCK_SIZE=triton.next_power_of_2(n_cols)), case, signature)
+        return dx.to("cpu", torch.float64)
+
+    with wide_rows(n_cols, ("x", "dy", "dx")) as t:
+        if t is None:
+            return
+        got = run(t.pop("x"), t.pop("dy"), t.pop("dx"))   # the views die with run: the memory goes back at the end
+    wide_last_row(case, got, "dx", "x_row_stride (and dy_row_stride, dx_row_stride)")
+    want = _rms_dx64(*(v.to("cpu", torch.float64) for v in (x_small, dy_small, w)), EPS)
+    check.compare(f"{case}: dx", got, want, dtype=torch.float16, hint=WIDE_HINT.format(what="x_row_stride"))

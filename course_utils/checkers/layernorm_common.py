@@ -225,3 +225,4 @@ def _launch(what, fn, case, hint, inputs=(), rows=None, strides=None):
         raise check.CheckFailure(f"{case}: {fault}")
     check.check_loads_inside(case, loads, list(inputs))
     return loads
+

@@ -12,6 +12,8 @@ cases build them without paying for them:
   instead of crashing the process (or the GPU context).
 - :func:`launch_last_programs` launches a 1-D grid whole on a GPU, and only its last programs under the
   interpreter (which runs programs one by one: millions would take hours).
+- :func:`wide_rows` lays out three rows of each tensor of a row kernel (one program per row) so far apart that
+  the last starts past 2**31 elements: three programs, whole on a GPU as under the interpreter.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .. import env, triton_internals
+from .. import check, env, triton_internals
 from . import answer_keys
 
 # The course's kernels a case past 2**31 elements might be handed (chapters 11 and 12): refused before any launch
@@ -104,3 +106,48 @@ def launch_last_programs(kernel, n_programs: int, n_last: int, args: tuple, kwar
         _skipped("the interpreter's program ids cannot be placed (see course_utils/triton_internals/)")
     return placed
 
+
+# --------------------------------------------------------------------------- rows past 2**31 elements
+#: the rows of a row kernel's tensors (chapters 10 and 11): three float16 rows WIDE_STRIDE elements apart, the first
+#: WIDE_START elements into a wide buffer: the last row starts 2 * WIDE_STRIDE = 2**31 + 8198 elements past its
+#: tensor's pointer, where pid * row_stride in int32 wraps about 2**32 back, into the buffer's first elements
+#: (8 GiB; a few pages under the interpreter)
+WIDE_ROWS, WIDE_STRIDE, WIDE_START = 3, 2**30 + 4099, 2**31
+
+
+def wide_case(name: str, n_cols: int) -> str:
+    return (f"{name} (float16, {WIDE_ROWS} rows x {n_cols} cols {WIDE_STRIDE} elements apart: the last row starts "
+            f"{(WIDE_ROWS - 1) * WIDE_STRIDE} elements in, past 2**31)")
+
+
+@contextlib.contextmanager
+def wide_rows(n_cols: int, names: tuple[str, ...]):
+    """``{name: (WIDE_ROWS, n_cols) float16 view}`` for each of ``names``, rows WIDE_STRIDE apart, side by side
+    after WIDE_START elements of padding; None where the buffer cannot be had (the case is skipped, with a
+    warning). The caller copies what it needs out before the block ends (the memory goes back then)."""
+    gap = n_cols + 8
+    with wide_buffer(WIDE_START + (WIDE_ROWS - 1) * WIDE_STRIDE + len(names) * gap, torch.float16) as buf:
+        if buf is None:
+            yield None
+            return
+        views = {n: buf.as_strided((WIDE_ROWS, n_cols), (WIDE_STRIDE, 1), WIDE_START + i * gap)
+                 for i, n in enumerate(names)}
+        del buf
+        yield views
+
+
+def wide_launch(launch, case: str, signature: str) -> None:
+    """Run a launch on the wide rows (no load tracking: a wrapped offset reads the padding, named after)."""
+    try:
+        launch()
+    except (NotImplementedError, check.CheckFailure):
+        raise
+    except Exception as e:  # a crash in the student's kernel: say where
+        raise check.CheckFailure(f"{case}: your kernel raised {type(e).__name__}: {str(e)[:400]}\n{signature}") from e
+
+
+def wide_last_row(case: str, got: torch.Tensor, name: str, what: str) -> None:
+    """Fail, named, when the last row of ``got`` (NaN-filled before the launch) was never written."""
+    if bool(got[-1].isnan().all()) and not bool(got[0].isnan().any()):
+        raise check.CheckFailure(f"{case}: your kernel never wrote the last row of {name}: "
+                                 + HINT.format(what=what) + ".")
