@@ -251,7 +251,7 @@ def test_more_faults_are_named(fault, fused):
 @pytest.mark.skipif(env.on_gpu(), reason="a GPU's wait cannot be stopped from the host: the check would hang")
 @pytest.mark.parametrize("fused", [False, True], ids=["all-reduce", "fused"])
 def test_a_wait_that_never_gives_up_is_stopped_and_named(fused, monkeypatch):
-    from course_utils.checkers import allreduce_probes
+    from course_utils.faults import allreduce_probes
     monkeypatch.setattr(allreduce_probes, "WAIT_LIMIT_S", 1.0)
     check_fn = checks.check_all_reduce_add_rms_norm_kernel if fused else checks.check_all_reduce_kernel
     with pytest.raises(check.CheckFailure, match="rank 0's reduce half: it had not returned after 1 s: wait never "
@@ -274,7 +274,7 @@ def test_rows_reduced_without_their_flag_are_named(fault, fused):
 def test_rows_world_apart_are_named_without_the_loads(monkeypatch):
     """A GPU records no loads: there 4 ranks' reduce stepping by WORLD over 3 programs leaves row 3 unwritten (of the
     first case's 5 rows on the CPU, 7 on a GPU), named so at the first case."""
-    from course_utils.checkers import allreduce_probes
+    from course_utils.faults import allreduce_probes
     monkeypatch.setattr(allreduce_probes, "split_probe", lambda *a, **k: None)
     first_rows = checks._shapes()[0][0]
     with pytest.raises(check.CheckFailure, match=rf"4 ranks, {first_rows} rows .*rows WORLD apart"):

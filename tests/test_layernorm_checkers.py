@@ -573,11 +573,12 @@ def test_int32_row_offsets_fail_past_2_31_elements(exercise):
     """The case each chapter 10 kernel check ends with, on its own (the right kernels pass it in the checks above):
     float16 rows whose last starts past 2**31 elements, where pid * x_row_stride in int32 wraps."""
     from course_utils.checkers import layernorm_backward as LB
+    from course_utils.checkers import rms_backward as RB
     if exercise == "10.1":
         run = lambda: checks._check_forward_past_2_31(_chunked_mode(11), "chunked", 64, "")  # noqa: E731
         words = "past 2\\*\\*31(.|\n)*never wrote the last row of y(.|\n)*pid.to\\(tl.int64\\) \\* x_row_stride"
     elif exercise == "10.2":
-        run = lambda: LB._rms_past_2_31(_rms_mode(14), "rms", "")  # noqa: E731
+        run = lambda: RB._rms_past_2_31(_rms_mode(14), "rms", "")  # noqa: E731
         words = "past 2\\*\\*31(.|\n)*never wrote the last row of dx(.|\n)*pid.to\\(tl.int64\\) \\* x_row_stride"
     else:
         run = lambda: LB._dw_past_2_31(_dw_mode(19), "dw/db")  # noqa: E731

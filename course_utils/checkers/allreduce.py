@@ -24,9 +24,10 @@ rank-dependent order of the sum is named), and a sum accumulated in x's dtype is
 bits, below the tolerance; a reduce that wrote nothing is told apart by the pads as they stood after
 every publish. The fused check's rows cycle through drawn, quiet (mean(s^2) = eps) and loud (s about 1024)
 ones, where eps outside the square root and the norm's statistics taken in x's dtype show and are named.
-:mod:`.allreduce_probes` adds three: an interpreted launch that never returns is stopped and named (a wait that
-ignores max_spins), a reduce that reads rows of a program whose flags it never waited for (rows split otherwise
-than published; interpreter), and in 16 bits a y that is not the stored s's norm rounded once.
+:mod:`course_utils.faults.allreduce_probes` adds three: an interpreted launch that never returns is stopped
+and named (a wait that ignores max_spins), a reduce that reads rows of a program whose flags it never waited
+for (rows split otherwise than published; interpreter), and in 16 bits a y that is not the stored s's norm
+rounded once.
 What the interpreter cannot see, since it runs one program at a time: a missing release or acquire
 (``sem="relaxed"``), or a signal placed before the stores of the same half. Those show on GPUs, in
 the stress loop of benchmarks/multigpu.py.
@@ -38,9 +39,9 @@ import torch
 
 from .. import check, env
 from ..checker_texts.allreduce import HINT
+from ..faults import allreduce_probes as probes
 from ..faults.allreduce import EPS, _diagnose, _fail, _low_precision_sum, _rmsnorm, _same_bits
 from ..symmetric import SimulatedRanks
-from . import allreduce_probes as probes
 from . import answer_keys
 from .loads import span
 

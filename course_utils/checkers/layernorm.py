@@ -1,7 +1,7 @@
 """Checks for chapter 10: the LayerNorm forward row kernel and its launcher, the dw/db stage-1 reduction
 (every partial row compared) and RMSNorm's dx with rstd recomputed; each docstring gives the launch.
 (The shared inputs, statistics and diagnosis are in :mod:`.layernorm_common`; the backward checks in
-:mod:`.layernorm_backward`, re-exported here.)
+:mod:`.layernorm_backward` and :mod:`.rms_backward`, re-exported here.)
 Fresh inputs every call: odd row lengths; strided rows (the gap holds +/-3e4); every other row around
 OFFSET = 1000 (E[x^2] - E[x]^2 cancels in float32, 16-bit sums overflow); one row in four with a variance
 below the non-default ``eps`` every check passes; NaN-poisoned outputs in guard zones; loads outside the
@@ -20,7 +20,7 @@ import torch
 import triton
 
 from .. import check, env
-from .layernorm_backward import _rms_diagnose, check_dw_db_kernel, check_rms_backward_kernel  # noqa: F401  (re-exported)
+from .layernorm_backward import check_dw_db_kernel  # noqa: F401  (re-exported)
 from .layernorm_common import (
     EPS,
     F32_EPS,
@@ -37,6 +37,7 @@ from .layernorm_common import (
 from .loads import LOADS_SEEN
 from .offsets64 import HINT as WIDE_HINT
 from .offsets64 import wide_case, wide_last_row, wide_launch, wide_rows
+from .rms_backward import _rms_diagnose, check_rms_backward_kernel  # noqa: F401  (re-exported)
 
 FWD_HINT = ("compute in float32 (x.to(tl.float32)): mean = sum(x) / n_cols, then the variance of the centered "
             "values (x - mean, with masked lanes set to 0), rstd = 1 / sqrt(var + eps); store mean and rstd.")

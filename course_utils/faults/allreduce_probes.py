@@ -1,5 +1,6 @@
-"""Three more probes of chapter 13's all-reduce check (:mod:`course_utils.checkers.allreduce` runs them, and it
-refuses the course's own kernels and torch's symmetric-memory ops as the answer before any probe runs):
+"""Three more probes of chapter 13's all-reduce check, beside its fault catalogue (:mod:`.allreduce`). Not a
+checker: :mod:`course_utils.checkers.allreduce` runs them, and it refuses the course's own kernels and torch's
+symmetric-memory ops as the answer before any probe runs:
 
 - :func:`watchdog`: a launch that has not returned after :data:`WAIT_LIMIT_S` seconds under Triton's interpreter
   is stopped and named: a wait that ignores ``max_spins`` spins forever on the check's reduce launched before any
@@ -25,8 +26,8 @@ import threading
 import torch
 
 from .. import check, env
-from ..faults.allreduce import EPS, _fail
-from .loads import span
+from ..checkers.loads import span
+from .allreduce import EPS, _fail
 
 #: seconds one launch may take under the interpreter: a right reduce gives up after max_spins (2) tries per flag,
 #: well under a second; the slowest launch of the check on two busy cores takes a few tenths
