@@ -284,7 +284,8 @@ def _aln_backward(ctx, dy, ds, _dmean=None, _drstd=None):
         return None, None, None, None, None
     if dy is None:
         dy = torch.zeros_like(s)
-    low = next((t for t in ctx.dtypes if t != s.dtype), None)   # an input narrower than the stream s
+    xd, rd = ctx.dtypes
+    low = xd if xd != s.dtype else rd if rd != s.dtype else None   # an input narrower than the stream s
     if low is not None and ctx.bwd is add_layer_norm_bwd:
         # the eager fast path's own function (not the registered op, whose graph Inductor fuses the cast into):
         # its kernel writes dx in both dtypes
