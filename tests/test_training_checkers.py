@@ -259,3 +259,12 @@ def test_a_launcher_that_writes_into_the_logits_is_named():
         return logits
     with pytest.raises(check.CheckFailure, match="wrote into the logits"):
         checks.check_ce_backward_launcher(in_place)
+
+
+def test_pinned_rows_always_have_a_gradient_to_judge():
+    # an outlier at row 0's target made its gradient ~0, so a wrong scale passed row 0 and was named a short launch
+    for _ in range(200):
+        _, logits, targets, lse, _ = checks._inputs(3, 300, torch.float32, False)
+        p = torch.softmax(logits.double(), dim=-1)
+        for row in (0, 1):
+            assert float(1.0 - p[row, targets[row]]) > 0.5, (row, logits[row, targets[row]])
