@@ -38,6 +38,7 @@ class SimulatedGPU:
         self._host = 0.0        # ms
         self._queue_end = 0.0   # ms: when the GPU finishes what is queued
         self._cached: dict[int, int] = {}  # kernel id -> bytes resident in L2 (insertion order = LRU)
+        self._ran: dict[int, list[float]] = {}  # kernel id -> the duration of each of its runs (ms)
         self._capturing: list | None = None
         self.kernels: list[SimKernel] = []
         self.launches = 0
@@ -130,6 +131,7 @@ class SimKernel:
                 g._cached.pop(next(iter(g._cached)))
         else:
             g._cached.clear()
+        g._ran.setdefault(id(self), []).append(max(ms, 1e-6))
         return max(ms, 1e-6)
 
     def __call__(self):

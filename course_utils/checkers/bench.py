@@ -33,8 +33,9 @@ def _rng() -> random.Random:
 
 SEALED = {"hbm_gbps": "its DRAM bandwidth", "l2_gbps": "its L2 bandwidth", "latency_us": "its kernel latency",
           "jit_ms": "its compile time", "true_ms": "the true kernel time", "_queue_end": "its queue",
-          "_host": "its host clock", "_rng": "its noise", "poison": "the checker's probe of the first call",
-          "first_end": "the checker's probe of the first call", "timed": "the checker's probe of the first call"}
+          "_host": "its host clock", "_rng": "its noise", "_ran": "its kernels' durations",
+          "poison": "the checker's probe of the first call", "first_end": "the checker's probe of the first call",
+          "timed": "the checker's probe of the first call"}
 
 
 class SealedGPU(bench.SimulatedGPU):

@@ -53,20 +53,19 @@ def _inputs(n_rows, n_cols, dtype, strided: bool):
     visit the first column, the last one and later tiles, the float32 logsumexp, dloss."""
     stride = n_cols + (GAP if strided else 0)
     full = check.randn((n_rows, stride), dtype, scale=3.0, offset=OFFSET, outliers=0.05, outlier_scale=200.0)
-    # the pinned targets' logits stay ordinary: an outlier there makes the row's softmax one-hot at its target,
-    # its gradient ~0, and a row of zeros is "right" under any scale (a wrong inv_n_rows named a short launch)
-    pinned = check.randn((2,), dtype, scale=3.0, offset=OFFSET, device=full.device)
-    full[0, n_cols - 1] = pinned[0]
+    targets = torch.randint(0, n_cols, (n_rows,), generator=check.generator(), device=full.device)
+    targets[0] = n_cols - 1
     if n_rows > 1:
-        full[1, 0] = pinned[1]
+        targets[1] = 0
+    # every target's logit stays ordinary: an outlier there makes the row's softmax one-hot at its target, its
+    # gradient ~0, and a row of zeros is "right" under any scale: a wrong inv_n_rows was named a short launch when
+    # row 0's was; a launch of one program went unnamed when a later row's was and its unwritten memory held zeros
+    rows = torch.arange(n_rows, device=full.device)
+    full[rows, targets] = check.randn((n_rows,), dtype, scale=3.0, offset=OFFSET, device=full.device)
     if strided:
         full[:, n_cols:] = torch.where(torch.rand(n_rows, GAP, device=full.device) < 0.5, 3e4, -3e4).to(dtype)
     g = check.guarded_copy(full)
     logits = g.tensor[:, :n_cols]
-    targets = torch.randint(0, n_cols, (n_rows,), generator=check.generator(), device=logits.device)
-    targets[0] = n_cols - 1
-    if n_rows > 1:
-        targets[1] = 0
     lse = torch.logsumexp(logits.double(), dim=-1).float()
     # the upstream gradient, in [1.25, 1.75): never near 1, where a kernel that forgets dloss would pass and a
     # missing inv_n_rows would look like a missing dloss * inv_n_rows
