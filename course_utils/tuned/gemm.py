@@ -5,7 +5,8 @@
   tiles, zero-fills past the edges and clips the store), one program per SM walking the output tiles
   in grouped order (a persistent loop, flattened into one software pipeline: the next tile's first
   loads can be issued before this tile's epilogue, but the epilogue's arithmetic and store still run
-  after the K loop, on the same warps: measured, it costs 6-14% over the matmul alone at the MLP shapes).
+  after the K loop, on the same warps: on an H100 (2026-11-27) it cost 6-16% over the matmul alone at the
+  two smaller MLP shapes, chapter 9's section 5).
 - everything else (sm_80, sm_75, float32, odd strides): the teaching kernel with tiles per device.
 - ``TileConfig(split_k=S)``, a plan chosen only when asked for (no default proposes it): split-K in two
   deterministic launches, ``_splitk_partial_kernel`` (program (tile, s) sums K slice s into a float32
@@ -149,22 +150,23 @@ class TileConfig:
         return self.num_stages * stage + store
 
 
-# Hopper candidates, from the tile sweep on an H100 (results/h100-80gb-hbm3/gemm_tiles_explore.csv,
-# bf16, against torch.mm): 128 x 256 x 64 tiles, 8 warps (two consumer warpgroups), 3 stages and a
-# flattened persistent loop reached 0.86-0.96 of cuBLAS; 128 x 128 tiles 0.76-0.87, pointers instead of
-# descriptors 0.75-0.85, warp specialization changed nothing. A shorter group is the neighbour the
-# launcher times beside it. The subtiled store with a 4th stage needs 4 x 48 KiB + 32 KiB = 224 KiB of
-# shared memory, above gemm_configs' budget (95% of the H100's 227 KiB per block): it is never tried on
-# an H100 and stays listed for a device with more; with 3 stages it fits (176 KiB by smem_bytes, 180248
-# bytes in the sm_90 compile matrix), and benchmarks/gemm.py times it as fused_subtile beside the default
-# (the first half's TMA store in flight while the second half's GELU runs). In the recorded make-bench run
-# (results/h100-80gb-hbm3/gemm.csv) the launcher kept 128 x 256 x 64, 3 stages at every MLP shape,
-# where the matmul alone reached 0.95-1.01 of torch.mm and the epilogue (fused / matmul - 1) cost
+# Hopper candidates, from the tile sweep on an H100 (results/h100-80gb-hbm3/gemm_tiles_explore.csv, bf16,
+# against torch.mm): 128 x 256 x 64 tiles, 8 warps (two consumer warpgroups), 3 stages and a flattened
+# persistent loop reached 0.86-0.96 of cuBLAS; 128 x 128 tiles 0.76-0.87, pointers instead of descriptors
+# 0.73-0.85, warp specialization gained nothing (0-1% slower at 128 x 256, up to 2.4% at 128 x 128). A shorter
+# group is the neighbour the launcher times beside it. The subtiled store with a 4th stage needs 4 x 48 KiB +
+# 32 KiB = 224 KiB of shared memory, above gemm_configs' budget (95% of the H100's 227 KiB per block): it is
+# never tried on an H100 and stays listed for a device with more; with 3 stages it fits (176 KiB by
+# smem_bytes, 180248 bytes in the sm_90 compile matrix), and benchmarks/gemm.py times it as fused_subtile
+# beside the default (the first half's TMA store in flight while the second half's GELU runs). In the
+# make-bench run of 2026-11-24 (results/h100-80gb-hbm3/gemm.csv at commit 731c4f6, replaced since by the runs
+# of 2026-11-25 and 2026-11-27, which chapter 9 reads) the launcher kept 128 x 256 x 64, 3 stages at every MLP
+# shape, where the matmul alone reached 0.95-1.01 of torch.mm and the epilogue (fused / matmul - 1) cost
 # another 6.4-14.2%, against -0.9 to +4.8% for cuBLASLt's (addmm_act / mm - 1). Decode (M <= 64) is
-# memory-bound: pointer tiles of 16 or 64 rows streamed W at 0.94-0.97 of torch.mm there. The decode
-# sweep on an H200 (results/h200/gemm_decode_tiles.csv: 19 tiles at M <= 16, 14 at M = 64, CUDA graphs)
-# put pointer tiles 128 columns wide, 128 deep, 4 stages first at every M and dtype: 1.03-1.05x addmm +
-# GELU, where the descriptor tile of 64 rows the launcher had kept at M = 64 ran 0.975x.
+# memory-bound: pointer tiles of 16 or 64 rows streamed W at 0.94-0.97 of torch.mm there. The decode sweep on
+# an H200 (results/h200/gemm_decode_tiles.csv: 19 tiles at M <= 16, 14 at M = 64, CUDA graphs) put pointer
+# tiles 128 columns wide, 128 deep, 4 stages first at every M and dtype: 1.03-1.05x addmm + GELU, where the
+# descriptor tile of 64 rows the launcher had kept at M = 64 ran 0.975x.
 _HOPPER_LARGE = [TileConfig(128, 256, 64, 8, 3, tma=True), TileConfig(128, 256, 64, 8, 4, tma=True, subtile=True),
                  TileConfig(128, 256, 64, 8, 3, group_m=4, tma=True)]
 _HOPPER_DECODE_16 = [TileConfig(16, 128, 128, 4, 4), TileConfig(16, 64, 128, 4, 6), TileConfig(16, 64, 256, 4, 3),
