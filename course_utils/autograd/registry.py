@@ -94,7 +94,7 @@ COURSE_CANDIDATES: dict[str, list[tuple[str, str, str]]] = {
     "cross_entropy": [(OPS_MODULE, "cross_entropy", "torch.ops.course.cross_entropy: loss and gradient in "
                        "one pass (online softmax)"),
                       ("course_utils.autograd.registry", "_torch_cross_entropy",
-                       "PyTorch's cross_entropy (no course loss kernel in this checkout)")],
+                       "PyTorch's cross_entropy (the course's loss kernel is chapter 12's operator)")],
     "linear_cross_entropy": [(OPS_MODULE, "linear_cross_entropy", "torch.ops.course.linear_cross_entropy: the "
                               "LM head's GEMM and the loss by chunks of rows, logits never written whole"),
                              ("course_utils.autograd.registry", "_linear_then_cross_entropy",

@@ -6,10 +6,11 @@ v1's kernels in base 2, the causal mask only on diagonal tiles (ragged edges: ze
 the dK/dV products computed transposed (K Q^T, V dO^T), software pipelining, tiles per device,
 IEEE dots for float32. dQ has its own pass; ``BwdConfig.atomic_dq`` adds dS K from the dK/dV
 programs into a float32 buffer with atomics instead. On an H100 (results/h100-80gb-hbm3/
-attention_bwd_tiles.csv, 64 x 128 tiles both ways) atomics lost 6 of 8 cases (up to 9%), tied one
-and won one by 3%; with 32-row query tiles they were up to 1.6x slower. The own pass redoes Q K^T
-and dO V^T per tile but writes dQ once: no float32 scratch, and run-to-run identical gradients for
-a fixed tile configuration (``config=``; unpinned, the fastest is chosen by timing, per process).
+attention_bwd_tiles.csv, 64 x 128 tiles both ways, forward + backward times) atomics lost 6 of 8
+cases (up to 9.5%), tied one and won one by 3%; with 32-row query tiles they were up to 1.6x slower.
+The own pass redoes Q K^T and dO V^T per tile but writes dQ once: no float32 scratch, and run-to-run
+identical gradients for a fixed tile configuration without atomics (``config=``; unpinned, the fastest
+is chosen by timing, per process, and on sm_90 at d=128 an atomic candidate is among those timed).
 ``BwdConfig.tma`` loads the streamed tiles (q and dO in the dK/dV pass, k and v in the dQ pass) through
 tensor descriptors made on the host, where the inputs allow it (contiguous, whole tiles, d a power of two).
 """
