@@ -112,7 +112,8 @@ def _gelu_grad_slip(z, FAULT: tl.constexpr):  # s' without the 2 of sigmoid(2a),
     a = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
     s = 1.0 / (1.0 + tl.exp(-a if FAULT == "sigmoid(a)" else -2.0 * a))
     two = 1.0 if FAULT == "s' without its 2" else 2.0
-    return s + z * two * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
+    rest = 1.0 + s if FAULT == "s' with 1 + s" else 1.0 - s   # the logistic's derivative misremembered
+    return s + z * two * s * rest * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
 
 
 @triton.jit
@@ -148,7 +149,7 @@ def _gelu_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, n_elements, n_cols, p, seed,
         x, b = x.to(tl.float32), b.to(tl.float32)
     if FAULT == "no bias":
         b = 0.0 * b
-    if FAULT == "sigmoid(a)" or FAULT == "s' without its 2":
+    if FAULT == "sigmoid(a)" or FAULT == "s' without its 2" or FAULT == "s' with 1 + s":
         g = _gelu_grad_slip(tl.minimum(tl.maximum(x + b, -20.0), 20.0), FAULT)
     elif FAULT == "gelu not its derivative":
         g = _gelu(x + b)
@@ -200,6 +201,8 @@ def test_gelu_backward_checker_passes_the_right_kernel(capsys):
     ("bias by row", "bias\\[row\\]"),
     ("sigmoid(a)", "s is sigmoid\\(a\\), not sigmoid\\(2a\\)"),
     ("s' without its 2", "s' lost its factor 2"),
+    # a slip no named cause matches: the hint derives gelu' from the forward the exercise gives (it prints no gelu')
+    ("s' with 1 + s", "check your gelu'\\(z\\) term by term(.|\n)*product rule(.|\n)*chain rule"),
     ("no clamp", "\\|z\\| up to 1e30(.|\n)*no clamp on z: (.|\n)*z \\* z \\* z is inf"),  # NaN past |z| = 1.84e19
     ("no clamp, z^3 reused", "\\|z\\| up to 1e30(.|\n)*no clamp on z"),  # NaN past |z| = 7e12
     ("z in 16 bits", "float32 math rounded once to float16(.|\n)*the math ran in 16 bits"),

@@ -60,12 +60,18 @@ def _probe(kernel, block_size: int, p: float):
     return dx.double(), dy.double(), x.double() + b.double(), keep, b.double()
 
 
+#: the hint when no named slip matches: the exercise gives gelu(z) and asks for its derivative
+DERIVE_AGAIN = ("check your gelu'(z) term by term: gelu(z) = z * s with s = 1 / (1 + exp(-2a)) and "
+                "a = sqrt(2/pi) * (z + 0.044715 z^3), so gelu'(z) = s + z * ds/dz (product rule), ds/dz through 2a and "
+                "then a (chain rule), with z = x + bias[column].")
+
+
 def _diagnose(kernel, block_size: int, p: float) -> str:
     """What a wrong dx most likely did, judged on a probe of 64 x 257 elements."""
     try:
         g, dy, z, keep, b = _probe(kernel, block_size, max(p, 0.3))
     except Exception:  # the probe is only for the hint: the failure itself was already reported
-        return "compare your gelu'(z) with the formula above the exercise, with z = x + bias[column]."
+        return DERIVE_AGAIN
     p = max(p, 0.3)
     grad, kept = _gelu_grad64(z), keep.double()
 
@@ -115,7 +121,7 @@ def _diagnose(kernel, block_size: int, p: float) -> str:
     if float((g[dropped] != 0).double().mean()) > 0.05:
         return ("dx is non-zero where the forward dropped the element: the mask must come from the same "
                 "(seed, flat offset) pairs as the forward's, tl.rand(seed, offsets) with the global offsets.")
-    return "compare your gelu'(z) with the formula above the exercise, with z = x + bias[column]."
+    return DERIVE_AGAIN
 
 
 #: float32's error in dx, relative to |dy| / (1 - p): gelu'(z)'s terms are at most about 1, rounded a few times
