@@ -8,6 +8,7 @@ Version ladder (chapter 7):
   v2 ``course_utils.tuned.attention.flash_attention``: v1 in base 2, masks only on ragged or
      diagonal tiles, stages set per tile (``tl.range(..., num_stages=...)``), tiles chosen per
      device, tensor-descriptor (TMA) loads on sm_90. The backward is in ``attention_backward``.
+  ``local_attention_ref``: the sliding-window variant (exercise 7.2's reference), eager, no kernel.
 
 Every ``tl.dot`` of float32 inputs runs in IEEE precision (``dot_precision``), not a GPU's TF32 default.
 
@@ -224,6 +225,27 @@ def attention_ref(q, k, v, causal=False, sm_scale=None, return_lse=False):
         s32 = s if s.dtype == torch.float64 else s.float()
         return o, torch.logsumexp(s32, dim=-1).view(B, H, N)
     return o
+
+
+
+def local_attention_ref(q, k, v, window: int, sm_scale=None):
+    """Sliding-window (local) causal attention, eager: query i sees the ``window`` keys j with
+    i + off - window < j <= i + off, off = n_kv - n_q (the causal mask's bottom-right alignment; 0 when
+    n_q == n_kv). Every score outside the band is -inf before the softmax; a query that sees no key
+    outputs 0. Computes in the inputs' dtype (float64 inputs: the checkers' reference)."""
+    if int(window) < 1:
+        raise ValueError(f"window must be at least 1 (a query sees itself), got {window}")
+    N, n_kv, D = q.shape[2], k.shape[2], q.shape[3]
+    group = q.shape[1] // k.shape[1]
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    kk = k.repeat_interleave(group, dim=1) if group > 1 else k
+    vv = v.repeat_interleave(group, dim=1) if group > 1 else v
+    s = (q @ kk.transpose(-1, -2)) * scale
+    i = torch.arange(N, device=q.device)[:, None] + (n_kv - N)
+    j = torch.arange(n_kv, device=q.device)[None, :]
+    seen = (j <= i) & (j > i - int(window))
+    p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0)
+    return p @ vv
 
 
 # --------------------------------------------------------------------------------------------------
