@@ -76,8 +76,8 @@ FAULTS = [
      f"earlier queries miss their oldest keys. The first query's window starts first, {_LO}", _mask,
      lambda f, e, w, bn, n: torch.div(torch.clamp(e - w, min=0), bn, rounding_mode="floor") * bn, _hi),
     (f"hi stops before the query tile (pid_m * BLOCK_M): the keys on the diagonal, each query's own among them, "
-     f"are never loaded, and a query whose whole window lies there sees nothing (0/0 = NaN). {_HI}", _mask, _lo,
-     lambda f, e, w, bn, n, lo: torch.clamp(f, max=n)),
+     f"are never loaded, and a query whose whole window lies there sees no key at all (its output is 0). {_HI}",
+     _mask, _lo, lambda f, e, w, bn, n, lo: torch.clamp(f, max=n)),
     (f"hi is lo + window: the loop stops `window` keys after the first tile's start, before the diagonal of the "
      f"later queries. The last key any query of the tile sees is its last query's own, {_HI}", _mask, _lo,
      lambda f, e, w, bn, n, lo: torch.clamp(lo + w, max=n)),
@@ -97,9 +97,9 @@ def _visible(n, w, bm, bn, mask, lo, hi) -> torch.Tensor:
 
 
 def _attend(q, k, v, seen) -> torch.Tensor:
-    """float64 attention of the keys ``seen`` shows; a row that sees none is NaN (the kernel's 0/0)."""
+    """float64 attention of the keys ``seen`` shows; a row that sees none is 0 (the kernel's guarded l = 0)."""
     s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    return torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1) @ v.double()
+    return torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0) @ v.double()
 
 
 def _diagnose(got, q, k, v, w, tiles, atol, rtol) -> str:
