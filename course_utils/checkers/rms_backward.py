@@ -1,7 +1,8 @@
 """Chapter 10's RMSNorm backward exercise: dx with rstd recomputed from x (the launch in the check's docstring),
 compared with float64 and each usual slip named; moved out of :mod:`.layernorm_backward` (the dw/db reduction),
 :mod:`.layernorm` re-exports it. The check first refuses the course's answers handed in or called
-(``layernorm_common.refuse``; tests/test_layernorm_checkers.py holds both refusals).
+(``layernorm_common.refuse``: ``check.refuse_answer_key`` over chapter 10's answer keys, the course's RMSNorm
+backward kernels, launchers and references and torch's norms; tests/test_layernorm_checkers.py holds both refusals).
 """
 
 from __future__ import annotations
