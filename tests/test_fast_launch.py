@@ -315,3 +315,24 @@ def test_attention_launch_plans_are_keyed_on_alignment():
         outs.append(o)
     assert len(F_._LAUNCH_PLANS) - before == 2    # aligned and shifted; the clone is aligned
     assert torch.equal(outs[0], outs[3]) and torch.equal(outs[1], outs[2])
+
+
+def test_a_traced_launch_passes_every_default_the_call_left_out(monkeypatch):
+    """Inductor's generated code launches a wrap_triton kernel with the arguments traced, no more: a constexpr left
+    to its default went missing there (the GPT under torch.compile raised ``missing ... '_grid_2'``)."""
+    from course_utils.tuned.layernorm_kernels import norm_fwd_kernel
+    args = tuple(range(11))   # norm_fwd_kernel's eleven runtime parameters, y_ptr .. eps
+    meta = dict(BLOCK_N=64, ROWS=1, RMS=False, HAS_BIAS=True, STATS=True, num_warps=4)
+    assert L.with_defaults(norm_fwd_kernel, len(args), meta) == {**meta, "RELOAD": False}
+    given = {**meta, "RELOAD": True}
+    assert L.with_defaults(norm_fwd_kernel, len(args), given) == given   # what the call gives is kept
+    seen = []
+
+    class _Wrapped:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append((grid, a, kw))
+
+    monkeypatch.setattr(L, "traced", lambda t: t == 0)
+    monkeypatch.setattr(L.torch.library, "wrap_triton", lambda kernel: _Wrapped())
+    L.plain_launch(norm_fwd_kernel, (3,), args, meta)
+    assert seen == [((3,), args, {**meta, "RELOAD": False})]

@@ -573,8 +573,9 @@ def _epilogue_body(acc, bias_ptr, r_ptr, offs_m, offs_n, M, N, stride_rm, BUG: t
                     other=0.0).to(tl.float32)
     if BUG == EPI_NO_RESIDUAL:
         return y
-    if BUG == EPI_GELU_ROUNDED:   # GELU's output in the residual's dtype, then added: two roundings
-        return y.to(r_ptr.dtype.element_ty) + r.to(r_ptr.dtype.element_ty)
+    if BUG == EPI_GELU_ROUNDED:   # GELU's output in the residual's dtype, then added: two roundings (every return
+        # of a Triton function has one type: back to float32 after the 16-bit sum)
+        return (y.to(r_ptr.dtype.element_ty) + r.to(r_ptr.dtype.element_ty)).to(tl.float32)
     if BUG == EPI_SUM_ROUNDED:    # acc + bias rounded to the bias's dtype before GELU
         x = (acc.to(bias_ptr.dtype.element_ty) + bias.to(bias_ptr.dtype.element_ty)[None, :]).to(tl.float32)
         return gelu_math(x, True) + r

@@ -589,12 +589,16 @@ class _FullTiles:
         return lambda *args, **kw: _full_tiles_then_tail[grid](*args, **self.kw, **kw)
 
 
+# the checker's one row length that is a whole number of its 128-wide tiles: 64 tiles on a GPU, 4 under the interpreter
+_TILES = 64 if cu.on_gpu() else 4
+_WHOLE = rf"(?s)x {_TILES * 128} cols\)"
+
+
 @pytest.mark.parametrize("short_stats, short_write, words", [
-    (True, False, r"(?s)x 512 cols\).*last tile of the row is left out of the running max and sum when n_cols is a "
-                  r"multiple of BLOCK_SIZE \(512 = 4 x 128"),
-    (False, True, r"(?s)x 512 cols\).*last tile of the row is never written when n_cols is a multiple of BLOCK_SIZE"),
-    (True, True, r"(?s)x 512 cols\).*never written when n_cols is a multiple.*running max and sum stops one tile "
-                 r"early too"),
+    (True, False, _WHOLE + r".*last tile of the row is left out of the running max and sum when n_cols is a "
+                  rf"multiple of BLOCK_SIZE \({_TILES * 128} = {_TILES} x 128"),
+    (False, True, _WHOLE + r".*last tile of the row is never written when n_cols is a multiple of BLOCK_SIZE"),
+    (True, True, _WHOLE + r".*never written when n_cols is a multiple.*running max and sum stops one tile early too"),
 ], ids=["max and sum", "write", "both"])
 def test_long_row_checker_names_a_full_tile_loop_one_tile_short(short_stats, short_write, words):
     """Passed before: no row length tried was a multiple of BLOCK_SIZE, where such a loop misses the last tile."""

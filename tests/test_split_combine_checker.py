@@ -106,7 +106,7 @@ def test_the_partials_combine_to_attention():
 def test_the_pipeline_is_checked_too():
     def attention(q, k, v, causal=False, splits=1):
         o, m, lse = (t.float() for t in sc.partials(q, k, v, splits, causal))
-        return _exercise()(o, m, lse, torch.empty(o.shape[1:], dtype=q.dtype)).view(q.shape)
+        return _exercise()(o, m, lse, torch.empty(o.shape[1:], dtype=q.dtype, device=q.device)).view(q.shape)
 
     sc.check_split_combine(_exercise(), "combine", attention=attention)
     with pytest.raises(check.CheckFailure, match="split kernel and combine together"):

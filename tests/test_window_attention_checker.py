@@ -182,6 +182,24 @@ def test_wrong_numbers_are_named(bounds, mask, words):
         assert w in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("bounds, mask, words", [
+    (_bounds_lo_rounded_up, _mask, ["lo is rounded up"]),
+    (_bounds_lo_last_query, _mask, ["lo is computed from the tile's last query"]),
+    (_bounds_hi_tile_start, _mask, ["hi stops before the query tile"]),
+    (_bounds_hi_lo_window, _mask, ["hi is lo + window"]),
+    (_bounds, _mask_off_by_one, ["one key too wide"]),
+], ids=["lo-rounded-up", "lo-last-query", "hi-tile-start", "hi-lo-window", "off-by-one"])
+def test_without_the_loads_the_fault_is_named_over_more_cases(bounds, mask, words, monkeypatch):
+    """A GPU's view: no loads recorded, so the tiles are unknown, and on one case another fault at another tile can
+    give the same numbers (a GPU named lo-rounded-up as lo-last-query at window 1 before the checker narrowed the
+    faults that fit over more cases)."""
+    monkeypatch.setattr(cw, "_program_tiles", lambda *a: [])
+    with pytest.raises(check.CheckFailure) as e:
+        cw.check_window_attention(_exercise(bounds, mask), "window")
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
 @pytest.mark.skipif(cu.on_gpu(), reason="loads are recorded under the interpreter only")
 @pytest.mark.parametrize("bounds, words", [
     (_bounds_lo_zero, ["wholly left of its window", "lo = 0"]),
@@ -216,3 +234,21 @@ def test_the_stub_raises_not_implemented():
     fn = _exercise(bounds=_stub_bounds)
     with pytest.raises(NotImplementedError, match="Exercise 7.2"):
         cw.check_window_attention(fn, "stub")
+
+
+def test_a_stub_is_found_in_the_cause_of_a_compile_error():
+    """A GPU's compiler fails on the stub's raise line inside the jit function the kernel calls: the error of the
+    call names only the call, its cause holds the raise line (Triton 3.6)."""
+    from course_utils.checkers.loads import stub_message
+
+    class CompilationError(Exception):
+        pass
+
+    try:
+        try:
+            raise CompilationError('at 2:4:\n    raise NotImplementedError("Exercise 7.2: the key tiles")\n    ^')
+        except CompilationError as inner:
+            raise CompilationError("at 14:13:\n    lo, hi = BOUNDS(pid_m, n, window, BLOCK_M, BLOCK_N)\n") from inner
+    except CompilationError as outer:
+        assert stub_message(outer) == "Exercise 7.2: the key tiles"
+        assert stub_message(outer.__cause__.__class__("a typo")) is None

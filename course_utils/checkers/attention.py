@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 
 import torch
 
@@ -28,7 +27,7 @@ from .. import check, env
 from ..faults.attention import _diagnose
 from ..kernels.attention import attention_ref
 from . import answer_keys
-from .loads import in_guards
+from .loads import in_guards, stub_message
 
 
 def _refuse_course(what: str, fn) -> None:
@@ -158,9 +157,9 @@ def check_attention(fn, name: str = "FlashAttention forward", *, causal: bool = 
             except check.CheckFailure:
                 raise
             except Exception as e:
-                if "NotImplementedError" in repr(e):  # the interpreter wraps what a kernel raises
-                    found = re.search(r"NotImplementedError\((['\"])(.*?)\1\)", str(e))
-                    raise NotImplementedError(found.group(2) if found else f"{name}: not done yet ({e})") from None
+                stub = stub_message(e)   # the interpreter or the compiler wraps what a kernel raises
+                if stub is not None:
+                    raise NotImplementedError(stub or f"{name}: not done yet ({e})") from None
                 raise check.CheckFailure(f"{case}: your function raised {type(e).__name__}: {e}") from e
             if with_out:
                 got = out.tensor if got is None else got

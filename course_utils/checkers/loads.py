@@ -16,6 +16,7 @@ when its assumption breaks, and ``tests/test_elementwise_checkers.py`` and
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,6 +109,22 @@ def interpreter_limit(error: BaseException) -> str:
             "as a plain Python int, so a tensor method on it such as r.to(tl.int64) fails here, though a compiled "
             "kernel accepts it: a limit of the interpreter, not a fault of your kernel. Write tl.cast(r, tl.int64) "
             "instead, which works in both.")
+
+
+def stub_message(error: BaseException) -> str | None:
+    """The message of an exercise's untouched ``raise NotImplementedError("...")`` inside a kernel, when ``error``
+    comes from one (None otherwise; '' when the message cannot be read). The interpreter wraps what a kernel
+    raises; a GPU's compiler fails on the raise line, naming it only in the error of the jit function that holds
+    it, which can be the cause of the error of its caller: so the whole chain is read."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = f"{error!r} {error}"
+        if "NotImplementedError" in text:
+            found = re.search(r"NotImplementedError\((['\"])(.*?)\1\)", text)
+            return found.group(2) if found else ""
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def in_guards(loads: Loads, guarded) -> int:

@@ -44,6 +44,8 @@ works on any stream and inside a CUDA graph capture.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
@@ -109,9 +111,21 @@ def plain_launch(kernel, grid, args: tuple, meta: dict) -> None:
     ``wrap_triton(kernel)[grid](...)``, which records the launch in the graph instead."""
     for a in args:
         if traced(a):
-            torch.library.wrap_triton(kernel)[grid](*args, **meta)
+            torch.library.wrap_triton(kernel)[grid](*args, **with_defaults(kernel, len(args), meta))
             return
     kernel[grid](*args, **meta)
+
+
+def with_defaults(kernel, n_args: int, meta: dict) -> dict:
+    """``meta`` plus the default of every parameter after the first ``n_args`` that it leaves out. Why: a traced
+    launch records the arguments it is given, and Inductor's generated code passes those alone, so a constexpr
+    left to its default goes missing at the launch (torch 2.11: ``launcher() missing ... '_grid_2'``)."""
+    fn = kernel
+    while hasattr(fn, "fn"):   # an autotuner or heuristics wraps a JITFunction, which wraps the Python function
+        fn = fn.fn
+    later = list(inspect.signature(fn).parameters.values())[n_args:]
+    missing = {p.name: p.default for p in later if p.name not in meta and p.default is not p.empty}
+    return {**meta, **missing} if missing else meta
 
 
 def fast_launch(kernel, key, grid: tuple, args: tuple, meta: dict) -> None:
@@ -200,5 +214,5 @@ def size() -> int:
     return len(_CACHE)
 
 
-__all__ = ["launch", "fast_launch", "plain_launch", "traced", "aligned16", "specialization", "clear", "size",
-           "ENABLED", "MAX_ENTRIES"]
+__all__ = ["launch", "fast_launch", "plain_launch", "with_defaults", "traced", "aligned16", "specialization", "clear",
+           "size", "ENABLED", "MAX_ENTRIES"]
