@@ -5,8 +5,9 @@
 #   bash tools/gpu_run.sh bench test-gpu                 # make targets
 #   STEP_LIMIT=300 bash tools/gpu_run.sh topic:layernorm topic:training   # benchmarks.run --only <topic>
 # Each step gets at most STEP_LIMIT seconds (default: none), so one slow step cannot take the others' time.
-# Every file the steps write under results/ comes back in $OUT/results.tgz: a lent machine returns only a few
-# files from $OUT, and a run records more (the CSVs, plots, targets). summary.txt has each step's exit and time.
+# Every file the steps write under results/, and every log, comes back in $OUT/results.tgz: a lent machine returns
+# at most 8 files from $OUT, and a run records more (the CSVs, plots, targets). summary.txt has each step's exit and
+# time.
 set -uo pipefail
 out=${OUT:-/tmp}
 if [ -d .whl ]; then
@@ -34,6 +35,12 @@ for step in "$@"; do
   echo "== $step: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
   [ "$rc" -eq 0 ] || status=$rc
 done
+# A lent machine returns at most 8 files from $OUT (in name order): everything else it holds, the step logs and
+# whatever the caller left there, goes into results.tgz beside the results files, and only summary.txt stays loose.
 new=$(find results -type f -newer "$marker" | sort)
-[ -n "$new" ] && tar czf "$out/results.tgz" $new && echo "results.tgz: $(echo "$new" | wc -l) files"
+loose=$(cd "$out" && find . -maxdepth 1 -type f ! -name results.tgz ! -name summary.txt -printf '%f\n' | sort)
+if [ -n "$new$loose" ]; then
+  tar czf "$out/results.tgz.part" $new ${loose:+-C "$out" $loose} && mv "$out/results.tgz.part" "$out/results.tgz" \
+    && (cd "$out" && rm -f $loose) && echo "results.tgz: $(echo "$new" | grep -c .) results files, logs: $loose"
+fi
 exit $status

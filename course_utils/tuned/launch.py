@@ -123,7 +123,10 @@ def with_defaults(kernel, n_args: int, meta: dict) -> dict:
     fn = kernel
     while hasattr(fn, "fn"):   # an autotuner or heuristics wraps a JITFunction, which wraps the Python function
         fn = fn.fn
-    later = list(inspect.signature(fn).parameters.values())[n_args:]
+    try:
+        later = list(inspect.signature(fn).parameters.values())[n_args:]
+    except (TypeError, ValueError):   # no Python signature to read (a stand-in kernel): what the call gives
+        return meta
     missing = {p.name: p.default for p in later if p.name not in meta and p.default is not p.empty}
     return {**meta, **missing} if missing else meta
 
