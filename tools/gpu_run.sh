@@ -21,6 +21,9 @@ sleep 1   # files written in the same second as the marker count as new
 status=0
 for step in "$@"; do
   start=$(date +%s)
+  # what else the host is doing as the step starts (a busy host slows every step issued from Python)
+  { echo "== $step: load $(cut -d' ' -f1-3 /proc/loadavg), busiest:"; ps -eo pcpu=,comm= --sort=-pcpu | head -n 3; } \
+    >> "$out/summary.txt"
   limit=()
   [ -n "${STEP_LIMIT:-}" ] && limit=(timeout "$STEP_LIMIT")
   if [[ $step == topic:* ]]; then
