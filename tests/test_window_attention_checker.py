@@ -102,6 +102,50 @@ def _bounds_hi_n(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     return lo, n
 
 
+@triton.jit
+def _bounds_lo_window(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):   # window keys before first
+    lo = (tl.maximum(pid_m * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
+    return lo, tl.minimum((pid_m + 1) * BLOCK_M, n)
+
+
+@triton.jit
+def _bounds_lo_minimum(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    lo = (tl.minimum(pid_m * BLOCK_M - window + 1, 0) // BLOCK_N) * BLOCK_N
+    return lo, tl.minimum((pid_m + 1) * BLOCK_M, n)
+
+
+@triton.jit
+def _bounds_lo_block_m(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    lo = (tl.maximum(pid_m * BLOCK_M - window + 1, 0) // BLOCK_M) * BLOCK_M
+    return lo, tl.minimum((pid_m + 1) * BLOCK_M, n)
+
+
+@triton.jit
+def _bounds_lo_true_div(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    lo = (tl.maximum(pid_m * BLOCK_M - window + 1, 0) / BLOCK_N) * BLOCK_N
+    return lo, tl.minimum((pid_m + 1) * BLOCK_M, n)
+
+
+@triton.jit
+def _bounds_hi_tile_short(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):   # hi: the last tile's start
+    lo = (tl.maximum(pid_m * BLOCK_M - window + 1, 0) // BLOCK_N) * BLOCK_N
+    return lo, tl.minimum((pid_m + 1) * BLOCK_M - BLOCK_N, n)
+
+
+@triton.jit
+def _bounds_hi_first_window(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    lo = (tl.maximum(pid_m * BLOCK_M - window + 1, 0) // BLOCK_N) * BLOCK_N
+    return lo, tl.minimum(pid_m * BLOCK_M + window, n)
+
+
+# right, written otherwise: the clamp after the floor division, hi one key short of the tile's end (range still
+# visits its last tile)
+@triton.jit
+def _bounds_clamp_after(pid_m, n, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    lo = tl.maximum((pid_m * BLOCK_M - window + 1) // BLOCK_N, 0) * BLOCK_N
+    return lo, tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, n)
+
+
 # ---- the mask: the answer, then each slip
 @triton.jit
 def _mask(s, offs_m, cols, window):
@@ -137,6 +181,48 @@ def _mask_causal(s, offs_m, cols, window):   # the lecture's causal mask, the wi
     return tl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
 
 
+@triton.jit
+def _mask_too_narrow(s, offs_m, cols, window):
+    keep = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] > offs_m[:, None] - window + 1)
+    return tl.where(keep, s, float("-inf"))
+
+
+@triton.jit
+def _mask_without_self(s, offs_m, cols, window):   # i - window <= j < i
+    keep = (cols[None, :] < offs_m[:, None]) & (cols[None, :] >= offs_m[:, None] - window)
+    return tl.where(keep, s, float("-inf"))
+
+
+@triton.jit
+def _mask_zero(s, offs_m, cols, window):
+    keep = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] > offs_m[:, None] - window)
+    return tl.where(keep, s, 0.0)
+
+
+@triton.jit
+def _mask_fill_100(s, offs_m, cols, window):
+    keep = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] > offs_m[:, None] - window)
+    return tl.where(keep, s, -100.0)
+
+
+@triton.jit
+def _mask_fill_1e4(s, offs_m, cols, window):
+    keep = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] > offs_m[:, None] - window)
+    return tl.where(keep, s, -1e4)
+
+
+@triton.jit
+def _mask_twice(s, offs_m, cols, window):   # right: two tl.where, the left edge as a distance
+    s = tl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
+    return tl.where(offs_m[:, None] - cols[None, :] < window, s, float("-inf"))
+
+
+@triton.jit
+def _mask_closed(s, offs_m, cols, window):   # right: i - window + 1 <= j
+    keep = (cols[None, :] >= offs_m[:, None] - window + 1) & (cols[None, :] <= offs_m[:, None])
+    return tl.where(keep, s, float("-inf"))
+
+
 def _exercise(bounds=_bounds, mask=_mask):
     def fn(q, k, v, window, out=None):
         b, h, n, d = q.shape
@@ -151,6 +237,13 @@ def _exercise(bounds=_bounds, mask=_mask):
 def test_the_answer_passes(capsys):
     cw.check_window_attention(_exercise(), "window answer")
     assert "PASS window answer" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bounds, mask", [(_bounds_clamp_after, _mask), (_bounds, _mask_twice),
+                                         (_bounds, _mask_closed)], ids=["clamp-after", "where-twice", "closed"])
+def test_answers_written_otherwise_pass(bounds, mask, capsys):
+    cw.check_window_attention(_exercise(bounds, mask), "window")
+    assert "PASS window" in capsys.readouterr().out
 
 
 def test_the_reference_is_right_on_a_small_case():
@@ -173,8 +266,15 @@ def test_the_reference_is_right_on_a_small_case():
     (_bounds_lo_last_query, _mask, ["lo is computed from the tile's last query"]),
     (_bounds_hi_tile_start, _mask, ["hi stops before the query tile", "sees no key at all"]),
     (_bounds_hi_lo_window, _mask, ["hi is lo + window"]),
+    (_bounds, _mask_too_narrow, ["one key too narrow"]),
+    (_bounds, _mask_without_self, ["leaves out the query itself"]),
+    (_bounds, _mask_causal, ["hides only the keys after the query"]),
+    (_bounds, _mask_zero, ["scores the keys it hides 0"]),
+    (_bounds_hi_tile_short, _mask, ["hi stops one key tile short"]),
+    (_bounds_hi_first_window, _mask, ["hi is pid_m * BLOCK_M + window"]),
 ], ids=["off-by-one", "wrong-side", "inverted", "no-right-edge", "causal", "lo-rounded-up", "lo-last-query",
-        "hi-tile-start", "hi-lo-window"])
+        "hi-tile-start", "hi-lo-window", "too-narrow", "without-self", "causal-mask-window-lo", "zero-fill",
+        "hi-tile-short", "hi-first-window"])
 def test_wrong_numbers_are_named(bounds, mask, words):
     with pytest.raises(check.CheckFailure) as e:
         cw.check_window_attention(_exercise(bounds, mask), "window")
@@ -188,7 +288,14 @@ def test_wrong_numbers_are_named(bounds, mask, words):
     (_bounds_hi_tile_start, _mask, ["hi stops before the query tile"]),
     (_bounds_hi_lo_window, _mask, ["hi is lo + window"]),
     (_bounds, _mask_off_by_one, ["one key too wide"]),
-], ids=["lo-rounded-up", "lo-last-query", "hi-tile-start", "hi-lo-window", "off-by-one"])
+    (_bounds, _mask_too_narrow, ["one key too narrow"]),
+    (_bounds, _mask_without_self, ["leaves out the query itself"]),
+    (_bounds, _mask_causal, ["hides only the keys after the query"]),
+    (_bounds, _mask_zero, ["scores the keys it hides 0"]),
+    (_bounds_hi_tile_short, _mask, ["hi stops one key tile short"]),
+    (_bounds_hi_first_window, _mask, ["hi is pid_m * BLOCK_M + window"]),
+], ids=["lo-rounded-up", "lo-last-query", "hi-tile-start", "hi-lo-window", "off-by-one", "too-narrow",
+        "without-self", "causal-mask-window-lo", "zero-fill", "hi-tile-short", "hi-first-window"])
 def test_without_the_loads_the_fault_is_named_over_more_cases(bounds, mask, words, monkeypatch):
     """A GPU's view: no loads recorded, so the tiles are unknown, and on one case another fault at another tile can
     give the same numbers (a GPU named lo-rounded-up as lo-last-query at window 1 before the checker narrowed the
@@ -206,13 +313,28 @@ def test_without_the_loads_the_fault_is_named_over_more_cases(bounds, mask, word
     (_bounds_hi_n, ["wholly right of the diagonal", "hi does not stop"]),
     (_bounds_lo_unrounded, ["not rounded down to a tile boundary"]),
     (_bounds_lo_unclamped, ["outside input k", "lo is below 0"]),
-], ids=["lo-zero", "hi-n", "lo-unrounded", "lo-unclamped"])
+    (_bounds_lo_window, ["wholly left of its window", "lo starts from key first - window"]),
+    (_bounds_lo_minimum, ["wholly left of its window", "lo = 0", "tl.minimum"]),
+    (_bounds_lo_block_m, ["wholly left of its window", "rounded down to a multiple of BLOCK_M"]),
+    (_bounds_lo_true_div, ["not rounded down to a tile boundary", "/ gives a float"]),
+], ids=["lo-zero", "hi-n", "lo-unrounded", "lo-unclamped", "lo-window", "lo-minimum", "lo-block-m", "lo-true-div"])
 def test_right_numbers_wrong_tiles_are_named(bounds, words):
     """Right numbers (the mask hides what the loop should have skipped), wrong loads: the key tiles each query
     tile loaded, in the interpreter's records, tell."""
     with pytest.raises(check.CheckFailure) as e:
         cw.check_window_attention(_exercise(bounds, _mask), "window")
     for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("mask, dtype", [(_mask_fill_100, "float32"), (_mask_fill_1e4, "float16")],
+                         ids=["fill-100", "fill-1e4"])
+def test_a_finite_fill_is_refused(mask, dtype):
+    """Right numbers wherever the real scores lie far above the fill: the case with every score moved down
+    (chapter 7's SHIFTED_DOWN) puts them below it, and the hidden keys take the weight."""
+    with pytest.raises(check.CheckFailure) as e:
+        cw.check_window_attention(_exercise(_bounds, mask), "window")
+    for w in (f"({dtype}", "scores with a large negative offset", "a finite score"):
         assert w in str(e.value), str(e.value)
 
 
