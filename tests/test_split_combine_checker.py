@@ -14,8 +14,9 @@ from course_utils.checkers import split_combine as sc
 from course_utils.kernels import attention as A
 
 # the forms of the combine kernel (constexpr globals: a @triton.jit function reads no other global)
-ANSWER, NO_MAX, NO_DIVISION, TIMES_L, RUNNING_MAX, MEAN, M_NOT_LSE, RUNNING_MAX_GUARDED = (
-    tl.constexpr(i) for i in range(8))
+(ANSWER, NO_MAX, NO_DIVISION, TIMES_L, RUNNING_MAX, MEAN, M_NOT_LSE, RUNNING_MAX_GUARDED, ZERO_MAX, MAX_SKIPS_FIRST,
+ ACC_16, EXP2, EMPTY_WEIGHS_ONE, BY_SPLITS, SKIP_LAST, CHUNK0, O_STRIDE, EXTRA_CHUNK) = (
+    tl.constexpr(i) for i in range(18))
 
 
 @triton.jit
@@ -26,7 +27,11 @@ def _combine(o_ptr, m_ptr, lse_ptr, out_ptr, rows, splits, HEAD_DIM: tl.constexp
     ok = offs_r < rows
     total = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    if FORM == ACC_16:
+        acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
     big = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    if FORM == ZERO_MAX:
+        big = tl.zeros([BLOCK_R], dtype=tl.float32)
     if FORM == RUNNING_MAX or FORM == RUNNING_MAX_GUARDED:   # one pass, the max kept as it goes (chapter 6)
         for c in range(0, splits):
             x = tl.load(lse_ptr + c * rows + offs_r, mask=ok, other=float("-inf"))
@@ -43,31 +48,50 @@ def _combine(o_ptr, m_ptr, lse_ptr, out_ptr, rows, splits, HEAD_DIM: tl.constexp
             acc = acc * alpha[:, None] + w[:, None] * o_c
             big = new
     else:
-        for c in range(0, splits):
+        first = 0
+        if FORM == MAX_SKIPS_FIRST:
+            first = 1
+        last = splits
+        if FORM == SKIP_LAST:
+            last = splits - 1
+        if FORM == EXTRA_CHUNK:
+            last = splits + 1
+        stride = rows   # of the chunk dimension
+        if FORM == CHUNK0:
+            stride = 0
+        for c in range(first, last):
             if FORM == M_NOT_LSE:
                 x = tl.load(m_ptr + c * rows + offs_r, mask=ok, other=float("-inf"))
             else:
-                x = tl.load(lse_ptr + c * rows + offs_r, mask=ok, other=float("-inf"))
+                x = tl.load(lse_ptr + c * stride + offs_r, mask=ok, other=float("-inf"))
             big = tl.maximum(big, x)
         big = tl.where(big == float("-inf"), 0.0, big)
         if FORM == NO_MAX:
             big = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for c in range(0, splits):
+        for c in range(0, last):
             if FORM == M_NOT_LSE:
                 x = tl.load(m_ptr + c * rows + offs_r, mask=ok, other=float("-inf"))
             else:
-                x = tl.load(lse_ptr + c * rows + offs_r, mask=ok, other=float("-inf"))
-            o_c = tl.load(o_ptr + (c * rows + offs_r)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None],
-                          other=0.0)
+                x = tl.load(lse_ptr + c * stride + offs_r, mask=ok, other=float("-inf"))
+            o_at = (c * stride + offs_r)[:, None] * HEAD_DIM + offs_d[None, :]
+            if FORM == O_STRIDE:
+                o_at = c * rows + offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+            o_c = tl.load(o_ptr + o_at, mask=ok[:, None], other=0.0)
             w = tl.exp(x - big)
+            if FORM == EXP2:
+                w = tl.exp2(x - big)
+            if FORM == EMPTY_WEIGHS_ONE:
+                w = tl.where(x == float("-inf"), 1.0, w)
             if FORM == MEAN:
                 w = tl.full([BLOCK_R], 1.0, dtype=tl.float32)
             total += w
-            acc += w[:, None] * o_c
+            acc += (w[:, None] * o_c).to(acc.dtype)
     if FORM == NO_DIVISION:
         out = acc
     elif FORM == TIMES_L:
         out = acc * total[:, None]
+    elif FORM == BY_SPLITS:
+        out = acc / splits
     else:
         out = acc / total[:, None]
     tl.store(out_ptr + offs_r[:, None] * HEAD_DIM + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -101,6 +125,30 @@ def test_the_partials_combine_to_attention():
             assert torch.allclose(got, A.attention_ref(q, k, v, causal=causal).reshape(-1, 4))
             assert bool((m <= lse).all()) and bool(torch.isinf(lse).any()) == (
                 (causal and splits > 1) or (splits - 1) * -(-11 // splits) >= 11)   # a chunk past the last key
+            o2, m2, lse2 = sc.partials(q, k, v, splits, causal, last_first, shift=sc.SHIFT)   # the same attention
+            assert torch.allclose(o2, o) and torch.allclose(lse2, lse + sc.SHIFT) and torch.allclose(m2, m + sc.SHIFT)
+
+
+def _case_partials(what):
+    b, h, n, d, splits, causal, _, q_scale, last_first = next(c for c in sc.cases() if c[6] == what)
+    q, k, v = sc._qkv(b, h, n, d, torch.float16, q_scale, what)
+    shift = sc.SHIFT if what == sc.SHIFTED else 0.0
+    return sc.partials(q, k, v, splits, causal, last_first, shift), A.attention_ref(
+        q.double(), k.double(), v.double(), causal=causal).reshape(b * h * n, d)
+
+
+def test_the_exp_range_cases_hold_their_property():
+    """SHIFTED: every exp(lse_c) underflows float32 (below exp(-103.3)); NEEDLE: one chunk's lse_c passes every
+    other's by more than float32's exp range (88.7), the first chunk in one head and the last in the other;
+    CANCEL: chunk outputs near +-DRIFT on axis 0, the output near 0."""
+    (o, m, lse), _ = _case_partials(sc.SHIFTED)
+    assert bool((lse < -104).all())
+    (o, m, lse), _ = _case_partials(sc.NEEDLE)
+    top2 = lse.topk(2, dim=0).values
+    assert bool((top2[0] - top2[1] > 89).all())
+    assert set(lse.argmax(0).tolist()) == {0, lse.shape[0] - 1}
+    (o, m, lse), out = _case_partials(sc.CANCEL)
+    assert bool((o[..., 0].abs() > sc.DRIFT - 5).all()) and bool((out[:, 0].abs() < 5).all())
 
 
 def test_the_pipeline_is_checked_too():
@@ -120,12 +168,42 @@ def test_the_pipeline_is_checked_too():
     (RUNNING_MAX, ["first chunk is empty", "exp(-inf - -inf)"]),
     (MEAN, ["averaged with equal weights"]),
     (M_NOT_LSE, ["use m_c, the chunk's max, not lse_c"]),
-], ids=["no-max", "no-division", "times-l", "running-max-nan", "mean", "m-not-lse"])
+    (EXP2, ["exp2(lse_c - M)"]),
+    (EMPTY_WEIGHS_ONE, ["empty chunk", "gets a weight"]),
+    (BY_SPLITS, ["divided by the number of chunks S"]),
+    (SKIP_LAST, ["one chunk is left out"]),
+    (CHUNK0, ["each load reads chunk 0"]),
+    (O_STRIDE, ["chunk stride is rows * HEAD_DIM"]),
+], ids=["no-max", "no-division", "times-l", "running-max-nan", "mean", "m-not-lse", "exp2", "empty-chunk-weighed",
+        "by-splits", "loop-skips-a-chunk", "chunk-0-always", "o-stride-rows"])
 def test_each_fault_is_named(form, words):
     with pytest.raises(check.CheckFailure) as e:
         sc.check_split_combine(_exercise(form), "combine")
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("form, what, words", [
+    (ZERO_MAX, sc.SHIFTED, ["scores shifted by -200", "max start at 0"]),
+    (MAX_SKIPS_FIRST, sc.NEEDLE, ["outscoring the rest", "skip a chunk"]),
+    (ACC_16, sc.CANCEL, ["values +100 then -100", "16-bit dtype"]),
+], ids=["max-from-zero", "max-skips-a-chunk", "16-bit-accumulator"])
+def test_each_exp_range_case_names_its_fault(form, what, words, monkeypatch):
+    """Kernels that the usual cases pass (the 16-bit accumulator every time, a max from 0 or one that skips a
+    chunk most times, failing by chance on large scores only): the case made for each fails it, alone."""
+    only = [c for c in sc.cases() if c[6] == what]
+    monkeypatch.setattr(sc, "cases", lambda: only)
+    with pytest.raises(check.CheckFailure) as e:
+        sc.check_split_combine(_exercise(form), "combine")
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.skipif(cu.on_gpu(), reason="loads are recorded under the interpreter only")
+def test_a_loop_over_one_chunk_too_many_is_named():
+    with pytest.raises(check.CheckFailure, match=r"exactly one chunk more") as e:
+        sc.check_split_combine(_exercise(EXTRA_CHUNK), "combine")
+    assert "S + 1 times" in str(e.value) and "pass mask=" not in str(e.value), str(e.value)
 
 
 @pytest.mark.skipif(cu.on_gpu(), reason="loads are recorded under the interpreter only")
