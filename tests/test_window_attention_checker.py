@@ -256,55 +256,50 @@ def test_the_reference_is_right_on_a_small_case():
         assert torch.allclose(got[0, 0, i], p @ v[0, 0, keys])
 
 
-@pytest.mark.parametrize("bounds, mask, words", [
-    (_bounds, _mask_off_by_one, ["one key too wide (i - window <= j)"]),
-    (_bounds, _mask_wrong_side, ["opens on the wrong side"]),
-    (_bounds, _mask_inverted, ["keeps the keys outside the window"]),
-    (_bounds, _mask_no_right_edge, ["no right edge"]),
-    (_bounds_lo_zero, _mask_causal, ["the window is ignored", "causal attention"]),
-    (_bounds_lo_rounded_up, _mask, ["lo is rounded up"]),
-    (_bounds_lo_last_query, _mask, ["lo is computed from the tile's last query"]),
-    (_bounds_hi_tile_start, _mask, ["hi stops before the query tile", "sees no key at all"]),
-    (_bounds_hi_lo_window, _mask, ["hi is lo + window"]),
-    (_bounds, _mask_too_narrow, ["one key too narrow"]),
-    (_bounds, _mask_without_self, ["leaves out the query itself"]),
-    (_bounds, _mask_causal, ["hides only the keys after the query"]),
-    (_bounds, _mask_zero, ["scores the keys it hides 0"]),
-    (_bounds_hi_tile_short, _mask, ["hi stops one key tile short"]),
-    (_bounds_hi_first_window, _mask, ["hi is pid_m * BLOCK_M + window"]),
-], ids=["off-by-one", "wrong-side", "inverted", "no-right-edge", "causal", "lo-rounded-up", "lo-last-query",
-        "hi-tile-start", "hi-lo-window", "too-narrow", "without-self", "causal-mask-window-lo", "zero-fill",
-        "hi-tile-short", "hi-first-window"])
-def test_wrong_numbers_are_named(bounds, mask, words):
+# wrong numbers: id -> (bounds, mask, words the failure must hold)
+WRONG_NUMBERS = {
+    "off-by-one": (_bounds, _mask_off_by_one, ["one key too wide (i - window <= j)"]),
+    "wrong-side": (_bounds, _mask_wrong_side, ["opens on the wrong side"]),
+    "inverted": (_bounds, _mask_inverted, ["keeps the keys outside the window"]),
+    "no-right-edge": (_bounds, _mask_no_right_edge, ["no right edge"]),
+    "causal": (_bounds_lo_zero, _mask_causal, ["the window is ignored", "causal attention"]),
+    "lo-rounded-up": (_bounds_lo_rounded_up, _mask, ["lo is rounded up"]),
+    "lo-last-query": (_bounds_lo_last_query, _mask, ["lo is computed from the tile's last query"]),
+    "hi-tile-start": (_bounds_hi_tile_start, _mask, ["hi stops before the query tile", "sees no key at all"]),
+    "hi-lo-window": (_bounds_hi_lo_window, _mask, ["hi is lo + window"]),
+    "too-narrow": (_bounds, _mask_too_narrow, ["one key too narrow"]),
+    "without-self": (_bounds, _mask_without_self, ["leaves out the query itself"]),
+    "causal-mask-window-lo": (_bounds, _mask_causal, ["hides only the keys after the query"]),
+    "zero-fill": (_bounds, _mask_zero, ["scores the keys it hides 0"]),
+    "hi-tile-short": (_bounds_hi_tile_short, _mask, ["hi stops one key tile short"]),
+    "hi-first-window": (_bounds_hi_first_window, _mask, ["hi is pid_m * BLOCK_M + window"]),
+}
+# those whose numbers another fault gives at another tile on some case: named without the loads too
+SAME_NUMBERS_ELSEWHERE = ["lo-rounded-up", "lo-last-query", "hi-tile-start", "hi-lo-window", "off-by-one",
+                          "too-narrow", "without-self", "causal-mask-window-lo", "zero-fill", "hi-tile-short",
+                          "hi-first-window"]
+
+
+def _named(fault) -> None:
+    bounds, mask, words = WRONG_NUMBERS[fault]
     with pytest.raises(check.CheckFailure) as e:
         cw.check_window_attention(_exercise(bounds, mask), "window")
     for w in words:
         assert w in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("bounds, mask, words", [
-    (_bounds_lo_rounded_up, _mask, ["lo is rounded up"]),
-    (_bounds_lo_last_query, _mask, ["lo is computed from the tile's last query"]),
-    (_bounds_hi_tile_start, _mask, ["hi stops before the query tile"]),
-    (_bounds_hi_lo_window, _mask, ["hi is lo + window"]),
-    (_bounds, _mask_off_by_one, ["one key too wide"]),
-    (_bounds, _mask_too_narrow, ["one key too narrow"]),
-    (_bounds, _mask_without_self, ["leaves out the query itself"]),
-    (_bounds, _mask_causal, ["hides only the keys after the query"]),
-    (_bounds, _mask_zero, ["scores the keys it hides 0"]),
-    (_bounds_hi_tile_short, _mask, ["hi stops one key tile short"]),
-    (_bounds_hi_first_window, _mask, ["hi is pid_m * BLOCK_M + window"]),
-], ids=["lo-rounded-up", "lo-last-query", "hi-tile-start", "hi-lo-window", "off-by-one", "too-narrow",
-        "without-self", "causal-mask-window-lo", "zero-fill", "hi-tile-short", "hi-first-window"])
-def test_without_the_loads_the_fault_is_named_over_more_cases(bounds, mask, words, monkeypatch):
+@pytest.mark.parametrize("fault", list(WRONG_NUMBERS))
+def test_wrong_numbers_are_named(fault):
+    _named(fault)
+
+
+@pytest.mark.parametrize("fault", SAME_NUMBERS_ELSEWHERE)
+def test_without_the_loads_the_fault_is_named_over_more_cases(fault, monkeypatch):
     """A GPU's view: no loads recorded, so the tiles are unknown, and on one case another fault at another tile can
     give the same numbers (a GPU named lo-rounded-up as lo-last-query at window 1 before the checker narrowed the
     faults that fit over more cases)."""
     monkeypatch.setattr(cw, "_program_tiles", lambda *a: [])
-    with pytest.raises(check.CheckFailure) as e:
-        cw.check_window_attention(_exercise(bounds, mask), "window")
-    for w in words:
-        assert w in str(e.value), str(e.value)
+    _named(fault)
 
 
 @pytest.mark.skipif(cu.on_gpu(), reason="loads are recorded under the interpreter only")
