@@ -237,8 +237,9 @@ def test_the_course_answer_is_refused():
         ca.check_attention(calls_the_reference)
 
 
-# ---- exercises 7.1 and 7.2 as a student writes them: their online_update and causal_mask plugged into the
-# notebook's kernel (its 32 x 16 tiles on the CPU, the causal key loop stopping after the query tile's last row)
+# ---- the lecture's online update and causal mask as a student might get them wrong (check_attention's diagnoses;
+# exercises 7.1 and 7.2 are now the split-KV combine and the window), plugged into the notebook's kernel (its
+# 32 x 16 tiles on the CPU, the causal key loop stopping after the query tile's last row)
 @triton.jit
 def _exercise_attn(q_ptr, k_ptr, v_ptr, o_ptr, stride_b, stride_h, stride_n, n_heads, n, sm_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,

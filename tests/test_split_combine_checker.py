@@ -140,7 +140,7 @@ def _case_partials(what):
 def test_the_exp_range_cases_hold_their_property():
     """SHIFTED: every exp(lse_c) underflows float32 (below exp(-103.3)); NEEDLE: one chunk's lse_c passes every
     other's by more than float32's exp range (88.7), the first chunk in one head and the last in the other;
-    CANCEL: chunk outputs near +-DRIFT on axis 0, the output near 0."""
+    CANCEL: chunk outputs near +-DRIFT on axis 0, the output near 0, each row's own (its rounding too)."""
     (o, m, lse), _ = _case_partials(sc.SHIFTED)
     assert bool((lse < -104).all())
     (o, m, lse), _ = _case_partials(sc.NEEDLE)
@@ -149,6 +149,7 @@ def test_the_exp_range_cases_hold_their_property():
     assert set(lse.argmax(0).tolist()) == {0, lse.shape[0] - 1}
     (o, m, lse), out = _case_partials(sc.CANCEL)
     assert bool((o[..., 0].abs() > sc.DRIFT - 5).all()) and bool((out[:, 0].abs() < 5).all())
+    assert o[0, :, 0].unique().numel() > o.shape[1] // 2   # with q = 0 a head's rows had one chunk output
 
 
 def test_the_pipeline_is_checked_too():

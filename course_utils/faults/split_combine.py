@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .loads import span
+from ..checkers.loads import span
 
 RIGHT = "M = max_c lse_c, lse = M + log(sum_c exp(lse_c - M)), out = sum_c o_c * exp(lse_c - lse)"
 #: a row's total exp(lse) past this overflows float32 (its largest is about exp(88.7))
