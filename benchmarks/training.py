@@ -339,6 +339,13 @@ def loss_agreement(curve: pd.DataFrame) -> dict:
     return out
 
 
+def summarize_losses(curve: pd.DataFrame, day: str) -> dict:
+    """The headline rows' loss columns from a recorded curve (``training_loss.csv``) run on ``day``."""
+    return {"loss_steps": len(curve), "loss_max_rel_diff": curve["rel_diff"].max(), "loss_date": day,
+            "loss_steps_over_tolerance": int((curve["rel_diff"] > LOSS_TOLERANCE).sum()),
+            **{f"loss_{k}": v for k, v in loss_agreement(curve).items()}}
+
+
 def layer_report(step: int, cfg, x, y, weights) -> pd.DataFrame:
     """Replay one batch through both versions (bf16 autocast, each with its weights at that step) and
     through each one's float32 twin on PyTorch's ops: the relative error of every branch's output."""
@@ -567,10 +574,7 @@ def sweep(quick: bool = False) -> pd.DataFrame:
                                       "version": "course", "trained_steps": len(curve)}]), f"training_sample{suffix}")
             if not report.empty:
                 bench.save(report, f"training_divergence{suffix}")
-            loss_summary = {"loss_steps": len(curve), "loss_max_rel_diff": curve["rel_diff"].max(),
-                            "loss_date": datetime.date.today().isoformat(),
-                            "loss_steps_over_tolerance": int((curve["rel_diff"] > LOSS_TOLERANCE).sum()),
-                            **{f"loss_{k}": v for k, v in loss_agreement(curve).items()}}
+            loss_summary = summarize_losses(curve, datetime.date.today().isoformat())
             _log("losses", t0)
     for name, frames in (("categories", categories), ("kernels", kernels), ("host", host)):
         if frames:
@@ -583,14 +587,22 @@ def sweep(quick: bool = False) -> pd.DataFrame:
         df = _recorded_here("training")
         if df is None or "config_key" not in df:
             raise RuntimeError("COURSE_TRAINING_PARTS without 'versions' needs a recorded training.csv")
-        for k, v in loss_summary.items():
-            df.loc[df["config_key"] == HEADLINE, k] = v
-        return df
+        return with_headline(df, loss_summary)
     if not loss_summary and not quick and HEADLINE in keys:
         loss_summary = _recorded_losses()   # versions re-timed without the losses: keep the recorded curve's
-    for k, v in loss_summary.items():
-        df.loc[df["config_key"] == HEADLINE, k] = v
+    df = with_headline(df, loss_summary)
     return df if quick else _merge_recorded(df, "training", keys)
+
+
+def with_headline(df: pd.DataFrame, summary: dict) -> pd.DataFrame:
+    """``summary``'s values in the headline's rows of ``df``. A column that a recorded CSV read as floats (all
+    empty, as ``loss_date`` where no curve was recorded) takes text too: pandas refuses a string in a float
+    column."""
+    for k, v in summary.items():
+        if isinstance(v, str) and k in df and df[k].dtype != object:
+            df[k] = df[k].astype(object)
+        df.loc[df["config_key"] == HEADLINE, k] = v
+    return df
 
 
 def _recorded_losses() -> dict:

@@ -331,6 +331,19 @@ def test_a_call_without_the_losses_keeps_the_recorded_loss_columns(training_benc
     assert training_bench._recorded_losses() == {}
 
 
+def test_a_losses_only_call_writes_its_date_into_a_recorded_table_without_one(training_bench):
+    # an H200 table recorded with no loss curve reads loss_date as an all-empty float column: a later call that
+    # records only the losses (COURSE_TRAINING_PARTS=losses) still writes its day there (it raised TypeError)
+    import pandas as pd
+    head = training_bench.HEADLINE
+    rec = pd.DataFrame([{"config_key": head, "impl": "eager", "loss_date": float("nan"), "loss_steps": float("nan")},
+                        {"config_key": "toy-b8", "impl": "eager", "loss_date": float("nan"),
+                         "loss_steps": float("nan")}])
+    got = training_bench.with_headline(rec, {"loss_date": "2026-11-30", "loss_steps": 200})
+    assert list(got["loss_date"].iloc[:1]) == ["2026-11-30"] and pd.isna(got["loss_date"].iloc[1])
+    assert got["loss_steps"].iloc[0] == 200 and pd.isna(got["loss_steps"].iloc[1])
+
+
 def test_a_run_on_one_gpu_never_reads_another_gpus_records(training_bench, monkeypatch, tmp_path):
     """An H200's first training run, with only the H100's files recorded: its rows are not merged with the
     H100's, its losses are not the H100's, and judging the H200's table reads the H200's overhead table."""

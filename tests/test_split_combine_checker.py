@@ -185,7 +185,7 @@ def test_each_fault_is_named(form, words):
 
 
 @pytest.mark.parametrize("form, what, words", [
-    (ZERO_MAX, sc.SHIFTED, ["scores shifted by -200", "max start at 0"]),
+    (ZERO_MAX, sc.SHIFTED, ["scores shifted by -200", "max starts at 0"]),
     (MAX_SKIPS_FIRST, sc.NEEDLE, ["outscoring the rest", "skip a chunk"]),
     (ACC_16, sc.CANCEL, ["values +100 then -100", "16-bit dtype"]),
 ], ids=["max-from-zero", "max-skips-a-chunk", "16-bit-accumulator"])

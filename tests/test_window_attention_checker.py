@@ -329,6 +329,8 @@ def test_a_finite_fill_is_refused(mask, dtype):
     (chapter 7's SHIFTED_DOWN) puts them below it, and the hidden keys take the weight."""
     with pytest.raises(check.CheckFailure) as e:
         cw.check_window_attention(_exercise(_bounds, mask), "window")
+    if dtype == "float32" and cu.on_gpu():   # float32's plan has no shifted case there (tf32 dots): float16's
+        dtype = "float16"
     for w in (f"({dtype}", "scores with a large negative offset", "a finite score"):
         assert w in str(e.value), str(e.value)
 

@@ -55,8 +55,10 @@ HINTS = {
            f"below exp(-103) it is 0). Subtract each row's largest lse_c, over all of its chunks, before exp: not a "
            f"max that starts at 0 instead of -inf, nor one that skips a chunk. {RIGHT}",
     SHIFTED: "every lse_c here is near -200 (softmax ignores a constant added to a row's scores, so the output is "
-             "the same): exp(lse_c - x) underflows to 0 unless x is the row's largest lse_c, and 0 / 0 follows. Does "
-             f"your max start at 0 (tl.zeros) instead of -inf? {RIGHT}",
+             "the same): exp(lse_c - x) underflows to 0 unless x is the row's largest lse_c, and 0 / 0 follows. Here "
+             "two faults give the same numbers: the max is not subtracted (exp(lse_c) alone underflows here as it "
+             "overflows for large scores), or your max starts at 0 (tl.zeros) instead of -inf, and every lse_c lies "
+             f"below it. {RIGHT}",
     NEEDLE: "one key scores about 150 above the others, so its chunk's lse_c is over 100 above every other chunk's "
             "(the first chunk's in one head, the last chunk's in the other): exp(lse_c - x) overflows float32 "
             "(exp(88)) unless x is the row's largest lse_c over every chunk. Does your max skip a chunk, or take "
