@@ -16,6 +16,8 @@ if [ -d .whl ]; then
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# an earlier run's archive in the same $OUT (two runs in one call) is kept: packed into this run's as a loose file
+[ -f "$out/results.tgz" ] && mv "$out/results.tgz" "$out/results_earlier_$(date +%s).tgz"
 marker=$(mktemp)
 sleep 1   # files written in the same second as the marker count as new
 status=0
